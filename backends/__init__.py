@@ -1,0 +1,1 @@
+"""Backends: the engines triage sends requests to, behind one small protocol."""

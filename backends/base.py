@@ -1,0 +1,104 @@
+"""The Backend protocol and the domain types that cross it.
+
+A backend receives an OpenAI request body (chat or completion, ``model`` already set to the
+engine's own name) and answers with an OpenAI response body, or with a stream of chunk bodies.
+Retries, replica choice and health stay inside the backend; model fallback is the gateway's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+Kind = Literal["chat", "completion"]
+Body = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    chat: bool = True
+    completions: bool = True
+    streaming: bool = True
+    n_choices: bool = True  # n > 1
+    logprobs: bool = True
+    tools: bool = True
+
+
+@dataclass
+class Attempt:
+    """One try at one replica, for logs and metrics."""
+
+    backend: str
+    replica: str
+    outcome: str  # "ok", "connect_error", "http_5xx", "timeout", "rejected", "stream_error"
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class Call:
+    kind: Kind
+    body: Body
+    request_id: str
+    attempts: list[Attempt] = field(default_factory=list)  # every try, appended by backends
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body.get("stream"))
+
+
+@dataclass
+class Completion:
+    body: Body
+    replica: str
+
+
+class ChunkStream:
+    """An opened stream: its first chunk has already arrived (so failover is over)."""
+
+    def __init__(
+        self,
+        first: Body,
+        rest: AsyncIterator[Body],
+        replica: str,
+    ) -> None:
+        self.first = first
+        self._rest = rest
+        self.replica = replica
+
+    async def __aiter__(self) -> AsyncIterator[Body]:
+        yield self.first
+        async for chunk in self._rest:
+            yield chunk
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._rest, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+    capabilities: Capabilities
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def healthy(self) -> bool: ...
+
+    async def complete(self, call: Call) -> Completion: ...
+
+    async def open_stream(self, call: Call) -> ChunkStream: ...
+
+
+class Stopwatch:
+    __slots__ = ("t0",)
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0

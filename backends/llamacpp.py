@@ -1,0 +1,188 @@
+"""The ``llamacpp`` backend: in-process generation with a GGUF file through llama-cpp-python.
+
+The chat template comes from the GGUF file. Generation runs in a worker thread, one request at
+a time per loaded model (a llama.cpp context is not thread-safe), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from backends import gguf
+from backends.base import Attempt, Body, Call, Capabilities, ChunkStream, Completion, Stopwatch
+from backends.registry import register
+from gateway.errors import InvalidRequest, UpstreamError, UpstreamTimeout
+
+_CHAT_PARAMS = {
+    "messages", "temperature", "top_p", "max_tokens", "stop", "seed", "logprobs", "top_logprobs",
+    "tools", "tool_choice", "response_format", "presence_penalty", "frequency_penalty",
+    "logit_bias",
+}
+_COMPLETION_PARAMS = {
+    "prompt", "suffix", "temperature", "top_p", "max_tokens", "stop", "seed", "logprobs", "echo",
+    "presence_penalty", "frequency_penalty", "logit_bias",
+}
+
+
+def _kwargs(call: Call) -> dict[str, Any]:
+    body = call.body
+    if int(body.get("n") or 1) != 1:
+        raise InvalidRequest("n > 1 is not supported by the local llama.cpp backend", param="n")
+    allowed = _CHAT_PARAMS if call.kind == "chat" else _COMPLETION_PARAMS
+    kwargs = {k: v for k, v in body.items() if k in allowed and v is not None}
+    if "max_completion_tokens" in body and "max_tokens" not in kwargs:
+        kwargs["max_tokens"] = body["max_completion_tokens"]
+    if call.kind == "completion" and isinstance(kwargs.get("prompt"), list):
+        prompts = kwargs["prompt"]
+        if len(prompts) != 1 or not isinstance(prompts[0], str):
+            raise InvalidRequest("the local backend takes one prompt string", param="prompt")
+        kwargs["prompt"] = prompts[0]
+    kwargs["model"] = body.get("model")
+    return kwargs
+
+
+class LlamaCppBackend:
+    capabilities = Capabilities(n_choices=False)
+
+    def __init__(self, name: str, spec: Any) -> None:
+        self.name = name
+        self.spec = spec
+        self._llm: Any = None
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        from llama_cpp import Llama  # heavy: imported when a policy uses this backend
+
+        path = gguf.resolve(self.spec.gguf.package, self.spec.gguf.path)
+        self._llm = await asyncio.to_thread(
+            Llama,
+            model_path=str(path),
+            n_ctx=self.spec.n_ctx,
+            n_threads=self.spec.n_threads,
+            n_threads_batch=self.spec.n_threads,
+            n_batch=self.spec.n_batch,
+            verbose=False,
+        )
+
+    async def close(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            async with self._lock:
+                await asyncio.to_thread(llm.close)
+
+    def healthy(self) -> bool:
+        return self._llm is not None
+
+    def _run(self, call: Call, stream: bool) -> Any:
+        fn = self._llm.create_chat_completion if call.kind == "chat" else self._llm.create_completion
+        try:
+            return fn(**_kwargs(call), stream=stream)
+        except ValueError as exc:  # llama-cpp-python's way of saying "your request does not fit"
+            raise InvalidRequest(str(exc)) from None
+
+    async def complete(self, call: Call) -> Completion:
+        if self._llm is None:
+            raise UpstreamError(f"backend {self.name} is not loaded")
+        watch = Stopwatch()
+        t = self.spec.timeouts
+        async with self._lock:
+            try:
+                async with asyncio.timeout(min(t.first_byte_s, t.total_s)):
+                    body = await asyncio.to_thread(self._run, call, False)
+            except TimeoutError:
+                # the thread cannot be interrupted; the lock is held until it returns
+                call.attempts.append(Attempt(self.name, "local", "timeout", watch.elapsed()))
+                raise UpstreamTimeout(f"local model {self.name} timed out") from None
+        call.attempts.append(Attempt(self.name, "local", "ok", watch.elapsed()))
+        return Completion(body, "local")
+
+    async def open_stream(self, call: Call) -> ChunkStream:
+        if self._llm is None:
+            raise UpstreamError(f"backend {self.name} is not loaded")
+        watch = Stopwatch()
+        _kwargs(call)  # validate before taking the lock
+        await self._lock.acquire()
+        chunks = self._bridge(call)
+        try:
+            async with asyncio.timeout(self.spec.timeouts.first_byte_s):
+                first = await anext(chunks)
+        except TimeoutError:
+            await chunks.aclose()
+            call.attempts.append(Attempt(self.name, "local", "timeout", watch.elapsed()))
+            raise UpstreamTimeout(f"local model {self.name} timed out") from None
+        except (InvalidRequest, UpstreamError):
+            await chunks.aclose()
+            raise
+        call.attempts.append(Attempt(self.name, "local", "ok", watch.elapsed()))
+        return ChunkStream(first, chunks, "local")
+
+    async def _bridge(self, call: Call) -> AsyncIterator[Body]:
+        """Run the blocking generator in a thread; hand its chunks to the loop. Owns the lock."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        stop = threading.Event()
+        put = lambda item: loop.call_soon_threadsafe(queue.put_nowait, item)  # noqa: E731
+
+        def work() -> None:
+            try:
+                gen: Iterator[Body] = self._run(call, True)
+                for chunk in gen:
+                    if stop.is_set():
+                        break
+                    put(("chunk", chunk))
+                put(("end", self._llm.n_tokens))
+            except InvalidRequest as exc:
+                put(("error", exc))
+            except RuntimeError as exc:
+                put(("error", UpstreamError(f"local generation failed: {exc}", retryable=False)))
+            finally:
+                put(("done", None))
+
+        worker = loop.run_in_executor(None, work)
+        produced, ended, cid = 0, False, "usage"
+        try:
+            while True:
+                kind, item = await queue.get()
+                if kind == "chunk":
+                    produced += 1
+                    cid = item.get("id", cid)
+                    yield item
+                elif kind == "end":
+                    ended = True
+                    if (call.body.get("stream_options") or {}).get("include_usage"):
+                        yield _usage_chunk(call, cid, item, produced)
+                elif kind == "error":
+                    raise item
+                elif ended:
+                    return
+                else:  # "done" without "end": the worker died of something unexpected
+                    raise UpstreamError("local generation stopped unexpectedly", retryable=False)
+        finally:
+            stop.set()
+            try:
+                await worker
+            finally:
+                self._lock.release()
+
+
+def _usage_chunk(call: Call, cid: str, n_tokens: int, produced: int) -> Body:
+    # llama-cpp-python's streams carry no usage: the context holds prompt + generated tokens,
+    # and each streamed chunk is one generated token (the role-only first chat chunk is not).
+    completion = max(produced - (1 if call.kind == "chat" else 0) - 1, 0)
+    return {
+        "id": cid,
+        "object": "chat.completion.chunk" if call.kind == "chat" else "text_completion",
+        "created": 0,
+        "model": call.body.get("model"),
+        "choices": [],
+        "usage": {"prompt_tokens": max(n_tokens - completion, 0), "completion_tokens": completion,
+                  "total_tokens": max(n_tokens, completion)},
+    }
+
+
+@register("llamacpp")
+def _build(name: str, spec: Any) -> LlamaCppBackend:
+    return LlamaCppBackend(name, spec)

@@ -1,0 +1,143 @@
+"""The ``openai`` backend: any OpenAI-compatible engine (vLLM, SGLang, llama.cpp server),
+called over one pooled aiohttp session. The lean path: no SDK in between, JSON by orjson.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+
+from backends.base import Body, Call
+from backends.registry import register
+from backends.remote import RemoteBackend
+from backends.replicas import ReplicaState
+from gateway.errors import UpstreamError, UpstreamRejected
+
+_PATHS = {"chat": "/chat/completions", "completion": "/completions"}
+
+
+class OpenAICompatBackend(RemoteBackend):
+    def __init__(self, name: str, spec: Any) -> None:
+        super().__init__(name, spec)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        t = self.spec.timeouts
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s),
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+            json_serialize=lambda o: orjson.dumps(o).decode(),
+        )
+        await super().start()
+
+    async def close(self) -> None:
+        await super().close()
+        if self._session is not None:
+            await self._session.close()
+
+    def _headers(self, replica: ReplicaState) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if replica.api_key:
+            headers["Authorization"] = f"Bearer {replica.api_key}"
+        return headers
+
+    async def _post(self, replica: ReplicaState, call: Call) -> aiohttp.ClientResponse:
+        assert self._session is not None, "backend not started"
+        url = replica.api_base + _PATHS[call.kind]
+        try:
+            resp = await self._session.post(url, data=orjson.dumps(call.body), headers=self._headers(replica))
+        except aiohttp.ClientError as exc:
+            raise UpstreamError(f"cannot reach upstream {self.name}: {exc}") from None
+        if resp.status >= 400:
+            raw = await _read(resp)
+            resp.release()
+            message, code = _error_of(raw, resp.status)
+            if resp.status >= 500 or resp.status == 429:
+                raise UpstreamError(f"upstream {self.name} answered {resp.status}: {message}",
+                                    upstream_status=resp.status)
+            raise UpstreamRejected(message, status=resp.status, code=code)
+        return resp
+
+    async def _call_once(self, replica: ReplicaState, call: Call) -> Body:
+        resp = await self._post(replica, call)
+        try:
+            raw = await _read(resp)
+        finally:
+            resp.release()
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise UpstreamError(f"upstream {self.name} sent a body that is not JSON") from None
+
+    async def _open_once(self, replica: ReplicaState, call: Call) -> AsyncIterator[Body]:
+        resp = await self._post(replica, call)
+        return _sse_events(resp, self.name)
+
+    async def _probe(self, replica: ReplicaState) -> bool:
+        assert self._session is not None
+        url = replica.api_base + self.spec.health.path
+        try:
+            async with self._session.get(url, headers=self._headers(replica)) as resp:
+                return resp.status < 400
+        except aiohttp.ClientError:
+            return False
+
+
+async def _read(resp: aiohttp.ClientResponse) -> bytes:
+    try:
+        return await resp.read()
+    except aiohttp.ClientError as exc:
+        raise UpstreamError(f"upstream connection broke: {exc}") from None
+
+
+def _error_of(raw: bytes, status: int) -> tuple[str, str | None]:
+    try:
+        err = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw[:300].decode("utf-8", "replace") or f"HTTP {status}", None
+    inner = err.get("error", err) if isinstance(err, dict) else err
+    if isinstance(inner, dict):
+        return str(inner.get("message") or inner.get("detail") or inner), inner.get("code")
+    return str(inner), None
+
+
+async def _sse_events(resp: aiohttp.ClientResponse, name: str) -> AsyncIterator[Body]:
+    """Parse an OpenAI SSE stream into chunk bodies; a stream that ends early is an error."""
+    buf = b""
+    finished = False
+    try:
+        async for block in resp.content.iter_any():
+            buf += block
+            while True:
+                nl = buf.find(b"\n")
+                if nl < 0:
+                    break
+                line, buf = buf[:nl].strip(), buf[nl + 1 :]
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    return
+                try:
+                    chunk = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    raise UpstreamError(f"upstream {name} sent a malformed stream event") from None
+                if isinstance(chunk, dict) and chunk.get("error"):
+                    message, _ = _error_of(data, 502)
+                    raise UpstreamError(f"upstream {name} failed mid-stream: {message}", retryable=False)
+                finished = finished or any(c.get("finish_reason") for c in chunk.get("choices") or ())
+                yield chunk
+    except aiohttp.ClientError as exc:
+        raise UpstreamError(f"upstream {name} stream broke: {exc}", retryable=False) from None
+    finally:
+        resp.release()
+    if not finished:
+        raise UpstreamError(f"upstream {name} ended the stream early", retryable=False)
+
+
+@register("openai")
+def _build(name: str, spec: Any) -> OpenAICompatBackend:
+    return OpenAICompatBackend(name, spec)

@@ -1,0 +1,189 @@
+"""Shared logic of the remote backends: replica choice, retries with backoff, timeouts,
+passive ejection and active health checks. Transports (aiohttp for OpenAI-compatible engines,
+litellm for providers) implement two primitives: one call, and one opened stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import structlog
+
+from backends.base import Attempt, Body, Call, Capabilities, ChunkStream, Completion, Stopwatch
+from backends.replicas import ReplicaSet, ReplicaState
+from backends.secrets import resolve
+from gateway.errors import UpstreamError, UpstreamRejected, UpstreamTimeout
+
+log = structlog.get_logger("triage.backend")
+
+
+class RemoteBackend:
+    capabilities = Capabilities()
+
+    def __init__(self, name: str, spec: Any) -> None:
+        self.name = name
+        self.spec = spec
+        states = [ReplicaState(r.api_base, resolve(r.api_key), r.weight) for r in spec.replicas]
+        self.replicas = ReplicaSet(states, spec.strategy, spec.health.cooldown_s)
+        self._health_task: asyncio.Task[None] | None = None
+
+    # -- transport primitives ------------------------------------------------------------
+    async def _call_once(self, replica: ReplicaState, call: Call) -> Body:
+        raise NotImplementedError
+
+    async def _open_once(self, replica: ReplicaState, call: Call) -> AsyncIterator[Body]:
+        raise NotImplementedError
+
+    async def _probe(self, replica: ReplicaState) -> bool:
+        raise NotImplementedError
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self.spec.health.enabled:
+            self._health_task = asyncio.create_task(self._health_loop(), name=f"health:{self.name}")
+
+    async def close(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+
+    def healthy(self) -> bool:
+        return self.replicas.any_available()
+
+    async def _health_loop(self) -> None:
+        while True:
+            await self.check_health()
+            await asyncio.sleep(self.spec.health.interval_s)
+
+    async def check_health(self) -> None:
+        async def one(r: ReplicaState) -> None:
+            try:
+                async with asyncio.timeout(self.spec.health.timeout_s):
+                    ok = await self._probe(r)
+            except (TimeoutError, UpstreamError):
+                ok = False
+            if ok != r.active_ok:
+                log.info("replica_health", backend=self.name, replica=r.api_base, healthy=ok)
+            r.active_ok = ok
+
+        await asyncio.gather(*(one(r) for r in self.replicas.replicas))
+
+    # -- calls ----------------------------------------------------------------------------
+    async def complete(self, call: Call) -> Completion:
+        t = self.spec.timeouts
+        tried: set[str] = set()
+        last: UpstreamError | None = None
+        for i in range(self.spec.retries.attempts):
+            replica = self._next(tried)
+            watch = Stopwatch()
+            try:
+                async with asyncio.timeout(min(t.first_byte_s, t.total_s)):
+                    body = await self._call_once(replica, call)
+            except (TimeoutError, UpstreamError, UpstreamRejected) as exc:
+                last = self._failed(call, replica, watch, exc)
+                await self._backoff(i)
+                continue
+            finally:
+                replica.outstanding -= 1
+            self._record(call, replica, "ok", watch)
+            return Completion(body, replica.api_base)
+        assert last is not None
+        raise last
+
+    async def open_stream(self, call: Call) -> ChunkStream:
+        t = self.spec.timeouts
+        tried: set[str] = set()
+        last: UpstreamError | None = None
+        for i in range(self.spec.retries.attempts):
+            replica = self._next(tried)
+            watch = Stopwatch()
+            chunks: AsyncIterator[Body] | None = None
+            try:
+                async with asyncio.timeout(min(t.first_byte_s, t.total_s)):
+                    chunks = await self._open_once(replica, call)
+                    first = await anext(chunks)
+            except (TimeoutError, UpstreamError, UpstreamRejected, StopAsyncIteration) as exc:
+                replica.outstanding -= 1
+                if chunks is not None:
+                    await _aclose(chunks)
+                if isinstance(exc, StopAsyncIteration):
+                    exc = UpstreamError("upstream closed the stream before the first chunk")
+                elif isinstance(exc, UpstreamError) and chunks is not None:
+                    exc.retryable = True  # nothing reached the client yet: safe to try again
+                last = self._failed(call, replica, watch, exc)
+                await self._backoff(i)
+                continue
+            self._record(call, replica, "ok", watch)
+            return ChunkStream(first, self._rest(call, replica, chunks, watch), replica.api_base)
+        assert last is not None
+        raise last
+
+    async def _rest(
+        self, call: Call, replica: ReplicaState, chunks: AsyncIterator[Body], watch: Stopwatch
+    ) -> AsyncIterator[Body]:
+        t = self.spec.timeouts
+        try:
+            while True:
+                budget = min(t.idle_s, t.total_s - watch.elapsed())
+                try:
+                    async with asyncio.timeout(max(budget, 0.0)):
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    self._record(call, replica, "stream_timeout", watch)
+                    self.replicas.eject(replica)
+                    raise UpstreamTimeout("upstream stream stalled") from None
+                except UpstreamError:
+                    self._record(call, replica, "stream_error", watch)
+                    self.replicas.eject(replica)
+                    raise
+                yield chunk
+        finally:
+            replica.outstanding -= 1
+            await _aclose(chunks)
+
+    # -- helpers --------------------------------------------------------------------------
+    def _next(self, tried: set[str]) -> ReplicaState:
+        replica = self.replicas.pick(tried)
+        tried.add(replica.api_base)
+        replica.outstanding += 1
+        return replica
+
+    def _failed(self, call: Call, replica: ReplicaState, watch: Stopwatch, exc: BaseException) -> UpstreamError:
+        """Record a failed try; re-raise what must not be retried, return what may be."""
+        if isinstance(exc, UpstreamRejected):
+            self._record(call, replica, "rejected", watch)
+            raise exc
+        if isinstance(exc, TimeoutError):
+            exc = UpstreamTimeout(f"upstream {self.name} timed out")
+        assert isinstance(exc, UpstreamError)
+        timed_out = isinstance(exc, UpstreamTimeout)
+        self._record(call, replica, "timeout" if timed_out else "error", watch)
+        self.replicas.eject(replica)
+        log.warning("upstream_failed", backend=self.name, replica=replica.api_base,
+                    request_id=call.request_id, error=exc.message)
+        if not exc.retryable or (timed_out and not self.spec.retries.on_timeout):
+            raise exc
+        return exc
+
+    async def _backoff(self, i: int) -> None:
+        r = self.spec.retries
+        if i + 1 >= r.attempts:
+            return
+        delay = min(r.max_backoff_s, r.backoff_s * (2**i))
+        await asyncio.sleep(delay * (0.5 + random.random() / 2))
+
+    def _record(self, call: Call, replica: ReplicaState, outcome: str, watch: Stopwatch) -> None:
+        call.attempts.append(Attempt(self.name, replica.api_base, outcome, watch.elapsed()))
+
+
+async def _aclose(it: AsyncIterator[Body]) -> None:
+    aclose = getattr(it, "aclose", None)
+    if aclose is not None:
+        await aclose()

@@ -1,0 +1,157 @@
+"""The OpenAI surface: chat and text completions (plain and SSE), models, health, metrics."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import structlog
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import StreamingResponse
+
+from backends.base import Body, Kind
+from gateway.dispatch import Served, dispatch
+from gateway.errors import ModelNotFound, PayloadTooLarge, TriageError, Unauthorized
+from gateway.exchange import Exchange
+from gateway.schemas import ChatRequest, CompletionRequest, check, parse_json
+from gateway.state import GatewayState
+from policies.routing import public_models
+
+router = APIRouter()
+log = structlog.get_logger("triage.api")
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def error_response(exc: TriageError) -> Response:
+    headers = {"Retry-After": "1"} if exc.status == 429 else None
+    return Response(orjson.dumps(exc.body()), status_code=exc.status, media_type="application/json",
+                    headers=headers)
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"Request body of {declared} bytes is over the limit of {limit} bytes")
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise PayloadTooLarge(f"Request body is over the limit of {limit} bytes")
+        parts.append(part)
+    return b"".join(parts)
+
+
+def _state(request: Request) -> GatewayState:
+    return request.app.state.triage
+
+
+def _authorize(request: Request, ex: Exchange) -> None:
+    if not ex.rt.check_key(request.headers.get("authorization")):
+        raise Unauthorized("Incorrect or missing API key: send 'Authorization: Bearer <key>'")
+
+
+async def _generate(request: Request, kind: Kind) -> Response:
+    state = _state(request)
+    endpoint = "chat" if kind == "chat" else "completions"
+    ex = Exchange.begin(state.holder, state.metrics, state.gate, endpoint, request.headers.get("x-request-id"))
+    try:
+        _authorize(request, ex)
+        ex.take_slot()
+        body = parse_json(await read_body(request, ex.rt.policy.limits.max_body_bytes))
+        ex.model = body.get("model") if isinstance(body.get("model"), str) else None
+        check(ChatRequest if kind == "chat" else CompletionRequest, body)
+        ex.stream = bool(body.get("stream"))
+        ex.prompt = body.get("messages") if kind == "chat" else body.get("prompt")
+        served = await dispatch(ex.rt, kind, body, ex.request_id, ex.attempts)
+        ex.served, ex.backend, ex.replica = served.model, served.backend, served.replica
+    except TriageError as exc:
+        await ex.finish(exc.status, exc)
+        return error_response(exc)
+    except BaseException:
+        await ex.finish(500)
+        raise
+    headers = {"x-request-id": ex.request_id, "x-triage-model": served.model, "x-triage-backend": served.backend}
+    if served.stream is None:
+        assert served.completion is not None
+        answer = served.completion.body
+        answer["model"] = served.model
+        ex.usage = answer.get("usage")
+        await ex.finish(200)
+        return _json(answer, headers=headers)
+    return StreamingResponse(_sse(ex, served), media_type="text/event-stream", headers={**_SSE_HEADERS, **headers})
+
+
+async def _sse(ex: Exchange, served: Served) -> AsyncIterator[bytes]:
+    """Relay chunks; a failure after the stream started becomes an SSE error event, then [DONE]."""
+    assert served.stream is not None
+    status, error = 200, None
+    try:
+        async for chunk in served.stream:
+            chunk["model"] = served.model
+            if chunk.get("usage"):
+                ex.usage = chunk["usage"]
+            yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+    except TriageError as exc:
+        status, error = exc.status, exc
+        log.warning("stream_failed", request_id=ex.request_id, error=exc.message)
+        yield b"data: " + orjson.dumps(exc.body()) + b"\n\n"
+    finally:
+        await served.stream.aclose()
+        await ex.finish(status, error)
+    yield b"data: [DONE]\n\n"
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    return await _generate(request, "chat")
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    return await _generate(request, "completion")
+
+
+def _model_card(name: str) -> Body:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "triage"}
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> Response:
+    rt = _state(request).holder.current
+    if not rt.check_key(request.headers.get("authorization")):
+        return error_response(Unauthorized("Incorrect or missing API key"))
+    return _json({"object": "list", "data": [_model_card(m) for m in public_models(rt.policy)]})
+
+
+@router.get("/v1/models/{model:path}")
+async def get_model(request: Request, model: str) -> Response:
+    rt = _state(request).holder.current
+    if not rt.check_key(request.headers.get("authorization")):
+        return error_response(Unauthorized("Incorrect or missing API key"))
+    if model not in public_models(rt.policy):
+        return error_response(ModelNotFound(f"The model '{model}' does not exist", param="model"))
+    return _json(_model_card(model))
+
+
+@router.get("/health")
+async def health() -> Response:
+    return _json({"status": "ok"})
+
+
+@router.get("/ready")
+async def ready(request: Request) -> Response:
+    rt = _state(request).holder.current
+    backends = {name: b.healthy() for name, b in rt.backends.items()}
+    ok = any(backends.values())
+    return _json({"status": "ready" if ok else "not_ready", "backends": backends}, 200 if ok else 503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(_state(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

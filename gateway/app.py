@@ -1,0 +1,82 @@
+"""``create_app(settings)``: the FastAPI app. Nothing happens at import; the policy is loaded
+and the backends are started in the lifespan, and stopped when the server stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import structlog
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway import logs, runtime
+from gateway.api import error_response, router
+from gateway.errors import InvalidRequest, NotFound, TriageError
+from gateway.metrics import Metrics
+from gateway.reload import Reloader
+from gateway.runtime import RuntimeHolder
+from gateway.settings import Settings
+from gateway.state import GatewayState
+from policies import loader
+
+log = structlog.get_logger("triage.app")
+
+
+def create_app(settings: Settings) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        policy = await asyncio.to_thread(loader.load, settings.policy_path)
+        if settings.configure_logging:
+            logs.configure(policy.logging)
+        metrics = Metrics()
+        holder = RuntimeHolder(await runtime.build(policy))
+        app.state.triage = GatewayState(holder, metrics)
+        reloader = Reloader(settings.policy_path, holder, metrics)
+        app.state.reloader = reloader
+        sighup = settings.handle_sighup and reloader.install_sighup()
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(reloader.watch(stop)) if settings.watch_policy else None
+        log.info("gateway_started", policy=str(settings.policy_path), models=list(policy.models),
+                 backends=list(policy.backends), sighup=sighup, watch=settings.watch_policy)
+        try:
+            yield
+        finally:
+            stop.set()
+            if watcher is not None:
+                await watcher
+            if sighup:
+                reloader.remove_sighup()
+            await holder.close()
+            log.info("gateway_stopped")
+
+    app = FastAPI(title="triage", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.include_router(router)
+
+    @app.exception_handler(TriageError)
+    async def _triage_error(request: Request, exc: TriageError) -> Response:
+        return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            return error_response(NotFound(f"No route for {request.method} {request.url.path}"))
+        err = InvalidRequest(str(exc.detail))
+        response = error_response(err)
+        response.status_code = exc.status_code
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
+        return error_response(InvalidRequest(str(exc.errors()[0].get("msg", "invalid request"))))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        # The edge: the one place that catches everything, so the server keeps serving.
+        log.exception("unhandled_error", path=request.url.path)
+        return error_response(TriageError("The server had an error while processing your request"))
+
+    return app

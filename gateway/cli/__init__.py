@@ -1,0 +1,17 @@
+"""The ``triage`` command: one module per subcommand."""
+
+from __future__ import annotations
+
+import typer
+
+from gateway.cli import bench, serve, validate
+
+app = typer.Typer(name="triage", help="An OpenAI-compatible gateway that routes each request to the cheapest tier that can answer it well.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+app.command("serve")(serve.serve)
+app.command("validate")(validate.validate)
+app.add_typer(bench.app, name="bench")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,127 @@
+"""The one exception tree of triage.
+
+Every error the gateway can answer with is a subclass of :class:`TriageError`; each class
+carries its HTTP status and OpenAI error ``type``. The edge (``gateway.app``) maps them once to
+an OpenAI-shaped body, or to an SSE error event when a stream has already started. Pure code
+(``policies/``, ``backends/``) raises these and never builds HTTP responses itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class TriageError(Exception):
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "server_error"
+    default_code: ClassVar[str | None] = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code if code is not None else self.default_code
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class InvalidRequest(TriageError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class MalformedJSON(InvalidRequest):
+    default_code = "invalid_json"
+
+
+class Unauthorized(TriageError):
+    status = 401
+    type = "invalid_request_error"
+    default_code = "invalid_api_key"
+
+
+class ModelNotFound(TriageError):
+    status = 404
+    type = "invalid_request_error"
+    default_code = "model_not_found"
+
+
+class NotFound(TriageError):
+    status = 404
+    type = "invalid_request_error"
+    default_code = "not_found"
+
+
+class PayloadTooLarge(TriageError):
+    status = 413
+    type = "invalid_request_error"
+    default_code = "payload_too_large"
+
+
+class RateLimited(TriageError):
+    status = 429
+    type = "rate_limit_exceeded"
+    default_code = "concurrency_limit"
+
+
+class NotReady(TriageError):
+    status = 503
+    type = "server_error"
+    default_code = "not_ready"
+
+
+class UpstreamError(TriageError):
+    """The upstream answered with an error, refused the connection, or died."""
+
+    status = 502
+    type = "upstream_error"
+    default_code = "bad_gateway"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool = True,
+        upstream_status: int | None = None,
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message, param=param, code=code)
+        self.retryable = retryable
+        self.upstream_status = upstream_status
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    type = "timeout"
+    default_code = "upstream_timeout"
+
+
+class UpstreamRejected(TriageError):
+    """The upstream refused the request itself (a 4xx): the client's fault, passed through."""
+
+    type = "invalid_request_error"
+
+    def __init__(self, message: str, *, status: int, param: str | None = None, code: str | None = None):
+        super().__init__(message, param=param, code=code)
+        self.status = status  # type: ignore[misc]
+
+
+class PolicyInvalid(TriageError):
+    """A policy file failed to load or validate; carries every problem found."""
+
+    status = 500
+    type = "server_error"
+    default_code = "policy_invalid"
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("invalid policy:\n" + "\n".join(problems))
+        self.problems = problems

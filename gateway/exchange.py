@@ -1,0 +1,92 @@
+"""One request's bookkeeping: runtime pin, concurrency slot, the log event and the metrics.
+
+``finish`` runs exactly once, when the last byte has gone (or the request failed), whether the
+answer was a JSON body or a stream.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from backends.base import Attempt, Stopwatch
+from gateway.errors import RateLimited, TriageError
+from gateway.metrics import Metrics
+from gateway.runtime import Runtime, RuntimeHolder
+
+log = structlog.get_logger("triage.request")
+
+
+@dataclass
+class Gate:
+    """The in-flight counter behind the 429."""
+
+    in_flight: int = 0
+
+    def enter(self, limit: int) -> None:
+        if self.in_flight >= limit:
+            raise RateLimited(f"Too many requests in flight (limit {limit}); retry shortly")
+        self.in_flight += 1
+
+
+@dataclass
+class Exchange:
+    holder: RuntimeHolder
+    metrics: Metrics
+    gate: Gate
+    endpoint: str
+    request_id: str
+    rt: Runtime
+    watch: Stopwatch = field(default_factory=Stopwatch)
+    attempts: list[Attempt] = field(default_factory=list)
+    model: str | None = None
+    served: str | None = None
+    backend: str | None = None
+    replica: str | None = None
+    stream: bool = False
+    usage: dict[str, Any] | None = None
+    prompt: Any = None
+    _slot: bool = False
+    _done: bool = False
+
+    @classmethod
+    def begin(cls, holder: RuntimeHolder, metrics: Metrics, gate: Gate, endpoint: str,
+              request_id: str | None) -> Exchange:
+        return cls(holder, metrics, gate, endpoint, request_id or uuid.uuid4().hex, holder.acquire())
+
+    def take_slot(self) -> None:
+        self.gate.enter(self.rt.policy.limits.max_concurrency)
+        self._slot = True
+        self.metrics.in_flight.inc()
+
+    async def finish(self, status: int, error: TriageError | None = None) -> None:
+        if self._done:
+            return
+        self._done = True
+        if self._slot:
+            self.gate.in_flight -= 1
+            self.metrics.in_flight.dec()
+        latency = self.watch.elapsed()
+        model = self.served or self.model or "-"
+        self.metrics.observe(self.endpoint, model, status, latency, self.attempts, self.usage)
+        if error is not None:
+            self.metrics.errors.labels(error.type, str(status)).inc()
+        event: dict[str, Any] = {
+            "request_id": self.request_id, "endpoint": self.endpoint, "model": self.model,
+            "served_model": self.served, "backend": self.backend, "replica": self.replica,
+            "stream": self.stream, "status": status, "latency_ms": round(latency * 1000, 3),
+            "attempts": [{"backend": a.backend, "replica": a.replica, "outcome": a.outcome,
+                          "ms": round(a.latency_s * 1000, 3)} for a in self.attempts],
+        }
+        if self.usage:
+            event["prompt_tokens"] = self.usage.get("prompt_tokens")
+            event["completion_tokens"] = self.usage.get("completion_tokens")
+        if error is not None:
+            event["error"] = {"type": error.type, "code": error.code, "message": error.message}
+        if self.prompt is not None and self.rt.policy.logging.log_prompts:
+            event["prompt"] = self.prompt
+        (log.warning if status >= 500 else log.info)("request", **event)
+        await self.holder.release(self.rt)

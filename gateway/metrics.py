@@ -1,0 +1,37 @@
+"""Prometheus metrics, one registry per app (so several apps can live in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from backends.base import Attempt
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("triage_requests", "Requests answered", ["endpoint", "model", "status"], registry=r)
+        self.errors = Counter("triage_errors", "Error answers by OpenAI error type", ["type", "status"], registry=r)
+        self.latency = Histogram("triage_request_latency_seconds", "Request latency (to the last byte)",
+                                 ["endpoint", "model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.attempts = Counter("triage_upstream_attempts", "Tries at upstream replicas",
+                                ["backend", "replica", "outcome"], registry=r)
+        self.tokens = Counter("triage_tokens", "Tokens reported by upstreams", ["model", "kind"], registry=r)
+        self.in_flight = Gauge("triage_in_flight_requests", "Requests being served", registry=r)
+        self.reloads = Counter("triage_policy_reloads", "Policy reloads", ["outcome"], registry=r)
+
+    def observe(self, endpoint: str, model: str, status: int, latency_s: float,
+                attempts: list[Attempt], usage: dict | None) -> None:
+        self.requests.labels(endpoint, model, str(status)).inc()
+        self.latency.labels(endpoint, model).observe(latency_s)
+        for a in attempts:
+            self.attempts.labels(a.backend, a.replica, a.outcome).inc()
+        if usage:
+            self.tokens.labels(model, "prompt").inc(usage.get("prompt_tokens") or 0)
+            self.tokens.labels(model, "completion").inc(usage.get("completion_tokens") or 0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,69 @@
+"""Hot reload: on SIGHUP or a change of the file, validate the new policy, then swap it in.
+
+An invalid file, or one whose backends fail to start, leaves the old policy serving and logs
+every problem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import structlog
+import watchfiles
+
+from gateway import runtime
+from gateway.errors import PolicyInvalid
+from gateway.metrics import Metrics
+from gateway.runtime import RuntimeHolder
+from policies import loader
+
+log = structlog.get_logger("triage.reload")
+
+
+class Reloader:
+    def __init__(self, path: Path, holder: RuntimeHolder, metrics: Metrics) -> None:
+        self.path = path
+        self.holder = holder
+        self.metrics = metrics
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[object]] = set()
+
+    async def reload(self, reason: str) -> bool:
+        async with self._lock:
+            try:
+                policy = await asyncio.to_thread(loader.load, self.path)
+                new = await runtime.build(policy, self.holder.current)
+            except PolicyInvalid as exc:
+                self.metrics.reloads.labels("rejected").inc()
+                log.error("policy_reload_rejected", reason=reason, path=str(self.path), problems=exc.problems)
+                return False
+            await self.holder.swap(new)
+            self.metrics.reloads.labels("applied").inc()
+            log.info("policy_reloaded", reason=reason, path=str(self.path))
+            return True
+
+    def _spawn(self, reason: str) -> None:
+        task = asyncio.get_running_loop().create_task(self.reload(reason))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def install_sighup(self) -> bool:
+        try:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._spawn, "sighup")
+        except (ValueError, RuntimeError, NotImplementedError):  # not the main thread, or no signals
+            return False
+        return True
+
+    def remove_sighup(self) -> None:
+        try:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+        except (ValueError, RuntimeError, NotImplementedError):
+            pass
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        target = self.path.resolve()
+        async for changes in watchfiles.awatch(target.parent, stop_event=stop, debounce=200, step=50):
+            if any(Path(p).resolve() == target for _, p in changes) and target.exists():
+                await self.reload("file_changed")

@@ -1,0 +1,114 @@
+"""The live state a policy becomes: started backends and resolved keys, swapped atomically.
+
+A request pins the runtime it started with; backends that a reload dropped are closed only
+once the last request that pinned the old runtime has finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+
+import structlog
+
+from backends import registry
+from backends.base import Backend
+from backends.secrets import MissingSecret, resolve
+from gateway.errors import PolicyInvalid
+from policies.schema import Policy
+
+log = structlog.get_logger("triage.runtime")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(eq=False)
+class Runtime:
+    policy: Policy
+    backends: dict[str, Backend]
+    key_hashes: frozenset[str]
+    in_flight: int = 0
+    retired: bool = False
+    _drop: list[Backend] = field(default_factory=list)
+
+    def check_key(self, authorization: str | None) -> bool:
+        if not self.key_hashes:
+            return True
+        if not authorization or not authorization.startswith("Bearer "):
+            return False
+        digest = hashlib.sha256(authorization[7:].strip().encode()).hexdigest()
+        return digest in self.key_hashes
+
+    def ready(self) -> bool:
+        return any(b.healthy() for b in self.backends.values())
+
+
+def _key_hashes(policy: Policy) -> frozenset[str]:
+    hashes = set()
+    for i, key in enumerate(policy.keys):
+        try:
+            value = resolve(key.sha256) if key.sha256.startswith("env:") else key.sha256
+        except MissingSecret as exc:
+            raise PolicyInvalid([f"keys[{i}].sha256: {exc}"]) from None
+        value = (value or "").strip().lower()
+        if not _HEX64.match(value):
+            raise PolicyInvalid([f"keys[{i}].sha256: {key.sha256} does not hold a hex sha256"])
+        hashes.add(value)
+    return frozenset(hashes)
+
+
+async def build(policy: Policy, previous: Runtime | None = None) -> Runtime:
+    """Start the backends of ``policy``, reusing those of ``previous`` whose spec is unchanged."""
+    keys = _key_hashes(policy)
+    backends: dict[str, Backend] = {}
+    started: list[Backend] = []
+    try:
+        for name, spec in policy.backends.items():
+            if previous is not None and previous.policy.backends.get(name) == spec:
+                backends[name] = previous.backends[name]
+                continue
+            try:
+                backend = registry.build(name, spec)
+            except MissingSecret as exc:
+                raise PolicyInvalid([f"backends.{name}: {exc}"]) from None
+            await backend.start()
+            started.append(backend)
+            backends[name] = backend
+    except BaseException:
+        for backend in started:
+            await backend.close()
+        raise
+    return Runtime(policy, backends, keys)
+
+
+class RuntimeHolder:
+    def __init__(self, runtime: Runtime) -> None:
+        self.current = runtime
+
+    def acquire(self) -> Runtime:
+        rt = self.current
+        rt.in_flight += 1
+        return rt
+
+    async def release(self, rt: Runtime) -> None:
+        rt.in_flight -= 1
+        if rt.retired and rt.in_flight == 0:
+            await self._close_dropped(rt)
+
+    async def swap(self, new: Runtime) -> None:
+        old, self.current = self.current, new
+        kept = {id(b) for b in new.backends.values()}
+        old._drop = [b for b in old.backends.values() if id(b) not in kept]
+        old.retired = True
+        if old.in_flight == 0:
+            await self._close_dropped(old)
+
+    async def close(self) -> None:
+        for backend in self.current.backends.values():
+            await backend.close()
+
+    async def _close_dropped(self, rt: Runtime) -> None:
+        drop, rt._drop = rt._drop, []
+        for backend in drop:
+            log.info("backend_closed", backend=backend.name)
+            await backend.close()

@@ -1,0 +1,105 @@
+"""Load a policy file: YAML (with positions) -> pydantic -> reference checks.
+
+All problems are collected and reported at once, each as ``file:line:col: path: message``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError
+
+from gateway.errors import PolicyInvalid
+from policies.schema import Loc, Policy, reference_problems
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    line: int  # 1-based
+    col: int  # 1-based
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.path}: " if self.path else ""
+        return f"{self.file}:{self.line}:{self.col}: {where}{self.message}"
+
+
+def _to_plain(node: Any) -> Any:
+    if isinstance(node, CommentedMap):
+        return {str(k): _to_plain(v) for k, v in node.items()}
+    if isinstance(node, CommentedSeq):
+        return [_to_plain(v) for v in node]
+    return node
+
+
+def _position(root: Any, loc: Loc) -> tuple[int, int]:
+    """Line and column (0-based) of the deepest node of ``loc`` present in the YAML tree.
+
+    Steps that are not in the data (the tag of a discriminated union, a missing field) are
+    skipped, so the position is that of the closest enclosing node that exists.
+    """
+    node, line, col = root, 0, 0
+    if isinstance(root, CommentedMap | CommentedSeq):
+        line, col = root.lc.line, root.lc.col
+    for step in loc:
+        if isinstance(node, CommentedMap) and step in node:
+            line, col = node.lc.key(step)
+            node = node[step]
+        elif isinstance(node, CommentedSeq) and isinstance(step, int) and 0 <= step < len(node):
+            line, col = node.lc.item(step)
+            node = node[step]
+    return line, col
+
+
+def _dotted(loc: Loc) -> str:
+    out = ""
+    for step in loc:
+        out += f"[{step}]" if isinstance(step, int) else (f".{step}" if out else str(step))
+    return out
+
+
+def parse(text: str, file: str = "<policy>") -> Policy:
+    """Validate policy text; raise :class:`PolicyInvalid` listing every problem."""
+    yaml = YAML(typ="rt")
+    try:
+        root = yaml.load(text)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, col = (mark.line, mark.column) if mark else (0, 0)
+        problem = Problem(file, line + 1, col + 1, "", f"YAML syntax: {exc.problem or exc}")
+        raise PolicyInvalid([str(problem)]) from None
+    if not isinstance(root, CommentedMap):
+        raise PolicyInvalid([str(Problem(file, 1, 1, "", "a policy is a YAML mapping"))])
+    problems: list[Problem] = []
+    try:
+        policy = Policy.model_validate(_to_plain(root))
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            loc = tuple(err["loc"])
+            if err["type"] == "union_tag_invalid":
+                loc = (*loc, "type")  # point at the offending tag itself
+            line, col = _position(root, loc)
+            problems.append(Problem(file, line + 1, col + 1, _dotted(loc), err["msg"]))
+        raise PolicyInvalid([str(p) for p in problems]) from None
+    for loc, message in reference_problems(policy):
+        line, col = _position(root, loc)
+        problems.append(Problem(file, line + 1, col + 1, _dotted(loc), message))
+    if problems:
+        raise PolicyInvalid([str(p) for p in problems])
+    return policy
+
+
+def load(path: str | Path) -> Policy:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyInvalid([f"{path}:1:1: cannot read: {exc.strerror or exc}"]) from None
+    return parse(text, str(path))

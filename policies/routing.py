@@ -1,0 +1,33 @@
+"""Which policy models may serve a requested model name, in order. Pure: no I/O."""
+
+from __future__ import annotations
+
+from gateway.errors import ModelNotFound
+from policies.schema import AliasModel, Policy
+
+
+def public_models(policy: Policy) -> list[str]:
+    return [*policy.models, *policy.virtual_models]
+
+
+def candidates(policy: Policy, requested: str) -> list[str]:
+    """The models to try for ``requested``: its own chain, then the policy's fallback model.
+
+    A virtual alias expands to its targets, each followed by that target's fallbacks.
+    """
+    if requested in policy.models:
+        heads = [requested]
+    elif requested in policy.virtual_models:
+        vm = policy.virtual_models[requested]
+        assert isinstance(vm, AliasModel)
+        heads = list(vm.targets)
+    else:
+        raise ModelNotFound(f"The model '{requested}' does not exist", param="model")
+    chain: list[str] = []
+    for head in heads:
+        for name in (head, *policy.models[head].fallbacks):
+            if name not in chain:
+                chain.append(name)
+    if policy.fallback_model is not None and policy.fallback_model not in chain:
+        chain.append(policy.fallback_model)
+    return chain

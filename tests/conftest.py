@@ -1,0 +1,157 @@
+"""Fixtures: a real llama.cpp server as the pool, and the gateway under a real uvicorn."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from backends.gguf import smollm2_path
+from gateway.app import create_app
+from gateway.settings import Settings
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} did not come up in {timeout}s")
+
+
+@dataclass
+class LlamaServer:
+    proc: subprocess.Popen
+    port: int
+
+    @property
+    def api_base(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def start_llama_server(log_dir: Path) -> LlamaServer:
+    port = free_port()
+    log = open(log_dir / f"llama-server-{port}.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_path()), "--model_alias", "smollm2",
+         "--host", "127.0.0.1", "--port", str(port), "--n_threads", "1", "--n_ctx", "2048"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    server = LlamaServer(proc, port)
+    try:
+        wait_http(server.api_base + "/models", 120, proc)
+    except BaseException:
+        server.kill()
+        raise
+    return server
+
+
+@pytest.fixture(scope="session")
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    """One real llama.cpp server (SmolLM2-135M) for the whole run."""
+    server = start_llama_server(tmp_path_factory.mktemp("llama"))
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def spare_llama_server(tmp_path: Path) -> Iterator[LlamaServer]:
+    """A second real llama.cpp server, for tests that kill one."""
+    server = start_llama_server(tmp_path)
+    yield server
+    server.kill()
+
+
+@dataclass
+class Gateway:
+    base_url: str
+    policy_path: Path
+    app: object
+    clients: dict[str, openai.OpenAI] = field(default_factory=dict)
+
+    def client(self, api_key: str = "none") -> openai.OpenAI:
+        """The official client, one per key, closed when the gateway stops."""
+        if api_key not in self.clients:
+            self.clients[api_key] = openai.OpenAI(base_url=self.base_url + "/v1", api_key=api_key, max_retries=0)
+        return self.clients[api_key]
+
+    def close_clients(self) -> None:
+        for client in self.clients.values():
+            client.close()
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=60)
+
+
+class GatewayRunner:
+    """Starts gateways on policies (YAML text) under a real uvicorn, each in a thread."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.servers: list[tuple[uvicorn.Server, threading.Thread]] = []
+        self.gateways: list[Gateway] = []
+
+    def start(self, policy_yaml: str, watch: bool = False) -> Gateway:
+        path = self.tmp / f"policy-{len(self.servers)}.yaml"
+        path.write_text(policy_yaml)
+        app = create_app(Settings(policy_path=path, watch_policy=watch, handle_sighup=False,
+                                  configure_logging=False))
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                               access_log=False, loop="asyncio"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        self.servers.append((server, thread))
+        deadline = time.monotonic() + 60
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("gateway did not start")
+            time.sleep(0.02)
+        gw = Gateway(f"http://127.0.0.1:{port}", path, app)
+        self.gateways.append(gw)
+        return gw
+
+    def stop_all(self) -> None:
+        for gw in self.gateways:
+            gw.close_clients()
+        for server, _ in self.servers:
+            server.should_exit = True
+        for _, thread in self.servers:
+            thread.join(30)
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
+    runner = GatewayRunner(tmp_path)
+    yield runner.start
+    runner.stop_all()
