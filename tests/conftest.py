@@ -61,12 +61,12 @@ class LlamaServer:
 
 def start_llama_server(log_dir: Path) -> LlamaServer:
     port = free_port()
-    log = open(log_dir / f"llama-server-{port}.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_path()), "--model_alias", "smollm2",
-         "--host", "127.0.0.1", "--port", str(port), "--n_threads", "1", "--n_ctx", "2048"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
+    with open(log_dir / f"llama-server-{port}.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_path()), "--model_alias", "smollm2",
+             "--host", "127.0.0.1", "--port", str(port), "--n_threads", "1", "--n_ctx", "2048"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
     server = LlamaServer(proc, port)
     try:
         wait_http(server.api_base + "/models", 120, proc)

@@ -62,7 +62,7 @@ def test_parameters_reach_the_engine(gw: Gateway) -> None:
     assert raw.headers["x-request-id"]
 
 
-def test_chat_stream_with_usage(gw: Gateway) -> None:
+def test_chat_stream(gw: Gateway) -> None:
     stream = gw.client().chat.completions.create(model="smollm2", messages=MSG, max_tokens=8, temperature=0,
                                                  stream=True, stream_options={"include_usage": True})
     chunks = list(stream)
@@ -71,8 +71,8 @@ def test_chat_stream_with_usage(gw: Gateway) -> None:
     assert all(c.model == "smollm2" for c in chunks)
     finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finals in (["length"], ["stop"])
-    usage = [c.usage for c in chunks if c.usage]
-    assert usage and usage[-1].completion_tokens > 0
+    # llama-cpp-python's server ignores include_usage (vLLM and SGLang honour it); triage passes
+    # the option through and does not invent counts. Streamed usage is tested on the local backend.
 
 
 def test_text_completion_plain_and_streamed(gw: Gateway) -> None:
