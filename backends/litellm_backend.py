@@ -4,8 +4,11 @@ health around it. litellm's own retries are off (``num_retries=0``) so that one 
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from typing import Any
+
+import openai
 
 from backends.base import Body, Call
 from backends.openai_compat import OpenAICompatBackend
@@ -15,9 +18,13 @@ from gateway.errors import UpstreamError, UpstreamRejected, UpstreamTimeout
 
 
 def _litellm() -> Any:
-    import litellm  # heavy, with import-time side effects: only when a policy asks for it
+    # heavy, with import-time side effects: imported only when a policy asks for it, and told
+    # to use its bundled cost map instead of fetching one over the network
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
 
     litellm.suppress_debug_info = True
+    litellm.telemetry = False
     return litellm
 
 
@@ -35,13 +42,7 @@ class LiteLLMBackend(OpenAICompatBackend):
         fn = lib.acompletion if call.kind == "chat" else lib.atext_completion
         try:
             return await fn(**self._args(replica, call, stream))
-        except lib.exceptions.Timeout as exc:
-            raise UpstreamTimeout(f"upstream {self.name} timed out: {exc}") from None
-        except lib.exceptions.APIConnectionError as exc:
-            raise UpstreamError(f"cannot reach upstream {self.name}: {exc}") from None
-        except lib.exceptions.APIError as exc:
-            raise _mapped(self.name, exc) from None
-        except lib.exceptions.OpenAIError as exc:
+        except openai.OpenAIError as exc:  # litellm raises the openai SDK's exception classes
             raise _mapped(self.name, exc) from None
 
     async def _call_once(self, replica: ReplicaState, call: Call) -> Body:
@@ -53,17 +54,20 @@ class LiteLLMBackend(OpenAICompatBackend):
         return self._chunks(response)
 
     async def _chunks(self, response: Any) -> AsyncIterator[Body]:
-        lib = _litellm()
         try:
             async for chunk in response:
                 yield chunk.model_dump(exclude_none=True)
-        except lib.exceptions.OpenAIError as exc:
+        except openai.OpenAIError as exc:
             raise UpstreamError(f"upstream {self.name} failed mid-stream: {exc}", retryable=False) from None
 
 
-def _mapped(name: str, exc: Any) -> UpstreamError | UpstreamRejected:
-    status = getattr(exc, "status_code", None) or 502
+def _mapped(name: str, exc: openai.OpenAIError) -> UpstreamError | UpstreamRejected:
     message = getattr(exc, "message", None) or str(exc)
+    if isinstance(exc, openai.APITimeoutError):
+        return UpstreamTimeout(f"upstream {name} timed out: {message}")
+    if isinstance(exc, openai.APIConnectionError):
+        return UpstreamError(f"cannot reach upstream {name}: {message}")
+    status = getattr(exc, "status_code", None) or 502
     if status >= 500 or status == 429:
         return UpstreamError(f"upstream {name} answered {status}: {message}", upstream_status=status)
     return UpstreamRejected(message, status=status)

@@ -64,6 +64,7 @@ class LlamaCppBackend:
             n_threads=self.spec.n_threads,
             n_threads_batch=self.spec.n_threads,
             n_batch=self.spec.n_batch,
+            chat_format=self.spec.chat_format,
             verbose=False,
         )
 

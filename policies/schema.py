@@ -104,6 +104,7 @@ class LlamaCppBackend(Strict):
 
     type: Literal["llamacpp"]
     gguf: GGUFSource
+    chat_format: str | None = Field(None, description="llama-cpp-python chat format, for files without a template")
     n_ctx: int = Field(2048, ge=128)
     n_threads: int = Field(1, ge=1, description="1 is fastest on two cores: see DESIGN.md")
     n_batch: int = Field(256, ge=1)

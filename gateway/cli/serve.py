@@ -26,8 +26,16 @@ def serve(
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.errors import PolicyInvalid
     from gateway.settings import Settings
+    from policies import loader
 
     settings = Settings(policy_path=policy or default_policy_path(), watch_policy=watch)
+    try:
+        loader.load(settings.policy_path)  # refuse to start on a bad policy, with every problem
+    except PolicyInvalid as exc:
+        for problem in exc.problems:
+            typer.echo(problem, err=True)
+        raise typer.Exit(2) from None
     uvicorn.run(create_app(settings), host=host, port=port, loop="uvloop", http="httptools",
                 log_level="warning", access_log=False, timeout_graceful_shutdown=10)
