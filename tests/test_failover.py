@@ -5,6 +5,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import openai
+import pytest
+
 from tests.conftest import Gateway, LlamaServer, free_port
 from tests.test_openai_surface import MSG, pool_policy
 
@@ -106,3 +109,22 @@ models: {smollm2: {backend: broken}}
     metrics = attempts_metric(gw)
     bad = [l for l in metrics.splitlines() if l.startswith("triage_upstream_attempts_total") and failing.base_url in l]
     assert bad == [f'triage_upstream_attempts_total{{backend="pool",outcome="error",replica="{failing.base_url}/v1"}} 1.0']
+
+
+def test_engine_killed_mid_stream_ends_with_an_error_event(
+    gateway: Callable[..., Gateway], spare_llama_server: LlamaServer
+) -> None:
+    gw = gateway(pool_policy(spare_llama_server.api_base))
+    stream = gw.client().chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Write a long story about a cat."}],
+        max_tokens=400, temperature=0, stream=True)
+    got = 0
+    with pytest.raises(openai.APIError) as info:
+        for _ in stream:
+            got += 1
+            if got == 3:
+                spare_llama_server.kill()
+    assert got >= 3
+    assert "stream" in str(info.value)
+    with gw.http() as http:
+        assert http.get("/health").status_code == 200
