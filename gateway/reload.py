@@ -7,6 +7,7 @@ every problem.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from pathlib import Path
 
@@ -57,10 +58,8 @@ class Reloader:
         return True
 
     def remove_sighup(self) -> None:
-        try:
+        with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
-        except (ValueError, RuntimeError, NotImplementedError):
-            pass
 
     async def watch(self, stop: asyncio.Event) -> None:
         target = self.path.resolve()

@@ -164,11 +164,11 @@ def test_stream_cut_midway_ends_with_an_error_event(gw: Gateway) -> None:
             got.append(chunk.choices[0].delta.content or "")
     assert "".join(got) == "a b "
     assert "died after 2 chunks" in str(info.value)
-    with gw.http() as http:  # on the wire: two chunks, an error event, then a clean [DONE]
-        with http.stream("POST", "/v1/chat/completions",
-                         json={"model": "dying", "messages": MSG, "stream": True}) as resp:
-            assert resp.status_code == 200
-            events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+    # on the wire: two chunks, an error event, then a clean [DONE]
+    body = {"model": "dying", "messages": MSG, "stream": True}
+    with gw.http() as http, http.stream("POST", "/v1/chat/completions", json=body) as resp:
+        assert resp.status_code == 200
+        events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     err = orjson.loads(events[-2])["error"]
     assert err["type"] == "upstream_error" and "died" in err["message"]
@@ -176,10 +176,13 @@ def test_stream_cut_midway_ends_with_an_error_event(gw: Gateway) -> None:
     still_serving(gw)
 
 
-def test_api_keys_are_checked_against_hashes(gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_api_keys_are_checked_against_hashes(
+    gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
     digest = hashlib.sha256(KEY.encode()).hexdigest()
-    monkeypatch.setenv("TEST_KEY_SHA", digest)
-    gw = gateway(SCRIPTED + f"keys:\n  - {{name: a, sha256: '{digest}'}}\n  - {{name: b, sha256: 'env:TEST_KEY_SHA'}}\n")
+    monkeypatch.setenv("TEST_KEY_SHA", hashlib.sha256(b"sk-other").hexdigest())
+    keys = f"keys:\n  - {{name: a, sha256: '{digest}'}}\n  - {{name: b, sha256: 'env:TEST_KEY_SHA'}}\n"
+    gw = gateway(SCRIPTED + keys)
     with pytest.raises(openai.AuthenticationError) as info:
         gw.client(api_key="wrong").chat.completions.create(model="scripted", messages=MSG)
     assert info.value.body["code"] == "invalid_api_key"
@@ -189,4 +192,5 @@ def test_api_keys_are_checked_against_hashes(gateway: Callable[..., Gateway], mo
         assert http.get("/health").status_code == 200  # liveness needs no key
     out = gw.client(api_key=KEY).chat.completions.create(model="scripted", messages=MSG)
     assert out.choices[0].finish_reason == "stop"
+    assert gw.client(api_key="sk-other").completions.create(model="scripted", prompt="x").choices
     assert [m.id for m in gw.client(api_key=KEY).models.list()] == ["scripted", "slow", "stuck", "broken", "dying"]

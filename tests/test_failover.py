@@ -51,7 +51,7 @@ def test_dead_replica_is_ejected_after_one_failure(gateway: Callable[..., Gatewa
     for _ in range(4):
         assert client.chat.completions.create(model="smollm2", messages=MSG, max_tokens=2).choices
     metrics = attempts_metric(gw)
-    line = next(l for l in metrics.splitlines() if l.startswith("triage_upstream_attempts_total") and dead in l)
+    [line] = [x for x in metrics.splitlines() if x.startswith("triage_upstream_attempts_total") and dead in x]
     assert line.endswith(" 1.0")  # tried once, then ejected for the cool-down
 
 
@@ -95,7 +95,9 @@ fallback_model: last-resort
     assert "".join(c.choices[0].delta.content or "" for c in stream) == "from the fallback"
 
 
-def test_upstream_5xx_is_retried_on_the_next_replica(gateway: Callable[..., Gateway], llama_server: LlamaServer) -> None:
+def test_upstream_5xx_is_retried_on_the_next_replica(
+    gateway: Callable[..., Gateway], llama_server: LlamaServer
+) -> None:
     # A real server that answers 502: another triage whose only model always fails.
     failing = gateway("""version: 1
 backends: {broken: {type: scripted, fail_first: 1000}}
@@ -107,8 +109,9 @@ models: {smollm2: {backend: broken}}
         out = gw.client().chat.completions.create(model="smollm2", messages=MSG, max_tokens=2)
         assert out.choices
     metrics = attempts_metric(gw)
-    bad = [l for l in metrics.splitlines() if l.startswith("triage_upstream_attempts_total") and failing.base_url in l]
-    assert bad == [f'triage_upstream_attempts_total{{backend="pool",outcome="error",replica="{failing.base_url}/v1"}} 1.0']
+    bad = [x for x in metrics.splitlines() if x.startswith("triage_upstream_attempts_total") and failing.base_url in x]
+    replica = f"{failing.base_url}/v1"
+    assert bad == [f'triage_upstream_attempts_total{{backend="pool",outcome="error",replica="{replica}"}} 1.0']
 
 
 def test_engine_killed_mid_stream_ends_with_an_error_event(

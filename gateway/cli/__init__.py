@@ -6,8 +6,13 @@ import typer
 
 from gateway.cli import bench, serve, validate
 
-app = typer.Typer(name="triage", help="An OpenAI-compatible gateway that routes each request to the cheapest tier that can answer it well.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+app = typer.Typer(
+    name="triage",
+    help="An OpenAI-compatible gateway that routes each request to the cheapest tier that can answer it well.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
 app.command("serve")(serve.serve)
 app.command("validate")(validate.validate)
 app.add_typer(bench.app, name="bench")
