@@ -8,7 +8,7 @@ Retries, replica choice and health stay inside the backend; model fallback is th
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -55,17 +55,23 @@ class Completion:
 
 
 class ChunkStream:
-    """An opened stream: its first chunk has already arrived (so failover is over)."""
+    """An opened stream: its first chunk has already arrived (so failover is over).
+
+    ``aclose`` must be called (it is idempotent); ``cleanup`` releases what the backend holds
+    even when the rest of the stream was never iterated.
+    """
 
     def __init__(
         self,
         first: Body,
         rest: AsyncIterator[Body],
         replica: str,
+        cleanup: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.first = first
         self._rest = rest
         self.replica = replica
+        self._cleanup = cleanup
 
     async def __aiter__(self) -> AsyncIterator[Body]:
         yield self.first
@@ -76,6 +82,8 @@ class ChunkStream:
         aclose = getattr(self._rest, "aclose", None)
         if aclose is not None:
             await aclose()
+        if self._cleanup is not None:
+            await self._cleanup()
 
 
 @runtime_checkable

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -119,12 +119,18 @@ class RemoteBackend:
                 await self._backoff(i)
                 continue
             self._record(call, replica, "ok", watch)
-            return ChunkStream(first, self._rest(call, replica, chunks, watch), replica.api_base)
+            cleanup = _once(replica, chunks)
+            return ChunkStream(first, self._rest(call, replica, chunks, watch, cleanup), replica.api_base, cleanup)
         assert last is not None
         raise last
 
     async def _rest(
-        self, call: Call, replica: ReplicaState, chunks: AsyncIterator[Body], watch: Stopwatch
+        self,
+        call: Call,
+        replica: ReplicaState,
+        chunks: AsyncIterator[Body],
+        watch: Stopwatch,
+        cleanup: Callable[[], Awaitable[None]],
     ) -> AsyncIterator[Body]:
         t = self.spec.timeouts
         try:
@@ -145,8 +151,7 @@ class RemoteBackend:
                     raise
                 yield chunk
         finally:
-            replica.outstanding -= 1
-            await _aclose(chunks)
+            await cleanup()
 
     # -- helpers --------------------------------------------------------------------------
     def _next(self, tried: set[str]) -> ReplicaState:
@@ -181,6 +186,20 @@ class RemoteBackend:
 
     def _record(self, call: Call, replica: ReplicaState, outcome: str, watch: Stopwatch) -> None:
         call.attempts.append(Attempt(self.name, replica.api_base, outcome, watch.elapsed()))
+
+
+def _once(replica: ReplicaState, chunks: AsyncIterator[Body]) -> Callable[[], Awaitable[None]]:
+    """Release a stream's replica slot and connection exactly once, started or not."""
+    done = False
+
+    async def cleanup() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            replica.outstanding -= 1
+            await _aclose(chunks)
+
+    return cleanup
 
 
 async def _aclose(it: AsyncIterator[Body]) -> None:

@@ -84,19 +84,20 @@ async def _generate(request: Request, kind: Kind) -> Response:
         ex.usage = answer.get("usage")
         await ex.finish(200)
         return _json(answer, headers=headers)
-    return StreamingResponse(_sse(ex, served), media_type="text/event-stream", headers={**_SSE_HEADERS, **headers})
+    return _SSEResponse(ex, served, headers)
 
 
 async def _sse(ex: Exchange, served: Served) -> AsyncIterator[bytes]:
     """Relay chunks; a failure after the stream started becomes an SSE error event, then [DONE]."""
     assert served.stream is not None
-    status, error = 200, None
+    status, error = 499, None  # until the upstream finishes, a stop is the client going away
     try:
         async for chunk in served.stream:
             chunk["model"] = served.model
             if chunk.get("usage"):
                 ex.usage = chunk["usage"]
             yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+        status = 200
     except TriageError as exc:
         status, error = exc.status, exc
         log.warning("stream_failed", request_id=ex.request_id, error=exc.message)
@@ -105,6 +106,24 @@ async def _sse(ex: Exchange, served: Served) -> AsyncIterator[bytes]:
         await served.stream.aclose()
         await ex.finish(status, error)
     yield b"data: [DONE]\n\n"
+
+
+class _SSEResponse(StreamingResponse):
+    """A stream whose upstream and bookkeeping are released however it ends, even when the
+    client left before the first byte (then the relay generator never ran)."""
+
+    def __init__(self, ex: Exchange, served: Served, headers: dict[str, str]) -> None:
+        super().__init__(_sse(ex, served), media_type="text/event-stream", headers={**_SSE_HEADERS, **headers})
+        self._ex, self._served = ex, served
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[union-attr]
+            assert self._served.stream is not None
+            await self._served.stream.aclose()
+            await self._ex.finish(499)  # a no-op when the relay already finished
 
 
 @router.post("/v1/chat/completions")

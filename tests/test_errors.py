@@ -11,6 +11,7 @@ import httpx
 import openai
 import orjson
 import pytest
+import structlog
 
 from tests.conftest import Gateway
 
@@ -194,3 +195,24 @@ def test_api_keys_are_checked_against_hashes(
     assert out.choices[0].finish_reason == "stop"
     assert gw.client(api_key="sk-other").completions.create(model="scripted", prompt="x").choices
     assert [m.id for m in gw.client(api_key=KEY).models.list()] == ["scripted", "slow", "stuck", "broken", "dying"]
+
+
+def test_client_leaving_mid_stream_frees_its_slot(gateway: Callable[..., Gateway]) -> None:
+    gw = gateway("""version: 1
+backends: {slow: {type: scripted, text: "a b c d e f g h", chunks: 8, chunk_delay_s: 0.3}}
+models: {slow: {backend: slow}}
+limits: {max_concurrency: 1}
+""")
+    body = {"model": "slow", "messages": MSG, "stream": True}
+    with structlog.testing.capture_logs() as logs:
+        with gw.http() as http, http.stream("POST", "/v1/chat/completions", json=body) as resp:
+            next(resp.iter_lines())  # one event, then hang up
+        for _ in range(100):  # the slot comes back without waiting for the stream's end
+            if any(e.get("event") == "request" for e in logs):
+                break
+            threading.Event().wait(0.02)
+    [event] = [e for e in logs if e.get("event") == "request"]
+    assert event["status"] == 499
+    assert event["latency_ms"] < 1500
+    out = gw.client().chat.completions.create(model="slow", messages=MSG)
+    assert out.choices[0].message.content == "a b c d e f g h"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -11,12 +12,24 @@ app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
 
 @app.command("overhead")
 def overhead(
-    requests: Annotated[int, typer.Option(help="Requests per latency measurement.")] = 2000,
-    concurrency: Annotated[int, typer.Option(help="Concurrency of the throughput run.")] = 32,
-    duration: Annotated[float, typer.Option(help="Seconds per throughput run.")] = 10.0,
+    requests: Annotated[int, typer.Option(help="Sequential requests per target for latency.")] = 2000,
+    concurrency: Annotated[int, typer.Option(help="Concurrency of the fixed throughput run.")] = 32,
+    duration: Annotated[float, typer.Option(help="Seconds of the fixed throughput run, per target.")] = 10.0,
     litellm: Annotated[bool, typer.Option(help="Include the LiteLLM proxy.")] = True,
+    logging_row: Annotated[bool, typer.Option(help="Add triage logging each request (level info).")] = True,
+    sweep_duration: Annotated[float, typer.Option(help="Seconds per concurrency level of the sweep.")] = 3.0,
+    max_concurrency: Annotated[int, typer.Option(help="Highest level of the sweep (1, 2, 4, ...).")] = 64,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds of the latency run.")] = 10,
+    warmup: Annotated[int, typer.Option(help="Warm-up requests per target.")] = 200,
+    p99_limit_ms: Annotated[float, typer.Option(help="p99 limit of the best throughput.")] = 100.0,
+    profile: Annotated[bool, typer.Option(help="Then profile triage (py-spy, or cProfile).")] = False,
+    profile_duration: Annotated[float, typer.Option(help="Seconds of the profile.")] = 10.0,
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-overhead.json"),
 ) -> None:
     """Added latency and throughput: direct vs triage vs LiteLLM proxy, one fast upstream."""
     from eval.bench.overhead import run
 
-    run(requests=requests, concurrency=concurrency, duration=duration, with_litellm=litellm)
+    run(requests=requests, concurrency=concurrency, duration=duration, with_litellm=litellm,
+        with_logging_row=logging_row, sweep_duration=sweep_duration, max_concurrency=max_concurrency,
+        rounds=rounds, warmup=warmup, p99_limit_ms=p99_limit_ms, profile=profile,
+        profile_duration=profile_duration, out=out)
