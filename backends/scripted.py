@@ -10,6 +10,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
+
 from backends import shapes
 from backends.base import Attempt, Body, Call, Capabilities, ChunkStream, Completion, Stopwatch
 from backends.registry import register
@@ -33,8 +35,13 @@ class ScriptedBackend:
     def healthy(self) -> bool:
         return bool(self.spec.ready)
 
-    def _pieces(self) -> list[str]:
-        words = self.spec.text.split(" ")
+    def _text(self, call: Call) -> str:
+        if self.spec.echo:  # what a router test needs to see: the body as this backend got it
+            return orjson.dumps(call.body, option=orjson.OPT_SORT_KEYS).decode()
+        return self.spec.text
+
+    def _pieces(self, call: Call) -> list[str]:
+        words = self._text(call).split(" ")
         n = min(self.spec.chunks, len(words))
         size = -(-len(words) // n)
         return [" ".join(words[i : i + size]) + (" " if i + size < len(words) else "")
@@ -46,7 +53,7 @@ class ScriptedBackend:
             texts = [prompt] if isinstance(prompt, str) else [p for p in prompt or () if isinstance(p, str)]
         else:
             texts = [m.get("content") for m in call.body.get("messages") or () if isinstance(m.get("content"), str)]
-        return shapes.usage(sum(len(t.split()) for t in texts), len(self.spec.text.split()))
+        return shapes.usage(sum(len(t.split()) for t in texts), len(self._text(call).split()))
 
     async def _begin(self, call: Call) -> Stopwatch:
         watch = Stopwatch()
@@ -64,7 +71,7 @@ class ScriptedBackend:
     async def complete(self, call: Call) -> Completion:
         watch = await self._begin(call)
         n = int(call.body.get("n") or 1)
-        body = shapes.response(call.kind, call.body["model"], [self.spec.text] * n, "stop", self._usage(call))
+        body = shapes.response(call.kind, call.body["model"], [self._text(call)] * n, "stop", self._usage(call))
         call.attempts.append(Attempt(self.name, "scripted", "ok", watch.elapsed()))
         return Completion(body, "scripted")
 
@@ -77,7 +84,7 @@ class ScriptedBackend:
 
     async def _chunks(self, call: Call) -> AsyncIterator[Body]:
         cid, model = shapes.new_id(call.kind), call.body["model"]
-        pieces = self._pieces()
+        pieces = self._pieces(call)
         for i, piece in enumerate(pieces):
             if self.spec.die_after_chunks is not None and i >= self.spec.die_after_chunks:
                 raise UpstreamError(f"scripted stream died after {i} chunks", retryable=False)

@@ -11,12 +11,13 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
 from backends.base import Body, Kind
-from gateway.dispatch import Served, dispatch
+from gateway.dispatch import Served, decide_route, dispatch
 from gateway.errors import ModelNotFound, PayloadTooLarge, TriageError, Unauthorized
 from gateway.exchange import Exchange
 from gateway.schemas import ChatRequest, CompletionRequest, check, parse_json
 from gateway.state import GatewayState
 from policies.routing import public_models
+from policies.semantic import Route
 
 router = APIRouter()
 log = structlog.get_logger("triage.api")
@@ -28,6 +29,13 @@ def error_response(exc: TriageError) -> Response:
     headers = {"Retry-After": "1"} if exc.status == 429 else None
     return Response(orjson.dumps(exc.body()), status_code=exc.status, media_type="application/json",
                     headers=headers)
+
+
+def route_headers(route: Route, switch: str | None) -> dict[str, str]:
+    reasoning = ("on" if route.reasoning else "off") if switch not in (None, "none") else "unsupported"
+    return {"x-triage-route": route.reason + ("+follow_up" if route.follow_up else ""),
+            "x-triage-reasoning": reasoning, "x-triage-confidence": f"{route.confidence:.4f}",
+            "x-triage-category": route.category or ""}
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -68,7 +76,9 @@ async def _generate(request: Request, kind: Kind) -> Response:
         check(ChatRequest if kind == "chat" else CompletionRequest, body)
         ex.stream = bool(body.get("stream"))
         ex.prompt = body.get("messages") if kind == "chat" else body.get("prompt")
-        served = await dispatch(ex.rt, kind, body, ex.request_id, ex.attempts)
+        route = await decide_route(ex.rt, kind, body)
+        ex.route = route
+        served = await dispatch(ex.rt, kind, body, ex.request_id, ex.attempts, route)
         ex.served, ex.backend, ex.replica = served.model, served.backend, served.replica
     except TriageError as exc:
         await ex.finish(exc.status, exc)
@@ -77,6 +87,8 @@ async def _generate(request: Request, kind: Kind) -> Response:
         await ex.finish(500)
         raise
     headers = {"x-request-id": ex.request_id, "x-triage-model": served.model, "x-triage-backend": served.backend}
+    if served.route is not None:
+        headers.update(route_headers(served.route, served.reasoning_switch))
     if served.stream is None:
         assert served.completion is not None
         answer = served.completion.body

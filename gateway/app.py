@@ -33,7 +33,7 @@ def create_app(settings: Settings) -> FastAPI:
         if settings.configure_logging:
             logs.configure(policy.logging)
         metrics = Metrics()
-        holder = RuntimeHolder(await runtime.build(policy))
+        holder = RuntimeHolder(await runtime.build(policy, base_dir=settings.policy_path.parent))
         app.state.triage = GatewayState(holder, metrics)
         reloader = Reloader(settings.policy_path, holder, metrics)
         app.state.reloader = reloader

@@ -13,7 +13,10 @@ import structlog
 from backends.base import Attempt, Body, Call, ChunkStream, Completion, Kind
 from gateway.errors import UpstreamError
 from gateway.runtime import Runtime
+from policies import reasoning
 from policies.routing import candidates
+from policies.schema import SemanticModel
+from policies.semantic import Route
 
 log = structlog.get_logger("triage.dispatch")
 
@@ -25,20 +28,37 @@ class Served:
     replica: str
     completion: Completion | None = None
     stream: ChunkStream | None = None
+    route: Route | None = None
+    reasoning_switch: str | None = None
 
 
-async def dispatch(rt: Runtime, kind: Kind, body: Body, request_id: str, attempts: list[Attempt]) -> Served:
-    chain = candidates(rt.policy, body["model"])
+async def decide_route(rt: Runtime, kind: Kind, body: Body) -> Route | None:
+    """The encoder's route when the request names a semantic virtual model, else None."""
+    vm = rt.policy.virtual_models.get(body["model"])
+    if not isinstance(vm, SemanticModel):
+        return None
+    assert rt.encoding is not None, "a semantic model without a classifier fails validation"
+    return await rt.encoding.route(vm, kind, body)
+
+
+async def dispatch(rt: Runtime, kind: Kind, body: Body, request_id: str, attempts: list[Attempt],
+                   route: Route | None = None) -> Served:
+    chain = candidates(rt.policy, route.model if route is not None else body["model"])
     last: UpstreamError | None = None
     for name in chain:
-        backend = rt.backends[rt.policy.models[name].backend]
-        call = Call(kind, {**body, "model": rt.policy.upstream_name(name)}, request_id, attempts)
+        spec = rt.policy.models[name]
+        backend = rt.backends[spec.backend]
+        upstream_body, switch = {**body, "model": rt.policy.upstream_name(name)}, None
+        if route is not None:
+            upstream_body, switch = reasoning.apply(upstream_body, spec, route.reasoning)
+        call = Call(kind, upstream_body, request_id, attempts)
         try:
             if call.stream:
                 stream = await backend.open_stream(call)
-                return Served(name, backend.name, stream.replica, stream=stream)
+                return Served(name, backend.name, stream.replica, stream=stream, route=route, reasoning_switch=switch)
             completion = await backend.complete(call)
-            return Served(name, backend.name, completion.replica, completion=completion)
+            return Served(name, backend.name, completion.replica, completion=completion, route=route,
+                          reasoning_switch=switch)
         except UpstreamError as exc:
             last = exc
             log.warning("model_failed", request_id=request_id, model=name, backend=backend.name,

@@ -7,7 +7,7 @@ answer was a JSON body or a stream.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import structlog
@@ -16,6 +16,7 @@ from backends.base import Attempt, Stopwatch
 from gateway.errors import RateLimited, TriageError
 from gateway.metrics import Metrics
 from gateway.runtime import Runtime, RuntimeHolder
+from policies.semantic import Route
 
 log = structlog.get_logger("triage.request")
 
@@ -49,6 +50,7 @@ class Exchange:
     stream: bool = False
     usage: dict[str, Any] | None = None
     prompt: Any = None
+    route: Route | None = None
     _slot: bool = False
     _done: bool = False
 
@@ -81,6 +83,8 @@ class Exchange:
             "attempts": [{"backend": a.backend, "replica": a.replica, "outcome": a.outcome,
                           "ms": round(a.latency_s * 1000, 3)} for a in self.attempts],
         }
+        if self.route is not None:
+            event["route"] = asdict(self.route)
         if self.usage:
             event["prompt_tokens"] = self.usage.get("prompt_tokens")
             event["completion_tokens"] = self.usage.get("completion_tokens")

@@ -35,7 +35,7 @@ class Reloader:
         async with self._lock:
             try:
                 policy = await asyncio.to_thread(loader.load, self.path)
-                new = await runtime.build(policy, self.holder.current)
+                new = await runtime.build(policy, self.holder.current, self.path.parent)
             except PolicyInvalid as exc:
                 self.metrics.reloads.labels("rejected").inc()
                 log.error("policy_reload_rejected", reason=reason, path=str(self.path), problems=exc.problems)

@@ -9,14 +9,19 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
 from backends import registry
 from backends.base import Backend
 from backends.secrets import MissingSecret, resolve
-from gateway.errors import PolicyInvalid
+from gateway.errors import NotReady, PolicyInvalid
 from policies.schema import Policy
+
+if TYPE_CHECKING:
+    from gateway.semantic import Encoding
 
 log = structlog.get_logger("triage.runtime")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -27,9 +32,11 @@ class Runtime:
     policy: Policy
     backends: dict[str, Backend]
     key_hashes: frozenset[str]
+    encoding: Encoding | None = None
     in_flight: int = 0
     retired: bool = False
     _drop: list[Backend] = field(default_factory=list)
+    _drop_encoding: Encoding | None = None
 
     def check_key(self, authorization: str | None) -> bool:
         if not self.key_hashes:
@@ -57,9 +64,26 @@ def _key_hashes(policy: Policy) -> frozenset[str]:
     return frozenset(hashes)
 
 
-async def build(policy: Policy, previous: Runtime | None = None) -> Runtime:
-    """Start the backends of ``policy``, reusing those of ``previous`` whose spec is unchanged."""
+async def _encoding(policy: Policy, previous: Runtime | None, base_dir: Path) -> Encoding | None:
+    if policy.classifier is None:
+        return None
+    if previous is not None and previous.encoding is not None and previous.policy.classifier == policy.classifier:
+        return previous.encoding
+    from gateway.semantic import Encoding  # ONNX Runtime: only for policies with a classifier
+
+    try:
+        return await Encoding.load(policy.classifier, base_dir)
+    except NotReady as exc:
+        raise PolicyInvalid([f"classifier: {exc.message}"]) from None
+
+
+async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path = Path(".")) -> Runtime:
+    """Start the backends of ``policy``, reusing those of ``previous`` whose spec is unchanged.
+
+    Relative paths in the policy (classifier data and artifacts) are taken from ``base_dir``.
+    """
     keys = _key_hashes(policy)
+    encoding = await _encoding(policy, previous, base_dir)
     backends: dict[str, Backend] = {}
     started: list[Backend] = []
     try:
@@ -77,8 +101,10 @@ async def build(policy: Policy, previous: Runtime | None = None) -> Runtime:
     except BaseException:
         for backend in started:
             await backend.close()
+        if encoding is not None and (previous is None or encoding is not previous.encoding):
+            await encoding.close()
         raise
-    return Runtime(policy, backends, keys)
+    return Runtime(policy, backends, keys, encoding)
 
 
 class RuntimeHolder:
@@ -99,6 +125,7 @@ class RuntimeHolder:
         old, self.current = self.current, new
         kept = {id(b) for b in new.backends.values()}
         old._drop = [b for b in old.backends.values() if id(b) not in kept]
+        old._drop_encoding = old.encoding if old.encoding is not new.encoding else None
         old.retired = True
         if old.in_flight == 0:
             await self._close_dropped(old)
@@ -106,9 +133,14 @@ class RuntimeHolder:
     async def close(self) -> None:
         for backend in self.current.backends.values():
             await backend.close()
+        if self.current.encoding is not None:
+            await self.current.encoding.close()
 
     async def _close_dropped(self, rt: Runtime) -> None:
         drop, rt._drop = rt._drop, []
         for backend in drop:
             log.info("backend_closed", backend=backend.name)
             await backend.close()
+        encoding, rt._drop_encoding = rt._drop_encoding, None
+        if encoding is not None:
+            await encoding.close()

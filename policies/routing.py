@@ -19,8 +19,8 @@ def candidates(policy: Policy, requested: str) -> list[str]:
         heads = [requested]
     elif requested in policy.virtual_models:
         vm = policy.virtual_models[requested]
-        assert isinstance(vm, AliasModel)
-        heads = list(vm.targets)
+        # a semantic model's route is decided by the encoder; without a decision, its default
+        heads = list(vm.targets) if isinstance(vm, AliasModel) else [vm.default]
     else:
         raise ModelNotFound(f"The model '{requested}' does not exist", param="model")
     chain: list[str] = []

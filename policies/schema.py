@@ -122,6 +122,7 @@ class ScriptedBackend(Strict):
     fail_first: int = Field(0, ge=0, description="the first N calls fail with a 502")
     die_after_chunks: int | None = Field(None, ge=0, description="streams break after N chunks")
     ready: bool = True
+    echo: bool = Field(False, description="answer with the JSON of the request body received instead of text")
     timeouts: Timeouts = Timeouts()
 
 
@@ -137,10 +138,14 @@ class Prices(Strict):
     per_call: float = Field(0.0, ge=0)
 
 
+ReasoningSwitch = Literal["auto", "chat_template_kwargs", "reasoning_effort", "none"]
+
+
 class ModelSpec(Strict):
     backend: str
     upstream: str | None = Field(None, description="the engine's model name; defaults to the key")
     family: str = "generic"
+    reasoning_switch: ReasoningSwitch = Field("auto", description="how reasoning is turned on/off; auto: by family")
     prices: Prices = Prices()
     fallbacks: list[str] = Field(default_factory=list)
 
@@ -153,7 +158,63 @@ class AliasModel(Strict):
     description: str = ""
 
 
-VirtualModel = Annotated[AliasModel, Field(discriminator="type")]
+class ReasoningRule(Strict):
+    mode: Literal["auto", "on", "off"] = "auto"
+    threshold: float = Field(0.5, ge=0, le=1, description="P(reasoning pays) from which it is switched on")
+
+
+class SemanticModel(Strict):
+    """A virtual model routed by the encoder: category -> model, reasoning on/off, escalation."""
+
+    type: Literal["semantic"]
+    default: str = Field(description="the model when no rule applies")
+    categories: dict[str, str] = Field(default_factory=dict, description="category -> model")
+    min_confidence: float = Field(0.0, ge=0, le=1, description="category confidence below which to escalate")
+    escalate_to: str | None = None
+    unfamiliar: str | None = Field(None, description="fixed route for out-of-distribution prompts")
+    reasoning: ReasoningRule = ReasoningRule()
+    follow_up_max_words: int = Field(6, ge=0, description="a turn this short may keep the conversation's route")
+    follow_up_switch_confidence: float = Field(0.9, ge=0, le=1, description="...unless its own category is this sure")
+    description: str = ""
+
+    def routes(self) -> list[str]:
+        """Every model this virtual model may route to, the default first."""
+        out = [self.default, *self.categories.values(), *(m for m in (self.escalate_to, self.unfamiliar) if m)]
+        return list(dict.fromkeys(out))
+
+
+VirtualModel = Annotated[AliasModel | SemanticModel, Field(discriminator="type")]
+
+
+class EncoderConfig(Strict):
+    """The sentence encoder (all-MiniLM-L6-v2 exported to ONNX) that every head reads."""
+
+    precision: Literal["int8", "fp32"] = "int8"
+    threads: int = Field(1, ge=1, description="ONNX Runtime intra-op threads")
+    provider: str = "CPUExecutionProvider"
+    max_tokens: int = Field(256, ge=3, le=512, description="longer prompts keep their head and tail")
+    batch_max_size: int = Field(16, ge=1, description="micro-batch: prompts per forward")
+    batch_max_wait_ms: float = Field(2.0, ge=0, description="micro-batch: longest wait for company")
+
+
+class TaskHead(Strict):
+    """A head trained on labeled examples of one task (text -> label), e.g. intents."""
+
+    data: str = Field(description="JSONL with train/dev/test rows, relative to data_dir")
+    text_field: str = "text"
+    label_field: str = "label"
+    out_of_scope: str | None = Field(None, description="the label that means 'none of these'")
+
+
+BuiltinHead = Literal["question_type", "category", "reasoning"]
+
+
+class Classifier(Strict):
+    data_dir: str = Field("../shared/data", description="labeled data, relative to the policy file")
+    artifacts: str = Field("artifacts/heads", description="trained heads, relative to the policy file")
+    encoder: EncoderConfig = EncoderConfig()
+    heads: list[BuiltinHead] = Field(default_factory=lambda: ["question_type", "category", "reasoning"])
+    tasks: dict[str, TaskHead] = Field(default_factory=dict)
 
 
 class Limits(Strict):
@@ -185,6 +246,7 @@ class Policy(Strict):
     models: dict[str, ModelSpec] = Field(min_length=1)
     virtual_models: dict[str, VirtualModel] = Field(default_factory=dict)
     fallback_model: str | None = Field(None, description="tried when a model's own chain fails")
+    classifier: Classifier | None = None
     limits: Limits = Limits()
     keys: list[ApiKey] = Field(default_factory=list)
     logging: Logging = Logging()
@@ -209,9 +271,16 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
     for name, vm in policy.virtual_models.items():
         if name in models:
             problems.append((("virtual_models", name), f"'{name}' is also a model name"))
-        for i, target in enumerate(vm.targets):
+        if isinstance(vm, AliasModel):
+            refs: list[tuple[Loc, str]] = [(("targets", i), t) for i, t in enumerate(vm.targets)]
+        else:
+            refs = [(("default",), vm.default), *((("categories", c), m) for c, m in vm.categories.items()),
+                    *(((f,), m) for f in ("escalate_to", "unfamiliar") if (m := getattr(vm, f)) is not None)]
+            if policy.classifier is None:
+                problems.append((("virtual_models", name), "a semantic model needs a `classifier` section"))
+        for where, target in refs:
             if target not in models:
-                problems.append((("virtual_models", name, "targets", i), f"model '{target}' is not defined"))
+                problems.append((("virtual_models", name, *where), f"model '{target}' is not defined"))
     if policy.fallback_model is not None and policy.fallback_model not in models:
         problems.append((("fallback_model",), f"model '{policy.fallback_model}' is not defined"))
     names = [k.name for k in policy.keys]

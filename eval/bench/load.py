@@ -9,6 +9,7 @@ Two shapes of load, both bounded by a request count and a deadline:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -147,7 +148,5 @@ async def closed_loop(target: Target, concurrency: int, duration_s: float, max_r
 
 
 async def _quiet(target: Target) -> None:
-    try:
+    with contextlib.suppress(*_ERRORS):
         await target.once()
-    except _ERRORS:
-        pass

@@ -32,6 +32,9 @@ LITELLM_ENV = {
     "LITELLM_LOG": "WARNING",  # same log level as the triage row; uvicorn's access log is off too
     "LITELLM_DONT_SHOW_FEEDBACK_BOX": "true",
     "DISABLE_SCHEMA_UPDATE": "true",
+    # no master key, like the triage rows (no API keys): the proxy refuses that unless told;
+    # it listens on 127.0.0.1 only
+    "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
 }
 
 
@@ -103,13 +106,13 @@ class Proc:
             await asyncio.sleep(0.2)
         raise StartFailed(f"{self.name} not ready after {timeout_s:.0f} s ({last}):\n{self.log_tail()}")
 
-    def stop(self, grace_s: float = 8.0) -> None:
-        """SIGTERM to the process's own session, then SIGKILL to what is left after ``grace_s``."""
+    def stop(self, grace_s: float = 8.0, sig: signal.Signals = signal.SIGTERM) -> None:
+        """``sig`` to the process's own session, then SIGKILL to what is left after ``grace_s``."""
         p = self.popen
         if p is None:
             return
         if p.poll() is None:
-            _signal_group(p.pid, signal.SIGTERM)
+            _signal_group(p.pid, sig)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(grace_s)
         _signal_group(p.pid, signal.SIGKILL)  # workers a parent left behind
@@ -146,11 +149,12 @@ class Fleet:
         return self.add(Proc("upstream", [sys.executable, "-m", "eval.bench.upstream", "--port", str(port)],
                              port, "/v1/models", self.workdir / "upstream.log"))
 
-    def triage(self, name: str, upstream: Proc, level: str, wrap: list[str] | None = None) -> Proc:
+    def triage(self, name: str, upstream: Proc, level: str, pre: list[str] | None = None) -> Proc:
+        """``pre``: interpreter arguments before ``-m gateway.cli`` (a profiler, say)."""
         port = free_port()
         policy = self.workdir / f"{name}.yaml"
         policy.write_text(triage_policy(upstream.base + "/v1", level))
-        argv = [*(wrap or []), sys.executable, "-m", "gateway.cli", "serve", "--policy", str(policy),
+        argv = [sys.executable, *(pre or []), "-m", "gateway.cli", "serve", "--policy", str(policy),
                 "--host", HOST, "--port", str(port), "--no-watch"]
         return self.add(Proc(name, argv, port, "/v1/models", self.workdir / f"{name}.log"))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+from typing import cast
 
 import httptools
 import orjson
@@ -79,8 +80,7 @@ class _Conn(asyncio.Protocol):
         self._body: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
 
     def data_received(self, data: bytes) -> None:
         try:

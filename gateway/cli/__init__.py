@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from gateway.cli import bench, serve, validate
+from gateway.cli import bench, route, serve, train, validate
 
 app = typer.Typer(
     name="triage",
@@ -15,6 +15,8 @@ app = typer.Typer(
 )
 app.command("serve")(serve.serve)
 app.command("validate")(validate.validate)
+app.command("train")(train.train)
+app.command("route")(route.route)
 app.add_typer(bench.app, name="bench")
 
 

@@ -33,3 +33,24 @@ def overhead(
         with_logging_row=logging_row, sweep_duration=sweep_duration, max_concurrency=max_concurrency,
         rounds=rounds, warmup=warmup, p99_limit_ms=p99_limit_ms, profile=profile,
         profile_duration=profile_duration, out=out)
+
+
+@app.command("encoder")
+def encoder(
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds of the latency runs.")] = 5,
+    single_per_round: Annotated[int, typer.Option(help="Prompts per cell and round, one at a time.")] = 10,
+    batched_per_round: Annotated[int, typer.Option(help="Requests per cell and round, micro-batched.")] = 32,
+    concurrency: Annotated[int, typer.Option(help="Clients of the micro-batched latency run.")] = 16,
+    max_batch: Annotated[int, typer.Option(help="Micro-batch size limit (N).")] = 16,
+    max_wait_ms: Annotated[float, typer.Option(help="Micro-batch wait limit (T), ms.")] = 2.0,
+    throughput_tokens: Annotated[int, typer.Option(help="Prompt length of the decisions/s run.")] = 32,
+    throughput_seconds: Annotated[float, typer.Option(help="Seconds per decisions/s cell.")] = 4.0,
+    torch_baseline: Annotated[bool, typer.Option(help="Include sentence-transformers/PyTorch.")] = True,
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-encoder.json"),
+) -> None:
+    """Encoder latency and decisions/s: ONNX int8 and fp32 against sentence-transformers, in one run."""
+    from eval.bench.encoder import run
+
+    run(rounds=rounds, single_per_round=single_per_round, batched_per_round=batched_per_round,
+        concurrency=concurrency, max_batch=max_batch, max_wait_ms=max_wait_ms, throughput_tokens=throughput_tokens,
+        throughput_seconds=throughput_seconds, torch_baseline=torch_baseline, out=out)

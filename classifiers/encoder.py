@@ -1,0 +1,162 @@
+"""The sentence encoder: the exported MiniLM run by ONNX Runtime, tokenized by ``tokenizers``.
+
+Embeddings match sentence-transformers' all-MiniLM-L6-v2 (mean pooling over the real tokens, L2
+normalised; both inside the exported graph), 384 float32 values per text.
+
+Truncation policy (prompts longer than ``max_tokens``, 256 by default, the model's own limit):
+the encoder keeps the HEAD and the TAIL of the prompt and drops the middle. Of the
+``max_tokens - 2`` word-piece slots ([CLS] and [SEP] take two), the first half goes to the first
+tokens and the second half to the last tokens: an instruction usually sits at the start of a
+prompt and the question at its end. (sentence-transformers keeps the head only.) To bound the
+cost of tokenizing huge prompts, text longer than twice ``CHARS_PER_TOKEN * slots`` characters is
+first cut to that many characters from each end; for ordinary text (4-6 characters a token) this
+changes nothing the encoder keeps.
+
+Text that is not valid Unicode (lone surrogates from ``surrogateescape`` decoding) has the
+offending code points replaced by U+FFFD; ``bytes`` are decoded as UTF-8 with replacement. The
+empty prompt encodes as ``[CLS] [SEP]``.
+
+Nothing is loaded at import. An :class:`Encoder` holds one ONNX Runtime session; calls from
+several threads are safe but compete for the same cores, so serve it through the micro-batcher,
+which gives it one worker thread.
+
+int8 caveat: activations are quantized at run time with one scale per tensor, so an int8 row
+depends slightly on the other rows of its batch (cosine to the same prompt alone ~0.96-0.99);
+fp32 rows do not (differences ~1e-7).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+from classifiers.artifacts import Artifacts, ExportSettings, Precision, locate
+from gateway.errors import InvalidRequest, NotReady
+
+CHARS_PER_TOKEN = 16
+CPU = "CPUExecutionProvider"
+
+
+@dataclass(frozen=True)
+class EncoderSettings:
+    precision: Precision = "int8"
+    intra_op_threads: int = 1  # measured: 1 thread is fastest for one prompt on these 2-core machines
+    provider: str = CPU  # "CUDAExecutionProvider" with onnxruntime-gpu on GPU hosts
+    max_tokens: int = 256  # including [CLS] and [SEP]; at most the model's 512 positions
+    spin: bool = False  # let idle intra-op threads busy-wait (only matters with 2+ threads)
+
+    def __post_init__(self) -> None:
+        if self.precision not in ("int8", "fp32"):
+            raise InvalidRequest(f"encoder precision must be int8 or fp32, not {self.precision!r}")
+        if self.intra_op_threads < 1:
+            raise InvalidRequest("encoder intra_op_threads must be at least 1")
+        if not 3 <= self.max_tokens <= 512:
+            raise InvalidRequest("encoder max_tokens must be between 3 and 512")
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """Token ids of one prompt, with [CLS]/[SEP], after truncation."""
+
+    ids: list[int]
+    original_tokens: int  # word pieces of the full prompt plus two (after the character cut, if any)
+    truncated: bool
+
+
+class Encoder:
+    def __init__(self, model: Path, tokenizer: Path, settings: EncoderSettings | None = None) -> None:
+        self.settings = settings or EncoderSettings()
+        if self.settings.provider not in ort.get_available_providers():
+            raise NotReady(
+                f"ONNX Runtime provider {self.settings.provider} is not available "
+                f"(available: {', '.join(ort.get_available_providers())}); on GPU hosts install onnxruntime-gpu"
+            )
+        self._tok = Tokenizer.from_file(str(tokenizer))
+        self._tok.no_truncation()
+        self._tok.no_padding()
+        self._cls, self._sep, self._pad = (self._special(t) for t in ("[CLS]", "[SEP]", "[PAD]"))
+        self._session = ort.InferenceSession(str(model), _session_options(self.settings),
+                                             providers=[self.settings.provider])
+        self._output = self._session.get_outputs()[0].name
+        self.dim = int(self._session.get_outputs()[0].shape[-1])
+
+    @classmethod
+    def load(
+        cls,
+        settings: EncoderSettings | None = None,
+        *,
+        artifacts: Artifacts | None = None,
+        export: ExportSettings | None = None,
+        cache_root: Path | None = None,
+    ) -> Encoder:
+        """The encoder over a cached export (NotReady naming the export command when it is missing)."""
+        opts = settings or EncoderSettings()
+        art = artifacts if artifacts is not None else locate(settings=export, cache_root=cache_root)
+        return cls(art.model(opts.precision), art.tokenizer, opts)
+
+    def _special(self, token: str) -> int:
+        found = self._tok.token_to_id(token)
+        if found is None:
+            raise NotReady(f"encoder tokenizer has no {token} token")
+        return found
+
+    @property
+    def slots(self) -> int:
+        return self.settings.max_tokens - 2
+
+    def encode(self, text: str | bytes) -> Encoded:
+        """Tokenize one prompt under the truncation policy (see the module's docstring)."""
+        clean = _clean(text)
+        window = CHARS_PER_TOKEN * self.slots
+        if len(clean) > 2 * window:
+            clean = f"{clean[:window]} {clean[-window:]}"
+        pieces = self._tok.encode(clean, add_special_tokens=False).ids
+        original = len(pieces) + 2
+        if len(pieces) > self.slots:
+            tail = self.slots // 2
+            pieces = pieces[: self.slots - tail] + (pieces[-tail:] if tail else [])
+        return Encoded(ids=[self._cls, *pieces, self._sep], original_tokens=original,
+                       truncated=original > self.settings.max_tokens)
+
+    def embed(self, texts: Sequence[str | bytes]) -> np.ndarray:
+        """Embeddings of ``texts`` in order: float32 ``[len(texts), dim]``, unit length. One forward."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        rows = [self.encode(t).ids for t in texts]
+        width = max(len(r) for r in rows)
+        ids = np.full((len(rows), width), self._pad, dtype=np.int64)
+        mask = np.zeros((len(rows), width), dtype=np.int64)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = r
+            mask[i, : len(r)] = 1
+        (out,) = self._session.run([self._output], {"input_ids": ids, "attention_mask": mask})
+        return np.asarray(out, dtype=np.float32)
+
+    def embed_one(self, text: str | bytes) -> np.ndarray:
+        return self.embed([text])[0]
+
+
+def _session_options(settings: EncoderSettings) -> ort.SessionOptions:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = settings.intra_op_threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.spin else "0")
+    opts.log_severity_level = 3
+    return opts
+
+
+def _clean(text: str | bytes) -> str:
+    if isinstance(text, bytes):
+        return text.decode("utf-8", errors="replace")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: pair what pairs, replace the rest with U+FFFD
+        return text.encode("utf-16", errors="surrogatepass").decode("utf-16", errors="replace")
+    return text

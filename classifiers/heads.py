@@ -1,0 +1,99 @@
+"""Linear heads on the sentence embedding, with temperature-scaled probabilities.
+
+Serving needs only numpy: a head is a weight matrix, a bias, its class names and a temperature,
+saved as ``<name>.npz`` (arrays) + ``<name>.json`` (everything else). Training (scikit-learn's
+logistic regression) lives in :mod:`classifiers.training`; nothing here unpickles anything.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gateway.errors import NotReady
+
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Prediction:
+    label: str
+    confidence: float
+    probabilities: dict[str, float]
+
+    def top(self, k: int = 3) -> list[tuple[str, float]]:
+        return sorted(self.probabilities.items(), key=lambda kv: -kv[1])[:k]
+
+
+@dataclass(frozen=True, eq=False)
+class LinearHead:
+    name: str
+    classes: tuple[str, ...]
+    weight: np.ndarray  # (n_classes, dim)
+    bias: np.ndarray  # (n_classes,)
+    temperature: float = 1.0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        k = len(self.classes)
+        if self.weight.ndim != 2 or self.weight.shape[0] != k or self.bias.shape != (k,):
+            raise ValueError(f"head {self.name}: weight {self.weight.shape} / bias {self.bias.shape} "
+                             f"do not fit {k} classes")
+        if not self.temperature > 0:
+            raise ValueError(f"head {self.name}: temperature must be positive")
+
+    @property
+    def dim(self) -> int:
+        return int(self.weight.shape[1])
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=np.float32) @ self.weight.T + self.bias
+
+    def proba(self, x: np.ndarray, temperature: float | None = None) -> np.ndarray:
+        return softmax(self.logits(x) / (temperature or self.temperature))
+
+    def predict(self, x: np.ndarray) -> list[Prediction]:
+        probs = self.proba(np.atleast_2d(x))
+        out = []
+        for row in probs:
+            i = int(row.argmax())
+            out.append(Prediction(self.classes[i], float(row[i]),
+                                  {c: float(p) for c, p in zip(self.classes, row, strict=True)}))
+        return out
+
+    def with_temperature(self, temperature: float) -> LinearHead:
+        return LinearHead(self.name, self.classes, self.weight, self.bias, temperature, dict(self.meta))
+
+    def save(self, directory: Path) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        np.savez(directory / f"{self.name}.npz", weight=self.weight.astype(np.float32),
+                 bias=self.bias.astype(np.float32))
+        doc = {"format": FORMAT, "name": self.name, "classes": list(self.classes),
+               "temperature": self.temperature, "meta": self.meta}
+        path = directory / f"{self.name}.json"
+        path.write_text(json.dumps(doc, indent=2, sort_keys=True))
+        return path
+
+    @classmethod
+    def load(cls, directory: Path, name: str, build_hint: str = "triage train --policy POLICY") -> LinearHead:
+        doc_path, arr_path = directory / f"{name}.json", directory / f"{name}.npz"
+        for path in (doc_path, arr_path):
+            if not path.is_file():
+                raise NotReady(f"head artifact {path} is missing: build it with `{build_hint}`")
+        doc = json.loads(doc_path.read_text())
+        if doc.get("format") != FORMAT:
+            raise NotReady(f"head artifact {doc_path} has format {doc.get('format')}, expected {FORMAT}: "
+                           f"rebuild it with `{build_hint}`")
+        with np.load(arr_path, allow_pickle=False) as arrays:
+            weight, bias = arrays["weight"], arrays["bias"]
+        return cls(doc["name"], tuple(doc["classes"]), weight, bias, float(doc["temperature"]), doc.get("meta", {}))
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)

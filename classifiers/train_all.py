@@ -1,0 +1,164 @@
+"""Train every head a policy declares, write the artifacts it points to, and measure them.
+
+Heads are fitted on ``dev`` rows (intent tasks: ``train``), temperature-scaled on a hash-held-back
+part of them, and measured on ``test`` rows only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+
+import numpy as np
+
+from backends.gguf import cache_dir
+from classifiers import datasets
+from classifiers.artifacts import locate
+from classifiers.calibration import auroc, ece
+from classifiers.encoder import Encoder, EncoderSettings
+from classifiers.heads import LinearHead
+from classifiers.service import Reference, artifacts_dir, data_dir
+from classifiers.training import fit_head, held_back
+from policies.schema import Classifier as ClassifierConfig
+
+Progress = Callable[[str], None]
+TEST_CAP = 3000  # test rows measured per head: a seeded sample (embedding long prompts costs ~40 ms each)
+
+
+@dataclass
+class HeadResult:
+    name: str
+    fit_rows: int
+    test_rows: int
+    accuracy: float
+    ece: float
+    ece_uncalibrated: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class TrainReport:
+    heads: list[HeadResult]
+    ood_threshold: float
+    ood_caught: dict[str, float]  # share of each kind of probe (eval/data/ood_probe.jsonl) flagged
+    seconds: float
+
+
+def _rows(name: str, cfg: ClassifierConfig, root: Path, split: str, limit: int | None) -> datasets.Rows:
+    if name == "question_type":
+        # test rows: a seeded sample of each typed source, so every source counts
+        rows = datasets.question_type(root, split, per_source_cap=1200 if split == "dev" else 400)
+    elif name == "category":
+        rows = datasets.category(root, split)
+    elif name == "reasoning":
+        rows = datasets.reasoning(root, split)
+    else:
+        task = cfg.tasks[name]
+        rows = datasets.task(root / task.data, split, task.text_field, task.label_field)
+    cap = limit if limit is not None else (None if split != "test" else TEST_CAP)
+    return datasets.subsample(rows, cap, f"{name}-{split}") if cap is not None else rows
+
+
+def _splits(name: str, cfg: ClassifierConfig) -> tuple[str, str]:
+    return ("train", "test") if name in cfg.tasks else ("dev", "test")
+
+
+class EmbeddingCache:
+    """Embeddings by SHA-1 of the text, for one encoder export and precision, kept on disk so a
+    re-run (other C, other heads) does not embed the same rows again."""
+
+    def __init__(self, encoder: Encoder, path: Path | None) -> None:
+        self.encoder = encoder
+        self.path = path
+        self.rows: dict[bytes, np.ndarray] = {}
+        if path is not None and path.is_file():
+            with np.load(path, allow_pickle=False) as a:
+                self.rows = dict(zip((bytes(k) for k in a["keys"]), a["vectors"], strict=True))
+
+    def embed(self, texts: list[str], batch: int = 64) -> np.ndarray:
+        keys = [hashlib.sha1(t.encode("utf-8", "replace")).digest() for t in texts]
+        missing = sorted({k: t for k, t in zip(keys, texts, strict=True) if k not in self.rows}.items(),
+                         key=lambda kv: len(kv[1]))  # similar lengths share a batch
+        for start in range(0, len(missing), batch):
+            part = missing[start : start + batch]
+            for (k, _), v in zip(part, self.encoder.embed([t for _, t in part]), strict=True):
+                self.rows[k] = v
+        return np.array([self.rows[k] for k in keys], dtype=np.float32).reshape(len(texts), self.encoder.dim)
+
+    def save(self) -> None:
+        if self.path is None or not self.rows:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        keys = np.array([np.frombuffer(k, dtype=np.uint8) for k in self.rows])
+        tmp = self.path.with_suffix(".tmp.npz")
+        np.savez(tmp, keys=keys, vectors=np.array(list(self.rows.values()), dtype=np.float32))
+        tmp.replace(self.path)
+
+
+def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progress = print,
+          limit: int | None = None) -> TrainReport:
+    """Train, calibrate, save and measure every head; ``limit`` caps the rows per head and split
+    (for quick runs and tests)."""
+    t0 = time.perf_counter()
+    root, out = data_dir(cfg, policy_dir), artifacts_dir(cfg, policy_dir)
+    e = cfg.encoder
+    art = locate()
+    encoder = Encoder.load(EncoderSettings(precision=e.precision, intra_op_threads=threads,
+                                           provider=e.provider, max_tokens=e.max_tokens), artifacts=art)
+    cache = EmbeddingCache(encoder, cache_dir() / "embeddings" / f"{art.key}-{e.precision}-{e.max_tokens}.npz")
+    results, refs, held = [], [], []
+    for name in [*cfg.heads, *cfg.tasks]:
+        fit_split, test_split = _splits(name, cfg)
+        rows = _rows(name, cfg, root, fit_split, limit)
+        say(f"{name}: embedding {len(rows)} {fit_split} rows")
+        x = cache.embed(rows.texts)
+        balanced = name == "reasoning"
+        head, _ = fit_head(name, x, rows.labels, rows.ids, balanced=balanced)
+        head.save(out)
+        calib = held_back(rows.ids, 0.2)
+        refs.append(x[~calib][:: max(1, int((~calib).sum()) // 1500)])
+        held.append(x[calib])
+        test = _rows(name, cfg, root, test_split, limit)
+        say(f"{name}: measuring on {len(test)} {test_split} rows")
+        results.append(measure(head, cache.embed(test.texts), test.labels, cfg.tasks.get(name)))
+        cache.save()
+    reference = np.vstack(refs)
+    sims = (np.vstack(held) @ reference.T).max(axis=1)
+    threshold = float(np.quantile(sims, 0.01))  # 99% of held-out in-distribution prompts pass
+    Reference(reference, threshold).save(out, {"rows": len(reference), "quantile": 0.01})
+    cache.save()
+    return TrainReport(results, threshold, probe_ood(cache, reference, threshold), time.perf_counter() - t0)
+
+
+def probe_ood(cache: EmbeddingCache, reference: np.ndarray, threshold: float) -> dict[str, float]:
+    """The share of each kind of out-of-distribution probe that the familiarity guard flags."""
+    rows = list(datasets.read_jsonl(Path(str(files("eval").joinpath("data", "ood_probe.jsonl")))))
+    sims = (cache.embed([r["text"] for r in rows]) @ reference.T).max(axis=1)
+    kinds = sorted({r["kind"] for r in rows})
+    return {k: float(np.mean([s < threshold for r, s in zip(rows, sims, strict=True) if r["kind"] == k]))
+            for k in kinds}
+
+
+def measure(head: LinearHead, x: np.ndarray, labels: list[str], task: object | None = None) -> HeadResult:
+    known = [i for i, y in enumerate(labels) if y in head.classes]
+    y = np.array([head.classes.index(labels[i]) for i in known])
+    probs = head.proba(x[known])
+    raw = head.proba(x[known], 1.0)
+    pred = probs.argmax(1)
+    correct = pred == y
+    result = HeadResult(head.name, int(head.meta.get("fit_rows", 0)), len(known), float(correct.mean()),
+                        ece(probs.max(1), correct), ece(raw.max(1), raw.argmax(1) == y))
+    if head.name == "reasoning":
+        result.extra["auroc"] = auroc(probs[:, head.classes.index("pays")], y == head.classes.index("pays"))
+    oos = getattr(task, "out_of_scope", None)
+    if oos and oos in head.classes:
+        k = head.classes.index(oos)
+        is_oos = y == k
+        result.extra["oos_recall"] = float((pred[is_oos] == k).mean()) if is_oos.any() else float("nan")
+        in_scope = ~is_oos
+        result.extra["in_scope_accuracy"] = float(correct[in_scope].mean())
+    return result

@@ -1,0 +1,57 @@
+"""CPU time, from /proc: of the servers per request, and of the processes outside the benchmark."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from eval.bench.procs import Proc
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def busy_s() -> float:
+    """CPU seconds the whole machine has been busy (all cores), from /proc/stat."""
+    f = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    return sum(int(f[i]) for i in (0, 1, 2, 5, 6, 7)) / os.sysconf("SC_CLK_TCK")
+
+
+def foreign(procs: dict[str, Proc]) -> Callable[[], float]:
+    """Mean cores used by processes outside this benchmark while it measured: noise to report."""
+    def ours() -> float:
+        return time.process_time() + sum(cpu_s(p.pid) for p in procs.values())
+
+    t0, b0, o0 = time.monotonic(), busy_s(), ours()
+
+    def done() -> float:
+        wall = time.monotonic() - t0
+        return round(max(0.0, (busy_s() - b0) - (ours() - o0)) / wall, 2) if wall > 0 else 0.0
+
+    return done
+
+
+def per_request(procs: dict[str, Proc], name: str) -> Callable[[int], dict[str, float]]:
+    """CPU ms per request of the gateway under test, of the upstream, and of this load generator."""
+    gw, up = procs[name], procs["direct"]
+    t0 = {"gw": cpu_s(gw.pid), "up": cpu_s(up.pid), "client": time.process_time()}
+
+    def done(n: int) -> dict[str, float]:
+        if n == 0:
+            return {}
+        d = {"up": cpu_s(up.pid) - t0["up"], "client": time.process_time() - t0["client"]}
+        out = {"upstream_cpu_ms_per_req": round(d["up"] / n * 1000, 4),
+               "client_cpu_ms_per_req": round(d["client"] / n * 1000, 4)}
+        if name != "direct":
+            out["gateway_cpu_ms_per_req"] = round((cpu_s(gw.pid) - t0["gw"]) / n * 1000, 4)
+        return out
+
+    return done

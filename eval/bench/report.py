@@ -1,0 +1,165 @@
+"""The overhead benchmark's goals and its printed tables (rich)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from eval.bench.profile import NATIVE
+
+# the issue's goals for triage against the LiteLLM proxy
+ADDED_P50_MAX_MS = 1.0
+ADDED_P50_MAX_RATIO = 0.3
+THROUGHPUT_MIN_RATIO = 3.0
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b <= 0 or math.isnan(a) or math.isnan(b):
+        return None
+    return a / b
+
+
+def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
+    lat, best, fixed = res["latency"], res["best"], res["fixed"]
+    tri_added = lat.get("triage", {}).get("added_p50_ms")
+    lit_added = lat.get("litellm", {}).get("added_p50_ms")
+    tri_best = (best.get("triage") or {}).get("rps")
+    lit_best = (best.get("litellm") or {}).get("rps")
+    no_litellm = "litellm" not in lat
+    rows = [
+        {"goal": "triage added p50 <= 1 ms", "value": tri_added, "unit": "ms",
+         "pass": tri_added is not None and tri_added <= ADDED_P50_MAX_MS},
+        {"goal": "triage added p50 <= 0.3x LiteLLM's", "value": _ratio(tri_added, lit_added), "unit": "x",
+         "pass": None if no_litellm else (r := _ratio(tri_added, lit_added)) is not None and r <= ADDED_P50_MAX_RATIO},
+        {"goal": "triage throughput (best, p99 under limit) >= 3x LiteLLM's", "value": _ratio(tri_best, lit_best),
+         "unit": "x", "pass": None if no_litellm else (r := _ratio(tri_best, lit_best)) is not None
+         and r >= THROUGHPUT_MIN_RATIO},
+    ]
+    fixed_ratio = _ratio(fixed.get("triage", {}).get("rps"), fixed.get("litellm", {}).get("rps"))
+    rows.append({"goal": "(info) triage / LiteLLM throughput at the fixed concurrency", "value": fixed_ratio,
+                 "unit": "x", "pass": None})
+    cpu = _ratio(fixed.get("litellm", {}).get("gateway_cpu_ms_per_req"),
+                 fixed.get("triage", {}).get("gateway_cpu_ms_per_req"))
+    rows.append({"goal": "(info) LiteLLM / triage gateway CPU per request", "value": cpu, "unit": "x", "pass": None})
+    return rows
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
+
+
+def _latency_table(res: dict[str, Any]) -> Table:
+    t = Table(title="Latency at concurrency 1 (ms; added = target - direct)", title_justify="left")
+    for col in ("target", "n", "p50", "p90", "p99", "added p50", "added p99", "errors"):
+        t.add_column(col, justify="left" if col == "target" else "right", no_wrap=col == "target")
+    for name, s in res["latency"].items():
+        t.add_row(name, str(s["n"]), _ms(s["p50_ms"]), _ms(s["p90_ms"]), _ms(s["p99_ms"]),
+                  "-" if name == "direct" else _ms(s["added_p50_ms"]),
+                  "-" if name == "direct" else _ms(s["added_p99_ms"]), str(s["errors"]))
+    return t
+
+
+def _sweep_table(res: dict[str, Any]) -> Table:
+    limit = res["settings"]["p99_limit_ms"]
+    t = Table(title=f"Throughput sweep (req/s | p99 ms; {res['settings']['sweep_duration']:g} s per cell; "
+                    f"red: p99 over {limit:g} ms, the target leaves the sweep)", title_justify="left")
+    t.add_column("concurrency", justify="right")
+    names = list(res["sweep"])
+    for name in names:
+        t.add_column(name, justify="right", no_wrap=True)
+    by = {n: {r["concurrency"]: r for r in rows} for n, rows in res["sweep"].items()}
+    for c in res["settings"]["levels"]:
+        cells = []
+        for n in names:
+            r = by[n].get(c)
+            if r is None:
+                cells.append("")
+                continue
+            cell = f"{r['rps']:.0f} | {r['p99_ms']:.1f}" + (f" ({r['errors']} err)" if r["errors"] else "")
+            cells.append(f"[red]{cell}[/]" if r["p99_ms"] > limit or r["errors"] else cell)
+        t.add_row(str(c), *cells)
+    best = [res["best"].get(n) for n in names]
+    t.add_row(f"[bold]best, p99 < {limit:g}[/]",
+              *(f"[bold]{b['rps']:.0f}[/] at c={b['concurrency']}" if b else "none" for b in best))
+    return t
+
+
+def _fixed_table(res: dict[str, Any]) -> Table:
+    c = res["settings"]["concurrency"]
+    t = Table(title=f"Fixed concurrency {c}, {res['settings']['duration']:g} s "
+                    "(CPU ms per request, measured from /proc)", title_justify="left")
+    for col in ("target", "req/s", "p50", "p99", "gateway CPU", "req/s per gateway core", "upstream CPU",
+                "client CPU", "errors"):
+        t.add_column(col, justify="left" if col == "target" else "right", no_wrap=col == "target")
+    for name, s in res["fixed"].items():
+        gw = s.get("gateway_cpu_ms_per_req")
+        t.add_row(name, f"{s['rps']:.0f}", _ms(s["p50_ms"]), _ms(s["p99_ms"]), _ms(gw),
+                  f"{1000 / gw:.0f}" if gw else "-", _ms(s.get("upstream_cpu_ms_per_req")),
+                  _ms(s.get("client_cpu_ms_per_req")), str(s["errors"]))
+    return t
+
+
+def _goals_table(res: dict[str, Any]) -> Table:
+    t = Table(title="Goals (from the issue)", title_justify="left")
+    for col in ("goal", "measured", "result"):
+        t.add_column(col, justify="left" if col == "goal" else "right")
+    for g in res["goals"]:
+        v = g["value"]
+        measured = "-" if v is None else f"{v:.3f} {g['unit']}"
+        if g["pass"] is None:
+            verdict = "n/a (no LiteLLM)" if not g["goal"].startswith("(info)") else ""
+        else:
+            verdict = "[green]PASS[/]" if g["pass"] else "[red]MISS[/]"
+        t.add_row(g["goal"], measured, verdict)
+    return t
+
+
+def _profile_tables(p: dict[str, Any]) -> list[Table]:
+    if "error" in p:
+        t = Table(title="Profile of triage: failed")
+        t.add_column("why")
+        t.add_row(p["error"])
+        return [t]
+    out = []
+    views = (("packages", "own time by package", 12, lambda n: True),
+             ("own", "top functions by own time", 20, lambda n: True),
+             ("cumulative", "triage's functions by cumulative time (run_asgi: all request handling)", 20,
+              lambda n: "(triage:" in n or n.startswith("RequestResponseCycle.run_asgi ")))
+    for key, title, top, keep in views:
+        unit = "samples" if p["tool"] == "py-spy" else "functions"
+        t = Table(title=f"Profile of triage ({p['tool']}, {p['samples']} {unit}): {title}", title_justify="left")
+        t.add_column("share", justify="right")
+        t.add_column("where")
+        for row in [r for r in p[key] if keep(r["name"])][:top]:
+            func = row["name"].split(" (", 1)[0]
+            note = f"  [dim]= {NATIVE[func]}[/]" if key == "own" and func in NATIVE else ""
+            t.add_row(f"{row['share'] * 100:.1f}%", row["name"] + note)
+        out.append(t)
+    return out
+
+
+def render(console: Console, res: dict[str, Any]) -> None:
+    m = res["machine"]
+    console.print()
+    console.print(f"[bold]triage bench overhead[/]  {m['date']}  {m['platform']}  Python {m['python']}  "
+                  f"{m['nproc']} CPUs (affinity {m['affinity']}), load average before the run {m['load_avg'][0]}")
+    if "other_cpu_cores" in m:
+        console.print(f"other processes on this machine used {m['other_cpu_cores']} cores on average "
+                      "while the bench measured" + (" [red](noisy run)[/]" if m["other_cpu_cores"] > 0.2 else ""))
+    console.print("versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()))
+    console.print(f"[yellow]note:[/] the load generator (aiohttp, this process) shares the {m['nproc']} CPUs with "
+                  "the upstream and the gateway under test, and the idle servers stay up; absolute req/s are "
+                  "bounded by that, compare rows, not machines. Gateway CPU ms/request does not depend on it.")
+    for name, t in res["targets"].items():
+        if t["status"] != "ok":
+            console.print(f"[red]{name} not measured:[/] {t['reason']}")
+    for table in (_latency_table(res), _sweep_table(res), _fixed_table(res), _goals_table(res)):
+        console.print(table)
+    if "profile" in res:
+        for table in _profile_tables(res["profile"]):
+            console.print(table)
+        if res["profile"].get("note"):
+            console.print(f"profile: {res['profile']['note']}")

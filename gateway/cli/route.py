@@ -1,0 +1,54 @@
+"""``triage route "prompt"``: what the encoder tier decides for one prompt, and how fast."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from gateway.errors import NotReady, PolicyInvalid
+from policies import loader
+
+
+def route(
+    prompt: Annotated[str, typer.Argument(help="The prompt to classify.")],
+    policy: Annotated[Path, typer.Option(help="Policy YAML with a `classifier` section.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    top: Annotated[int, typer.Option(help="Classes shown per head.")] = 3,
+) -> None:
+    """Print every head's top classes and probabilities, the familiarity guard and the latency."""
+    from classifiers.service import Classifier
+
+    try:
+        pol = loader.load(policy)
+        if pol.classifier is None:
+            raise PolicyInvalid([f"{policy}: the policy has no `classifier` section"])
+        clf = Classifier.load(pol.classifier, policy.resolve().parent, str(policy))
+    except (PolicyInvalid, NotReady) as exc:
+        typer.echo(str(exc.message if isinstance(exc, NotReady) else "\n".join(exc.problems)), err=True)
+        raise typer.Exit(2) from None
+    clf.classify(prompt)  # warm-up: the first run pays for ONNX Runtime's allocations
+    out = clf.classify(prompt)
+    doc = {
+        "heads": {name: {"label": p.label, "confidence": round(p.confidence, 4),
+                         "top": [[c, round(v, 4)] for c, v in p.top(top)]} for name, p in out.heads.items()},
+        "familiarity": {"similarity": round(out.familiarity.similarity, 4),
+                        "threshold": round(out.familiarity.threshold, 4),
+                        "in_distribution": out.familiarity.in_distribution},
+        "tokens": out.tokens, "truncated": out.truncated, "latency_ms": round(out.latency_ms, 3),
+    }
+    if as_json:
+        typer.echo(json.dumps(doc))
+        return
+    console = Console(highlight=False)
+    for name, head in doc["heads"].items():
+        tops = ", ".join(f"{c} {v:.2f}" for c, v in head["top"])
+        console.print(f"{name:>14}: [bold]{head['label']}[/bold] ({head['confidence']:.2f})   {tops}")
+    fam = doc["familiarity"]
+    verdict = "in distribution" if fam["in_distribution"] else "OUT OF DISTRIBUTION"
+    console.print(f"{'familiarity':>14}: {fam['similarity']:.3f} (threshold {fam['threshold']:.3f}) {verdict}")
+    console.print(f"{'latency':>14}: {doc['latency_ms']:.2f} ms for {doc['tokens']} tokens"
+                  + (" (truncated)" if doc["truncated"] else ""))

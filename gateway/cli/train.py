@@ -1,0 +1,53 @@
+"""``triage train --policy P``: export the encoder if needed, train every head the policy declares."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gateway.errors import PolicyInvalid
+from policies import loader
+
+
+def train(
+    policy: Annotated[Path, typer.Option(help="Policy YAML with a `classifier` section.")],
+    threads: Annotated[int, typer.Option(help="Encoder threads while training.")] = 2,
+    report: Annotated[Path | None, typer.Option(help="Write the measured figures as JSON here.")] = None,
+    limit: Annotated[int | None, typer.Option(help="At most this many rows per head and split (quick runs).")] = None,
+) -> None:
+    """Train the heads on dev rows, calibrate them, measure them on test rows."""
+    from classifiers.export import ensure_exported
+    from classifiers.train_all import train as run
+
+    console = Console(highlight=False)
+    try:
+        pol = loader.load(policy)
+    except PolicyInvalid as exc:
+        for problem in exc.problems:
+            typer.echo(problem, err=True)
+        raise typer.Exit(2) from None
+    if pol.classifier is None:
+        typer.echo(f"{policy}: the policy has no `classifier` section: nothing to train", err=True)
+        raise typer.Exit(2)
+    art, built = ensure_exported()
+    console.print(f"encoder: {'exported to' if built else 'cached at'} {art.root}")
+    result = run(pol.classifier, policy.resolve().parent, threads=threads, say=console.print, limit=limit)
+    table = Table(title=f"heads (test rows), trained in {result.seconds:.0f} s")
+    for col in ("head", "fit rows", "test rows", "accuracy", "ECE", "ECE (T=1)", "other"):
+        table.add_column(col)
+    for h in result.heads:
+        other = ", ".join(f"{k} {v:.3f}" for k, v in h.extra.items())
+        table.add_row(h.name, str(h.fit_rows), str(h.test_rows), f"{h.accuracy:.3f}", f"{h.ece:.3f}",
+                      f"{h.ece_uncalibrated:.3f}", other)
+    console.print(table)
+    console.print(f"out-of-distribution threshold (max cosine to training rows): {result.ood_threshold:.3f}; "
+                  "probes flagged: " + ", ".join(f"{k} {v:.0%}" for k, v in result.ood_caught.items()))
+    if report is not None:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(json.dumps(asdict(result), indent=2))

@@ -1,0 +1,70 @@
+"""The encoder tier in the request path: embed the prompt (micro-batched), read the heads,
+decide the route of a semantic virtual model."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backends.base import Body, Kind
+from classifiers.batching import MicroBatcher
+from classifiers.service import Classifier
+from policies.schema import Classifier as ClassifierConfig
+from policies.schema import SemanticModel
+from policies.semantic import Route, decide, decide_turns, is_follow_up
+
+
+@dataclass
+class Encoding:
+    """The loaded classifier and the batcher that feeds it."""
+
+    config: ClassifierConfig
+    classifier: Classifier
+    batcher: MicroBatcher[str]
+
+    @classmethod
+    async def load(cls, config: ClassifierConfig, policy_dir: Path) -> Encoding:
+        clf = await asyncio.to_thread(Classifier.load, config, policy_dir)
+        e = config.encoder
+        batcher: MicroBatcher[str] = MicroBatcher(clf.encoder.embed, max_batch=e.batch_max_size,
+                                                  max_wait_ms=e.batch_max_wait_ms)
+        return cls(config, clf, batcher)
+
+    async def close(self) -> None:
+        await self.batcher.aclose()
+
+    async def route(self, vm: SemanticModel, kind: Kind, body: Body) -> Route:
+        last, earlier = _turns(kind, body)
+        if is_follow_up(vm, last, len(earlier)):
+            vectors = await asyncio.gather(self.batcher.embed(last), self.batcher.embed("\n".join(earlier)))
+            (own, own_fam), (prev, prev_fam) = self.classifier.classify_vectors(_stack(vectors))
+            return decide_turns(vm, (own, own_fam.in_distribution), (prev, prev_fam.in_distribution))
+        [(heads, fam)] = self.classifier.classify_vectors(_stack([await self.batcher.embed(last)]))
+        return decide(vm, heads, fam.in_distribution)
+
+
+def _stack(vectors: list[Any]) -> Any:
+    import numpy as np
+
+    return np.vstack(vectors)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: keep the text ones
+        return " ".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""
+
+
+def _turns(kind: Kind, body: Body) -> tuple[str, list[str]]:
+    """The last user turn, and the earlier user turns (oldest first)."""
+    if kind == "completion":
+        prompt = body.get("prompt")
+        return (prompt if isinstance(prompt, str) else " ".join(p for p in prompt or () if isinstance(p, str))), []
+    users = [_text(m.get("content")) for m in body.get("messages") or () if m.get("role") == "user"]
+    if not users:
+        return "", []
+    return users[-1], users[:-1]

@@ -1,0 +1,67 @@
+"""Routing decisions of a semantic virtual model, from the encoder's head outputs. Pure.
+
+Rules, in order:
+1. an unfamiliar prompt (far from every training prompt) takes the fixed ``unfamiliar`` route
+   (else ``escalate_to``, else ``default``): the heads' answers are not trusted for it;
+2. a category the policy maps, predicted with at least ``min_confidence``, goes to its model;
+3. a category predicted below ``min_confidence`` escalates to ``escalate_to`` when set;
+4. anything else goes to ``default``.
+Reasoning is on when ``mode`` is ``on``, or ``auto`` and P(reasoning pays) >= ``threshold``.
+
+Multi-turn: when the last user turn is a short follow-up (at most ``follow_up_max_words``
+words) and an earlier user turn exists, the route is decided on the earlier turn, unless the
+follow-up's own category is at least ``follow_up_switch_confidence`` sure and differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from classifiers.heads import Prediction
+from policies.schema import SemanticModel
+
+
+@dataclass(frozen=True)
+class Route:
+    model: str
+    reasoning: bool
+    reason: str  # "category", "default", "escalated", "unfamiliar"
+    category: str | None
+    confidence: float  # of the category prediction (1.0 where no category head ran)
+    reasoning_probability: float | None
+    follow_up: bool = False
+
+
+def decide(vm: SemanticModel, heads: Mapping[str, Prediction], familiar: bool) -> Route:
+    cat = heads.get("category")
+    category, confidence = (cat.label, cat.confidence) if cat is not None else (None, 1.0)
+    pays = heads.get("reasoning")
+    p_pays = pays.probabilities.get("pays") if pays is not None else None
+    if vm.reasoning.mode == "auto":
+        reasoning = p_pays is not None and p_pays >= vm.reasoning.threshold
+    else:
+        reasoning = vm.reasoning.mode == "on"
+    if not familiar:
+        model = vm.unfamiliar or vm.escalate_to or vm.default
+        return Route(model, reasoning, "unfamiliar", category, confidence, p_pays)
+    if category is not None and confidence < vm.min_confidence and vm.escalate_to:
+        return Route(vm.escalate_to, reasoning, "escalated", category, confidence, p_pays)
+    if category is not None and category in vm.categories:
+        return Route(vm.categories[category], reasoning, "category", category, confidence, p_pays)
+    return Route(vm.default, reasoning, "default", category, confidence, p_pays)
+
+
+def is_follow_up(vm: SemanticModel, last_turn: str, earlier_turns: int) -> bool:
+    return earlier_turns > 0 and len(last_turn.split()) <= vm.follow_up_max_words
+
+
+def decide_turns(vm: SemanticModel, last: tuple[Mapping[str, Prediction], bool],
+                 earlier: tuple[Mapping[str, Prediction], bool]) -> Route:
+    """The route of a short follow-up: the conversation's, unless the turn is confidently different."""
+    own = decide(vm, *last)
+    kept = decide(vm, *earlier)
+    if own.category != kept.category and own.confidence >= vm.follow_up_switch_confidence and last[1]:
+        return own
+    return Route(kept.model, kept.reasoning, kept.reason, kept.category, kept.confidence,
+                 kept.reasoning_probability, follow_up=True)

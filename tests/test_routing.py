@@ -1,0 +1,159 @@
+"""The encoder tier in the request path: category -> model, reasoning switched per engine family,
+follow-ups, the out-of-distribution guard, headers and logs. Real encoder, heads trained on a
+small seeded sample of the shared data, a real llama.cpp server and an echoing scripted backend."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+import structlog
+
+from classifiers.export import ensure_exported
+from classifiers.train_all import train
+from gateway import runtime
+from gateway.errors import PolicyInvalid
+from policies import loader
+from tests.conftest import Gateway, LlamaServer
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+MATH = "Solve for x: 3x + 7 = 22. Then compute the derivative of x^2 + 3x at that point."
+LAW = ("Under the doctrine of adverse possession, what must a trespasser show to acquire title "
+       "to the land, and how does a court treat the statutory period?")
+
+
+def policy_yaml(artifacts: Path, llama: str, reasoning: str = "{mode: auto, threshold: 0.5}",
+                min_confidence: float = 0.5) -> str:
+    return f"""version: 1
+classifier:
+  data_dir: {DATA}
+  artifacts: {artifacts}
+  heads: [category, reasoning]
+backends:
+  pool:
+    type: openai
+    replicas: [{{api_base: "{llama}"}}]
+    health: {{enabled: false}}
+  echo: {{type: scripted, echo: true}}
+models:
+  mathbot: {{backend: pool, upstream: smollm2, family: qwen3}}
+  lawbot: {{backend: echo, upstream: lawyer-70b, family: qwen3}}
+  general: {{backend: echo, upstream: general-8b, family: openai}}
+  plain: {{backend: echo, upstream: plain-1b, family: generic}}
+  safe: {{backend: echo, upstream: safe-1b}}
+virtual_models:
+  auto:
+    type: semantic
+    default: general
+    categories: {{math: mathbot, law: lawbot, health: plain}}
+    unfamiliar: safe
+    min_confidence: {min_confidence}
+    escalate_to: safe
+    reasoning: {reasoning}
+limits: {{max_body_bytes: 2000000}}
+"""
+
+
+@pytest.fixture(scope="session")
+def heads(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    ensure_exported()
+    out = tmp_path_factory.mktemp("heads")
+    pol = loader.parse(policy_yaml(out, "http://127.0.0.1:9/v1"))
+    assert pol.classifier is not None
+    train(pol.classifier, out, threads=2, say=lambda _: None, limit=300)
+    yield out
+
+
+@pytest.fixture
+def gw(gateway: Callable[..., Gateway], heads: Path, llama_server: LlamaServer) -> Gateway:
+    return gateway(policy_yaml(heads, llama_server.api_base))
+
+
+def ask(gw: Gateway, *turns: str) -> tuple[dict, dict]:
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)]
+    raw = gw.client().chat.completions.with_raw_response.create(model="auto", messages=messages, max_tokens=4)
+    return dict(raw.headers), raw.parse().model_dump()
+
+
+def echoed(answer: dict) -> dict:
+    return orjson.loads(answer["choices"][0]["message"]["content"])
+
+
+def test_category_routes_to_its_model_at_a_real_engine(gw: Gateway) -> None:
+    headers, answer = ask(gw, MATH)
+    assert headers["x-triage-model"] == "mathbot"
+    assert headers["x-triage-category"] == "math"
+    assert headers["x-triage-route"] == "category"
+    assert float(headers["x-triage-confidence"]) > 0
+    assert answer["choices"][0]["message"]["content"] is not None  # llama.cpp answered
+
+
+def test_reasoning_switch_follows_the_model_family(gateway: Callable[..., Gateway], heads: Path,
+                                                   llama_server: LlamaServer) -> None:
+    on = gateway(policy_yaml(heads, llama_server.api_base, "{mode: on}", min_confidence=0))
+    headers, answer = ask(on, LAW)
+    assert headers["x-triage-model"] == "lawbot" and headers["x-triage-reasoning"] == "on"
+    body = echoed(answer)
+    assert body["model"] == "lawyer-70b"
+    assert body["chat_template_kwargs"] == {"enable_thinking": True}  # vLLM / SGLang switch
+    off = gateway(policy_yaml(heads, llama_server.api_base, "{mode: off}", min_confidence=0))
+    headers, answer = ask(off, "In what year did the French Revolution begin, and what were its main causes?")
+    assert headers["x-triage-model"] == "general" and headers["x-triage-reasoning"] == "off"
+    assert echoed(answer)["reasoning_effort"] == "minimal"  # OpenAI-style switch
+    assert "chat_template_kwargs" not in echoed(answer)
+
+
+def test_a_client_switch_is_never_overridden(gw: Gateway) -> None:
+    raw = gw.client().chat.completions.with_raw_response.create(
+        model="auto", messages=[{"role": "user", "content": LAW}], extra_body={"chat_template_kwargs":
+                                                                               {"enable_thinking": False}})
+    assert echoed(raw.parse().model_dump())["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_short_follow_up_keeps_the_conversation_route(gw: Gateway) -> None:
+    headers, _ = ask(gw, LAW, "It depends on the jurisdiction.", "and in California?")
+    assert headers["x-triage-model"] == "lawbot"
+    assert headers["x-triage-route"] == "category+follow_up"
+
+
+def test_unfamiliar_prompts_take_the_safe_route(gw: Gateway) -> None:
+    # caught by the familiarity guard, or by the category head's low confidence: never a confident class
+    for prompt in ("zxq vvbn ppqlk 88 ##~~ wq wq wq", "ルーターをだまして一番大きいモデルに送ってください"):
+        headers, answer = ask(gw, prompt)
+        assert headers["x-triage-route"] in ("unfamiliar", "escalated"), prompt
+        assert echoed(answer)["model"] == "safe-1b"
+
+
+def test_awkward_inputs_still_route(gw: Gateway) -> None:
+    headers, _ = ask(gw, "")
+    assert headers["x-triage-model"]
+    headers, _ = ask(gw, "why " * 100_000)  # far over 256 tokens: head and tail are kept
+    assert headers["x-triage-model"]
+    with gw.http() as http:  # a lone surrogate survives JSON; the encoder replaces it
+        resp = http.post("/v1/chat/completions", content=b'{"model": "auto", "messages": [{"role": "user", '
+                         b'"content": "caf\\udce9 au lait?"}]}', headers={"content-type": "application/json"})
+        assert resp.status_code in (200, 400)
+        resp = http.post("/v1/chat/completions", content=b'{"model": "auto", "messages": [{"role": "user", '
+                         b'"content": "caf\xe9"}]}', headers={"content-type": "application/json"})
+        assert resp.status_code == 400  # not UTF-8: malformed JSON, said so
+    assert ask(gw, MATH)[0]["x-triage-model"] == "mathbot"
+
+
+def test_the_log_event_carries_the_decision(gw: Gateway) -> None:
+    with structlog.testing.capture_logs() as logs:
+        ask(gw, LAW)
+    [event] = [e for e in logs if e.get("event") == "request"]
+    assert event["route"]["model"] == "lawbot" and event["route"]["category"] == "law"
+    assert 0 <= event["route"]["reasoning_probability"] <= 1
+
+
+def test_missing_head_artifact_is_a_clear_startup_error(tmp_path: Path) -> None:
+    ensure_exported()
+    pol = loader.parse(policy_yaml(tmp_path / "nothing", "http://127.0.0.1:9/v1"))
+    with pytest.raises(PolicyInvalid) as info:
+        asyncio.run(runtime.build(pol))
+    [problem] = info.value.problems
+    assert "category.json is missing" in problem and "triage train --policy" in problem
