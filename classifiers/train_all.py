@@ -10,7 +10,6 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +43,7 @@ class HeadResult:
 class TrainReport:
     heads: list[HeadResult]
     ood_threshold: float
-    ood_caught: dict[str, float]  # share of each kind of probe (eval/data/ood_probe.jsonl) flagged
+    ood_caught: dict[str, float]  # share of each kind of probe (classifiers/data/ood_probe.jsonl) flagged
     seconds: float
 
 
@@ -131,16 +130,26 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
     threshold = float(np.quantile(sims, 0.01))  # 99% of held-out in-distribution prompts pass
     Reference(reference, threshold).save(out, {"rows": len(reference), "quantile": 0.01})
     cache.save()
-    return TrainReport(results, threshold, probe_ood(cache, reference, threshold), time.perf_counter() - t0)
+    category = LinearHead.load(out, "category") if "category" in cfg.heads else None
+    caught = probe_ood(cache, reference, threshold, category)
+    return TrainReport(results, threshold, caught, time.perf_counter() - t0)
 
 
-def probe_ood(cache: EmbeddingCache, reference: np.ndarray, threshold: float) -> dict[str, float]:
-    """The share of each kind of out-of-distribution probe that the familiarity guard flags."""
-    rows = list(datasets.read_jsonl(Path(str(files("eval").joinpath("data", "ood_probe.jsonl")))))
-    sims = (cache.embed([r["text"] for r in rows]) @ reference.T).max(axis=1)
-    kinds = sorted({r["kind"] for r in rows})
-    return {k: float(np.mean([s < threshold for r, s in zip(rows, sims, strict=True) if r["kind"] == k]))
-            for k in kinds}
+def probe_ood(cache: EmbeddingCache, reference: np.ndarray, threshold: float,
+              category: LinearHead | None, min_confidence: float = 0.5) -> dict[str, float]:
+    """The share of each kind of out-of-distribution probe that is caught: flagged unfamiliar,
+    or (with a category head) given a category confidence under ``min_confidence``, which a
+    semantic model with that ``min_confidence`` escalates. Both shares are reported."""
+    rows = list(datasets.read_jsonl(Path(__file__).parent / "data" / "ood_probe.jsonl"))
+    x = cache.embed([r["text"] for r in rows])
+    unfamiliar = (x @ reference.T).max(axis=1) < threshold
+    doubtful = category.proba(x).max(axis=1) < min_confidence if category is not None else unfamiliar
+    out: dict[str, float] = {}
+    for kind in sorted({r["kind"] for r in rows}):
+        mask = np.array([r["kind"] == kind for r in rows])
+        out[f"{kind}: unfamiliar"] = float(unfamiliar[mask].mean())
+        out[f"{kind}: unfamiliar or doubtful"] = float((unfamiliar | doubtful)[mask].mean())
+    return out
 
 
 def measure(head: LinearHead, x: np.ndarray, labels: list[str], task: object | None = None) -> HeadResult:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import AsyncIterator
 
 import structlog
@@ -40,6 +41,9 @@ def create_app(settings: Settings) -> FastAPI:
         sighup = settings.handle_sighup and reloader.install_sighup()
         stop = asyncio.Event()
         watcher = asyncio.create_task(reloader.watch(stop)) if settings.watch_policy else None
+        if settings.freeze_gc:
+            gc.collect()
+            gc.freeze()  # start-up objects (libraries, policy, models) are never scanned again
         log.info("gateway_started", policy=str(settings.policy_path), models=list(policy.models),
                  backends=list(policy.backends), sighup=sighup, watch=settings.watch_policy)
         try:

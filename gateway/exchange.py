@@ -6,6 +6,7 @@ answer was a JSON body or a stream.
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -19,6 +20,12 @@ from gateway.runtime import Runtime, RuntimeHolder
 from policies.semantic import Route
 
 log = structlog.get_logger("triage.request")
+_PREFIX = uuid.uuid4().hex[:12]  # per process; ids are unique without a syscall per request
+_COUNTER = itertools.count(1)
+
+
+def _next_id() -> str:
+    return f"{_PREFIX}{next(_COUNTER):012x}"
 
 
 @dataclass
@@ -57,7 +64,7 @@ class Exchange:
     @classmethod
     def begin(cls, holder: RuntimeHolder, metrics: Metrics, gate: Gate, endpoint: str,
               request_id: str | None) -> Exchange:
-        return cls(holder, metrics, gate, endpoint, request_id or uuid.uuid4().hex, holder.acquire())
+        return cls(holder, metrics, gate, endpoint, request_id or _next_id(), holder.acquire())
 
     def take_slot(self) -> None:
         self.gate.enter(self.rt.policy.limits.max_concurrency)

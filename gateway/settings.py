@@ -14,3 +14,4 @@ class Settings(BaseModel):
     watch_policy: bool = True  # reload when the file changes
     handle_sighup: bool = True  # reload on SIGHUP (main thread only)
     configure_logging: bool = True  # apply the policy's logging section to structlog
+    freeze_gc: bool = False  # after start-up, move every object to the permanent GC generation

@@ -30,7 +30,7 @@ def serve(
     from gateway.settings import Settings
     from policies import loader
 
-    settings = Settings(policy_path=policy or default_policy_path(), watch_policy=watch)
+    settings = Settings(policy_path=policy or default_policy_path(), watch_policy=watch, freeze_gc=True)
     try:
         loader.load(settings.policy_path)  # refuse to start on a bad policy, with every problem
     except PolicyInvalid as exc:

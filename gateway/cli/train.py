@@ -38,7 +38,7 @@ def train(
     art, built = ensure_exported()
     console.print(f"encoder: {'exported to' if built else 'cached at'} {art.root}")
     result = run(pol.classifier, policy.resolve().parent, threads=threads, say=console.print, limit=limit)
-    table = Table(title=f"heads (test rows), trained in {result.seconds:.0f} s")
+    table = Table(title=f"heads (test rows), trained in {result.seconds:.0f} s", expand=True)
     for col in ("head", "fit rows", "test rows", "accuracy", "ECE", "ECE (T=1)", "other"):
         table.add_column(col)
     for h in result.heads:
@@ -46,8 +46,9 @@ def train(
         table.add_row(h.name, str(h.fit_rows), str(h.test_rows), f"{h.accuracy:.3f}", f"{h.ece:.3f}",
                       f"{h.ece_uncalibrated:.3f}", other)
     console.print(table)
-    console.print(f"out-of-distribution threshold (max cosine to training rows): {result.ood_threshold:.3f}; "
-                  "probes flagged: " + ", ".join(f"{k} {v:.0%}" for k, v in result.ood_caught.items()))
+    console.print(f"out-of-distribution threshold (max cosine to training rows): {result.ood_threshold:.3f}")
+    for kind, share in result.ood_caught.items():
+        console.print(f"  probes caught, {kind}: {share:.0%}")
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(json.dumps(asdict(result), indent=2))
