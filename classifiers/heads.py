@@ -56,12 +56,20 @@ class LinearHead:
     def proba(self, x: np.ndarray, temperature: float | None = None) -> np.ndarray:
         return softmax(self.logits(x) / (temperature or self.temperature))
 
+    def labels(self, probs: np.ndarray) -> np.ndarray:
+        """Class indices: the most probable, except that a task head with an out-of-scope label
+        answers it whenever its top probability is under the head's fitted ``oos_threshold``."""
+        top = probs.argmax(axis=1)
+        oos, threshold = self.meta.get("out_of_scope"), self.meta.get("oos_threshold")
+        if oos in self.classes and threshold is not None:
+            top = np.where(probs.max(axis=1) < threshold, self.classes.index(oos), top)
+        return top
+
     def predict(self, x: np.ndarray) -> list[Prediction]:
         probs = self.proba(np.atleast_2d(x))
         out = []
-        for row in probs:
-            i = int(row.argmax())
-            out.append(Prediction(self.classes[i], float(row[i]),
+        for row, i in zip(probs, self.labels(probs), strict=True):
+            out.append(Prediction(self.classes[int(i)], float(row.max()),
                                   {c: float(p) for c, p in zip(self.classes, row, strict=True)}))
         return out
 

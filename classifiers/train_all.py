@@ -117,6 +117,11 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
         x = cache.embed(rows.texts)
         balanced = name == "reasoning"
         head, _ = fit_head(name, x, rows.labels, rows.ids, balanced=balanced)
+        task = cfg.tasks.get(name)
+        if task is not None and task.out_of_scope in head.classes:
+            dev = _rows(name, cfg, root, "dev", limit)
+            cut = fit_oos_threshold(head, cache.embed(dev.texts), dev.labels, task.out_of_scope)
+            head.meta.update(out_of_scope=task.out_of_scope, oos_threshold=cut)
         head.save(out)
         calib = held_back(rows.ids, 0.2)
         refs.append(x[~calib][:: max(1, int((~calib).sum()) // 1500)])
@@ -152,12 +157,31 @@ def probe_ood(cache: EmbeddingCache, reference: np.ndarray, threshold: float,
     return out
 
 
+def fit_oos_threshold(head: LinearHead, x: np.ndarray, labels: list[str], oos: str) -> float | None:
+    """The top-probability cut under which a prompt is out of scope, chosen on rows the head was
+    not fitted on to maximise the mean of in-scope accuracy and out-of-scope recall."""
+    is_oos = np.array([y == oos for y in labels])
+    if len(labels) == 0 or is_oos.all() or not is_oos.any():
+        return None
+    probs = head.proba(x)
+    top, pred = probs.max(axis=1), probs.argmax(axis=1)
+    truth = np.array([head.classes.index(y) if y in head.classes else -1 for y in labels])
+    k = head.classes.index(oos)
+    best, best_score = None, -1.0
+    for cut in np.unique(np.quantile(top, np.linspace(0.0, 0.5, 51))):
+        label = np.where(top < cut, k, pred)
+        score = ((label == truth)[~is_oos].mean() + (label == k)[is_oos].mean()) / 2
+        if score > best_score:
+            best, best_score = float(cut), float(score)
+    return best
+
+
 def measure(head: LinearHead, x: np.ndarray, labels: list[str], task: object | None = None) -> HeadResult:
     known = [i for i, y in enumerate(labels) if y in head.classes]
     y = np.array([head.classes.index(labels[i]) for i in known])
     probs = head.proba(x[known])
     raw = head.proba(x[known], 1.0)
-    pred = probs.argmax(1)
+    pred = head.labels(probs)
     correct = pred == y
     result = HeadResult(head.name, int(head.meta.get("fit_rows", 0)), len(known), float(correct.mean()),
                         ece(probs.max(1), correct), ece(raw.max(1), raw.argmax(1) == y))

@@ -1,0 +1,82 @@
+"""Heads, training and calibration on synthetic embeddings (seeded numpy: the one randomness)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from classifiers.calibration import auroc, ece, fit_temperature
+from classifiers.heads import LinearHead
+from classifiers.train_all import fit_oos_threshold
+from classifiers.training import fit_head, held_back
+from gateway.errors import NotReady
+
+
+def blobs(n: int, k: int, dim: int = 16, spread: float = 0.6, seed: int = 0) -> tuple[np.ndarray, list[str]]:
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(k, dim)) * 2
+    y = rng.integers(0, k, size=n)
+    return (centres[y] + rng.normal(size=(n, dim)) * spread * 2).astype(np.float32), [f"c{i}" for i in y]
+
+
+def test_fit_save_load_round_trip(tmp_path: Path) -> None:
+    x, labels = blobs(600, 3)
+    head, report = fit_head("toy", x, labels, [str(i) for i in range(600)])
+    assert report.n_calibration + report.n_fit == 600 and report.calibration_accuracy > 0.8
+    head.save(tmp_path)
+    again = LinearHead.load(tmp_path, "toy")
+    assert again.classes == ("c0", "c1", "c2") and again.temperature == pytest.approx(head.temperature)
+    np.testing.assert_allclose(again.proba(x[:5]), head.proba(x[:5]), rtol=1e-5)
+    assert [p.label for p in again.predict(x[:20])] == [head.classes[i] for i in head.proba(x[:20]).argmax(1)]
+
+
+def test_binary_heads_get_one_row_per_class() -> None:
+    x, labels = blobs(400, 2)
+    head, _ = fit_head("bin", x, labels, [str(i) for i in range(400)])
+    assert head.weight.shape == (2, 16)
+    accuracy = np.mean([p.label == y for p, y in zip(head.predict(x), labels, strict=True)])
+    assert accuracy > 0.9
+
+
+def test_missing_artifact_names_the_command(tmp_path: Path) -> None:
+    with pytest.raises(NotReady, match=r"toy.json is missing: build it with `triage train --policy"):
+        LinearHead.load(tmp_path, "toy")
+
+
+def test_temperature_undoes_overconfidence() -> None:
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 4, size=4000)
+    logits = rng.normal(size=(4000, 4))
+    logits[np.arange(4000), y] += 1.0
+    t = fit_temperature(logits * 5, y)  # the same model, made 5x overconfident
+    assert t == pytest.approx(5.0, rel=0.15)
+
+
+def test_ece_and_auroc_on_known_cases() -> None:
+    assert ece(np.array([0.9] * 10), np.array([1] * 9 + [0])) == pytest.approx(0.0)
+    assert ece(np.array([1.0] * 4), np.array([1, 0, 1, 0])) == pytest.approx(0.5)
+    assert auroc(np.array([0.1, 0.2, 0.8, 0.9]), np.array([0, 0, 1, 1])) == 1.0
+    assert auroc(np.array([0.5, 0.5]), np.array([0, 1])) == 0.5
+
+
+def test_held_back_rows_are_stable_and_about_the_asked_share() -> None:
+    ids = [f"row-{i}" for i in range(5000)]
+    mask = held_back(ids, 0.2)
+    assert (mask == held_back(ids, 0.2)).all()
+    assert 0.18 < mask.mean() < 0.22
+
+
+def test_out_of_scope_cut_turns_doubtful_answers_into_oos() -> None:
+    x, labels = blobs(900, 3, spread=0.3)
+    head, _ = fit_head("intents", x, labels, [str(i) for i in range(900)], classes=("c0", "c1", "c2", "oos"))
+    far = np.random.default_rng(2).normal(size=(60, 16)).astype(np.float32) * 0.2  # near no centre
+    dev_x = np.vstack([x[:300], far])
+    dev_y = labels[:300] + ["oos"] * 60
+    cut = fit_oos_threshold(head, dev_x, dev_y, "oos")
+    assert cut is not None
+    head.meta.update(out_of_scope="oos", oos_threshold=cut)
+    oos_share = np.mean([p.label == "oos" for p in head.predict(far)])
+    in_scope = np.mean([p.label == y for p, y in zip(head.predict(x[300:]), labels[300:], strict=True)])
+    assert oos_share > 0.5 and in_scope > 0.9
