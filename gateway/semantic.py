@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from backends.base import Body, Kind
 from classifiers.batching import MicroBatcher
 from classifiers.service import Classifier
@@ -39,16 +41,10 @@ class Encoding:
         last, earlier = _turns(kind, body)
         if is_follow_up(vm, last, len(earlier)):
             vectors = await asyncio.gather(self.batcher.embed(last), self.batcher.embed("\n".join(earlier)))
-            (own, own_fam), (prev, prev_fam) = self.classifier.classify_vectors(_stack(vectors))
+            (own, own_fam), (prev, prev_fam) = self.classifier.classify_vectors(np.vstack(vectors))
             return decide_turns(vm, (own, own_fam.in_distribution), (prev, prev_fam.in_distribution))
-        [(heads, fam)] = self.classifier.classify_vectors(_stack([await self.batcher.embed(last)]))
+        [(heads, fam)] = self.classifier.classify_vectors(np.vstack([await self.batcher.embed(last)]))
         return decide(vm, heads, fam.in_distribution)
-
-
-def _stack(vectors: list[Any]) -> Any:
-    import numpy as np
-
-    return np.vstack(vectors)
 
 
 def _text(content: Any) -> str:

@@ -20,7 +20,8 @@ from policies import loader
 from tests.conftest import Gateway, LlamaServer
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-MATH = "Solve for x: 3x + 7 = 22. Then compute the derivative of x^2 + 3x at that point."
+MATH = ("Find all real numbers x that satisfy the equation 3x^2 - 12x + 9 = 0.\n\n"
+        "A. x = 1 and x = 3\nB. x = -1 and x = -3\nC. x = 2 only\nD. x = 0 and x = 4")
 LAW = ("Under the doctrine of adverse possession, what must a trespasser show to acquire title "
        "to the land, and how does a court treat the statutory period?")
 
@@ -84,7 +85,7 @@ def echoed(answer: dict) -> dict:
 
 def test_category_routes_to_its_model_at_a_real_engine(gw: Gateway) -> None:
     headers, answer = ask(gw, MATH)
-    assert headers["x-triage-model"] == "mathbot"
+    assert headers["x-triage-model"] == "mathbot", {k: v for k, v in headers.items() if k.startswith("x-triage")}
     assert headers["x-triage-category"] == "math"
     assert headers["x-triage-route"] == "category"
     assert float(headers["x-triage-confidence"]) > 0
