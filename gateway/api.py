@@ -9,6 +9,7 @@ import orjson
 import structlog
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
+from starlette.routing import Route as HTTPRoute
 
 from backends.base import Body, Kind
 from gateway.dispatch import Served, decide_route, dispatch
@@ -138,14 +139,20 @@ class _SSEResponse(StreamingResponse):
             await self._ex.finish(499)  # a no-op when the relay already finished
 
 
-@router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
     return await _generate(request, "chat")
 
 
-@router.post("/v1/completions")
 async def completions(request: Request) -> Response:
     return await _generate(request, "completion")
+
+
+# The hot paths are plain Starlette routes: they read the raw body themselves, so FastAPI's
+# dependency solving would only add time (measured by `triage bench overhead`).
+HOT_ROUTES = [
+    HTTPRoute("/v1/chat/completions", chat_completions, methods=["POST"]),
+    HTTPRoute("/v1/completions", completions, methods=["POST"]),
+]
 
 
 def _model_card(name: str) -> Body:

@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import logs, runtime
-from gateway.api import error_response, router
+from gateway.api import HOT_ROUTES, error_response, router
 from gateway.errors import InvalidRequest, NotFound, TriageError
 from gateway.metrics import Metrics
 from gateway.reload import Reloader
@@ -58,6 +58,7 @@ def create_app(settings: Settings) -> FastAPI:
             log.info("gateway_stopped")
 
     app = FastAPI(title="triage", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.router.routes.extend(HOT_ROUTES)
     app.include_router(router)
 
     @app.exception_handler(TriageError)
