@@ -7,14 +7,17 @@ a time per loaded model (a llama.cpp context is not thread-safe), never on the e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
+
+import jinja2
 
 from backends import gguf
 from backends.base import Attempt, Body, Call, Capabilities, ChunkStream, Completion, Stopwatch
 from backends.registry import register
-from gateway.errors import InvalidRequest, UpstreamError, UpstreamTimeout
+from gateway.errors import InvalidRequest, TriageError, UpstreamError, UpstreamTimeout
 
 _CHAT_PARAMS = {
     "messages", "temperature", "top_p", "max_tokens", "stop", "seed", "logprobs", "top_logprobs",
@@ -69,9 +72,9 @@ class LlamaCppBackend:
         )
 
     async def close(self) -> None:
-        llm, self._llm = self._llm, None
-        if llm is not None:
-            async with self._lock:
+        async with self._lock:  # after the generation in progress, if any
+            llm, self._llm = self._llm, None
+            if llm is not None:
                 await asyncio.to_thread(llm.close)
 
     def healthy(self) -> bool:
@@ -79,24 +82,40 @@ class LlamaCppBackend:
 
     def _run(self, call: Call, stream: bool) -> Any:
         fn = self._llm.create_chat_completion if call.kind == "chat" else self._llm.create_completion
-        try:
+        with _mapped_errors():
             return fn(**_kwargs(call), stream=stream)
-        except ValueError as exc:  # llama-cpp-python's way of saying "your request does not fit"
-            raise InvalidRequest(str(exc)) from None
+
+    async def _locked(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
+        """Run ``fn`` in a worker thread holding the model's lock until the THREAD is done, not
+        until the caller stops waiting: a timed-out or cancelled caller must not let a second
+        request into the same llama.cpp context while the first is still decoding."""
+        await self._lock.acquire()
+        try:
+            fut = asyncio.get_running_loop().run_in_executor(None, fn)
+        except BaseException:
+            self._lock.release()
+            raise
+
+        def done(f: asyncio.Future[Any]) -> None:
+            self._lock.release()
+            if not f.cancelled():
+                f.exception()  # retrieved here, so an abandoned failure is not reported as unhandled
+
+        fut.add_done_callback(done)
+        return fut
 
     async def complete(self, call: Call) -> Completion:
         if self._llm is None:
             raise UpstreamError(f"backend {self.name} is not loaded")
         watch = Stopwatch()
         t = self.spec.timeouts
-        async with self._lock:
-            try:
-                async with asyncio.timeout(min(t.first_byte_s, t.total_s)):
-                    body = await asyncio.to_thread(self._run, call, False)
-            except TimeoutError:
-                # the thread cannot be interrupted; the lock is held until it returns
-                call.attempts.append(Attempt(self.name, "local", "timeout", watch.elapsed()))
-                raise UpstreamTimeout(f"local model {self.name} timed out") from None
+        fut = await self._locked(lambda: self._run(call, False))
+        try:
+            async with asyncio.timeout(t.total_s):
+                body = await asyncio.shield(fut)
+        except TimeoutError:
+            call.attempts.append(Attempt(self.name, "local", "timeout", watch.elapsed()))
+            raise UpstreamTimeout(f"local model {self.name} timed out") from None
         call.attempts.append(Attempt(self.name, "local", "ok", watch.elapsed()))
         return Completion(body, "local")
 
@@ -104,8 +123,7 @@ class LlamaCppBackend:
         if self._llm is None:
             raise UpstreamError(f"backend {self.name} is not loaded")
         watch = Stopwatch()
-        _kwargs(call)  # validate before taking the lock
-        await self._lock.acquire()
+        _kwargs(call)  # validate before waiting for the model
         chunks = self._bridge(call)
         try:
             async with asyncio.timeout(self.spec.timeouts.first_byte_s):
@@ -121,7 +139,7 @@ class LlamaCppBackend:
         return ChunkStream(first, chunks, "local")
 
     async def _bridge(self, call: Call) -> AsyncIterator[Body]:
-        """Run the blocking generator in a thread; hand its chunks to the loop. Owns the lock."""
+        """Run the blocking generator in a thread; hand its chunks to the loop."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         stop = threading.Event()
@@ -129,20 +147,18 @@ class LlamaCppBackend:
 
         def work() -> None:
             try:
-                gen: Iterator[Body] = self._run(call, True)
-                for chunk in gen:
-                    if stop.is_set():
-                        break
-                    put(("chunk", chunk))
+                with _mapped_errors():
+                    for chunk in self._run(call, True):
+                        if stop.is_set():
+                            break
+                        put(("chunk", chunk))
                 put(("end", self._llm.n_tokens))
-            except InvalidRequest as exc:
+            except (InvalidRequest, UpstreamError) as exc:
                 put(("error", exc))
-            except RuntimeError as exc:
-                put(("error", UpstreamError(f"local generation failed: {exc}", retryable=False)))
             finally:
                 put(("done", None))
 
-        worker = loop.run_in_executor(None, work)
+        await self._locked(work)
         produced, ended, cid = 0, False, "usage"
         try:
             while True:
@@ -159,14 +175,25 @@ class LlamaCppBackend:
                     raise item
                 elif ended:
                     return
-                else:  # "done" without "end": the worker died of something unexpected
+                else:  # "done" without "end"
                     raise UpstreamError("local generation stopped unexpectedly", retryable=False)
         finally:
-            stop.set()
-            try:
-                await worker
-            finally:
-                self._lock.release()
+            stop.set()  # the thread stops at its next token; the lock goes when it has
+
+
+@contextlib.contextmanager
+def _mapped_errors() -> Iterator[None]:
+    """The thread edge: llama-cpp-python's errors become the gateway's. A request it cannot take
+    (context overflow, a template that refuses the messages, malformed tools) is the client's;
+    anything else the engine raises is an upstream failure, never an unhandled 500."""
+    try:
+        yield
+    except TriageError:
+        raise
+    except (ValueError, TypeError, KeyError, jinja2.TemplateError) as exc:
+        raise InvalidRequest(f"the local model cannot take this request: {exc}") from None
+    except Exception as exc:  # the edge between the engine's thread and the gateway
+        raise UpstreamError(f"local generation failed: {exc}", retryable=False) from None
 
 
 def _usage_chunk(call: Call, cid: str, n_tokens: int, produced: int) -> Body:

@@ -68,9 +68,12 @@ class OpenAICompatBackend(RemoteBackend):
         finally:
             resp.release()
         try:
-            return orjson.loads(raw)
+            body = orjson.loads(raw)
         except orjson.JSONDecodeError:
             raise UpstreamError(f"upstream {self.name} sent a body that is not JSON") from None
+        if not isinstance(body, dict):
+            raise UpstreamError(f"upstream {self.name} sent JSON that is not an object")
+        return body
 
     async def _open_once(self, replica: ReplicaState, call: Call) -> AsyncIterator[Body]:
         resp = await self._post(replica, call)
@@ -125,7 +128,9 @@ async def _sse_events(resp: aiohttp.ClientResponse, name: str) -> AsyncIterator[
                     chunk = orjson.loads(data)
                 except orjson.JSONDecodeError:
                     raise UpstreamError(f"upstream {name} sent a malformed stream event") from None
-                if isinstance(chunk, dict) and chunk.get("error"):
+                if not isinstance(chunk, dict) or not all(isinstance(c, dict) for c in chunk.get("choices") or ()):
+                    raise UpstreamError(f"upstream {name} sent a stream event that is not a chunk", retryable=False)
+                if chunk.get("error"):
                     message, _ = _error_of(data, 502)
                     raise UpstreamError(f"upstream {name} failed mid-stream: {message}", retryable=False)
                 finished = finished or any(c.get("finish_reason") for c in chunk.get("choices") or ())

@@ -82,7 +82,7 @@ class RemoteBackend:
             replica = self._next(tried)
             watch = Stopwatch()
             try:
-                async with asyncio.timeout(min(t.first_byte_s, t.total_s)):
+                async with asyncio.timeout(t.total_s):  # unstreamed: headers come with the last token
                     body = await self._call_once(replica, call)
             except (TimeoutError, UpstreamError, UpstreamRejected) as exc:
                 last = self._failed(call, replica, watch, exc)
@@ -107,10 +107,12 @@ class RemoteBackend:
                 async with asyncio.timeout(min(t.first_byte_s, t.total_s)):
                     chunks = await self._open_once(replica, call)
                     first = await anext(chunks)
-            except (TimeoutError, UpstreamError, UpstreamRejected, StopAsyncIteration) as exc:
+            except BaseException as exc:  # cleanup for all; only the listed kinds are retried
                 replica.outstanding -= 1
                 if chunks is not None:
                     await _aclose(chunks)
+                if not isinstance(exc, TimeoutError | UpstreamError | UpstreamRejected | StopAsyncIteration):
+                    raise
                 if isinstance(exc, StopAsyncIteration):
                     exc = UpstreamError("upstream closed the stream before the first chunk")
                 elif isinstance(exc, UpstreamError) and chunks is not None:

@@ -115,8 +115,7 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
         rows = _rows(name, cfg, root, fit_split, limit)
         say(f"{name}: embedding {len(rows)} {fit_split} rows")
         x = cache.embed(rows.texts)
-        balanced = name == "reasoning"
-        head, _ = fit_head(name, x, rows.labels, rows.ids, balanced=balanced)
+        head, _ = fit_head(name, x, rows.labels, rows.ids)  # unweighted: P(pays) stays a probability
         task = cfg.tasks.get(name)
         if task is not None and task.out_of_scope in head.classes:
             dev = _rows(name, cfg, root, "dev", limit)

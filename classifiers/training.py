@@ -70,16 +70,17 @@ def fit_head(
 
 
 def _full_rank(model: object, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn stores a binary model as one row; give every class its own row."""
+    """One weight row per class, in ``classes`` order. scikit-learn keeps one row for a model
+    that saw two classes, and none for classes absent from the fit rows (never predicted)."""
     coef = np.asarray(model.coef_, dtype=np.float32)  # type: ignore[attr-defined]
     intercept = np.asarray(model.intercept_, dtype=np.float32)  # type: ignore[attr-defined]
-    seen = list(model.classes_)  # type: ignore[attr-defined]
-    if coef.shape[0] == 1 and k == 2:
+    seen = [int(c) for c in model.classes_]  # type: ignore[attr-defined]
+    if len(seen) == 2 and coef.shape[0] == 1:
         coef = np.vstack([-coef[0] / 2, coef[0] / 2])
         intercept = np.array([-intercept[0] / 2, intercept[0] / 2], dtype=np.float32)
     weight = np.zeros((k, coef.shape[1]), dtype=np.float32)
-    bias = np.full(k, -1e4 if len(seen) < k else 0.0, dtype=np.float32)  # a class never seen: never predicted
-    for row, cls in enumerate(seen if coef.shape[0] == len(seen) else range(k)):
-        weight[int(cls)] = coef[row]
-        bias[int(cls)] = intercept[row]
+    bias = np.full(k, -1e4, dtype=np.float32)
+    for row, cls in enumerate(seen):
+        weight[cls] = coef[row]
+        bias[cls] = intercept[row]
     return weight, bias

@@ -74,30 +74,32 @@ async def _generate(request: Request, kind: Kind) -> Response:
         ex.take_slot()
         body = parse_json(await read_body(request, ex.rt.policy.limits.max_body_bytes))
         ex.model = body.get("model") if isinstance(body.get("model"), str) else None
-        check(ChatRequest if kind == "chat" else CompletionRequest, body)
-        ex.stream = bool(body.get("stream"))
+        request_ = check(ChatRequest if kind == "chat" else CompletionRequest, body)
+        body["stream"] = ex.stream = request_.stream  # the validated value, not a truthy string
         ex.prompt = body.get("messages") if kind == "chat" else body.get("prompt")
         route = await decide_route(ex.rt, kind, body)
         ex.route = route
         served = await dispatch(ex.rt, kind, body, ex.request_id, ex.attempts, route)
         ex.served, ex.backend, ex.replica = served.model, served.backend, served.replica
+        headers = {"x-request-id": ex.request_id, "x-triage-model": served.model,
+                   "x-triage-backend": served.backend}
+        if served.route is not None:
+            headers.update(route_headers(served.route, served.reasoning_switch))
+        if served.stream is not None:
+            return _SSEResponse(ex, served, headers)  # it finishes the exchange when it ends
+        assert served.completion is not None
+        answer = served.completion.body
+        answer["model"] = served.model
+        usage = answer.get("usage")
+        ex.usage = usage if isinstance(usage, dict) else None
     except TriageError as exc:
         await ex.finish(exc.status, exc)
         return error_response(exc)
     except BaseException:
         await ex.finish(500)
         raise
-    headers = {"x-request-id": ex.request_id, "x-triage-model": served.model, "x-triage-backend": served.backend}
-    if served.route is not None:
-        headers.update(route_headers(served.route, served.reasoning_switch))
-    if served.stream is None:
-        assert served.completion is not None
-        answer = served.completion.body
-        answer["model"] = served.model
-        ex.usage = answer.get("usage")
-        await ex.finish(200)
-        return _json(answer, headers=headers)
-    return _SSEResponse(ex, served, headers)
+    await ex.finish(200)
+    return _json(answer, headers=headers)
 
 
 async def _sse(ex: Exchange, served: Served) -> AsyncIterator[bytes]:

@@ -50,12 +50,14 @@ def create_app(settings: Settings) -> FastAPI:
             yield
         finally:
             stop.set()
-            if watcher is not None:
-                await watcher
-            if sighup:
-                reloader.remove_sighup()
-            await holder.close()
-            log.info("gateway_stopped")
+            try:
+                if watcher is not None:
+                    await watcher
+            finally:
+                if sighup:
+                    reloader.remove_sighup()
+                await holder.close()
+                log.info("gateway_stopped")
 
     app = FastAPI(title="triage", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.router.routes.extend(HOT_ROUTES)

@@ -17,6 +17,7 @@ from backends.base import Attempt, Stopwatch
 from gateway.errors import RateLimited, TriageError
 from gateway.metrics import Metrics
 from gateway.runtime import Runtime, RuntimeHolder
+from policies.routing import public_models
 from policies.semantic import Route
 
 log = structlog.get_logger("triage.request")
@@ -78,8 +79,15 @@ class Exchange:
         if self._slot:
             self.gate.in_flight -= 1
             self.metrics.in_flight.dec()
+        try:
+            self._report(status, error)
+        finally:
+            await self.holder.release(self.rt)
+
+    def _report(self, status: int, error: TriageError | None) -> None:
         latency = self.watch.elapsed()
-        model = self.served or self.model or "-"
+        known = self.model is not None and self.model in public_models(self.rt.policy)
+        model = self.served or (self.model if known else "-")  # no label per unknown name sent
         self.metrics.observe(self.endpoint, model, status, latency, self.attempts, self.usage)
         if error is not None:
             self.metrics.errors.labels(error.type, str(status)).inc()
@@ -100,4 +108,3 @@ class Exchange:
         if self.prompt is not None and self.rt.policy.logging.log_prompts:
             event["prompt"] = self.prompt
         (log.warning if status >= 500 else log.info)("request", **event)
-        await self.holder.release(self.rt)

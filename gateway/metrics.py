@@ -29,9 +29,10 @@ class Metrics:
         self.latency.labels(endpoint, model).observe(latency_s)
         for a in attempts:
             self.attempts.labels(a.backend, a.replica, a.outcome).inc()
-        if usage:
-            self.tokens.labels(model, "prompt").inc(usage.get("prompt_tokens") or 0)
-            self.tokens.labels(model, "completion").inc(usage.get("completion_tokens") or 0)
+        for kind in ("prompt", "completion"):
+            count = (usage or {}).get(f"{kind}_tokens")
+            if isinstance(count, int) and count >= 0:
+                self.tokens.labels(model, kind).inc(count)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -37,13 +37,19 @@ class Reloader:
                 policy = await asyncio.to_thread(loader.load, self.path)
                 new = await runtime.build(policy, self.holder.current, self.path.parent)
             except PolicyInvalid as exc:
-                self.metrics.reloads.labels("rejected").inc()
-                log.error("policy_reload_rejected", reason=reason, path=str(self.path), problems=exc.problems)
-                return False
+                return self._rejected(reason, exc.problems)
+            except Exception as exc:  # an edge: a model that will not load must not stop the watcher
+                log.exception("policy_reload_failed", reason=reason, path=str(self.path))
+                return self._rejected(reason, [f"{type(exc).__name__}: {exc}"])
             await self.holder.swap(new)
             self.metrics.reloads.labels("applied").inc()
             log.info("policy_reloaded", reason=reason, path=str(self.path))
             return True
+
+    def _rejected(self, reason: str, problems: list[str]) -> bool:
+        self.metrics.reloads.labels("rejected").inc()
+        log.error("policy_reload_rejected", reason=reason, path=str(self.path), problems=problems)
+        return False
 
     def _spawn(self, reason: str) -> None:
         task = asyncio.get_running_loop().create_task(self.reload(reason))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,8 +35,6 @@ class Runtime:
     encoding: Encoding | None = None
     in_flight: int = 0
     retired: bool = False
-    _drop: list[Backend] = field(default_factory=list)
-    _drop_encoding: Encoding | None = None
 
     def check_key(self, authorization: str | None) -> bool:
         if not self.key_hashes:
@@ -108,8 +106,18 @@ async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path 
 
 
 class RuntimeHolder:
+    """The current runtime, and the retired ones that still have requests in flight.
+
+    A backend (or the encoder) that a reload dropped is closed once no live runtime uses it:
+    not the current one, and none of the retired ones still serving a request. Counting per
+    object, not per runtime, matters when reloads come quickly: A -> B (keeps X) -> C (drops X)
+    must not close X while a request pinned to A still streams from it.
+    """
+
     def __init__(self, runtime: Runtime) -> None:
         self.current = runtime
+        self._retired: list[Runtime] = []
+        self._pending: dict[int, Backend | Encoding] = {}  # by id: objects of retired runtimes
 
     def acquire(self) -> Runtime:
         rt = self.current
@@ -119,16 +127,16 @@ class RuntimeHolder:
     async def release(self, rt: Runtime) -> None:
         rt.in_flight -= 1
         if rt.retired and rt.in_flight == 0:
-            await self._close_dropped(rt)
+            await self._collect()
 
     async def swap(self, new: Runtime) -> None:
         old, self.current = self.current, new
-        kept = {id(b) for b in new.backends.values()}
-        old._drop = [b for b in old.backends.values() if id(b) not in kept]
-        old._drop_encoding = old.encoding if old.encoding is not new.encoding else None
         old.retired = True
-        if old.in_flight == 0:
-            await self._close_dropped(old)
+        self._retired.append(old)
+        for obj in (*old.backends.values(), old.encoding):
+            if obj is not None:
+                self._pending[id(obj)] = obj
+        await self._collect()
 
     async def close(self) -> None:
         for backend in self.current.backends.values():
@@ -136,11 +144,12 @@ class RuntimeHolder:
         if self.current.encoding is not None:
             await self.current.encoding.close()
 
-    async def _close_dropped(self, rt: Runtime) -> None:
-        drop, rt._drop = rt._drop, []
-        for backend in drop:
-            log.info("backend_closed", backend=backend.name)
-            await backend.close()
-        encoding, rt._drop_encoding = rt._drop_encoding, None
-        if encoding is not None:
-            await encoding.close()
+    async def _collect(self) -> None:
+        self._retired = [rt for rt in self._retired if rt.in_flight > 0]
+        live = {id(obj) for rt in (self.current, *self._retired)
+                for obj in (*rt.backends.values(), rt.encoding) if obj is not None}
+        closing = [obj for key, obj in self._pending.items() if key not in live]
+        self._pending = {key: obj for key, obj in self._pending.items() if key in live}
+        for obj in closing:
+            log.info("backend_closed", backend=getattr(obj, "name", "encoder"))
+            await obj.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from gateway.errors import InvalidRequest, MalformedJSON
 
@@ -29,7 +29,7 @@ class Message(_Open):
 
 class _Common(_Open):
     model: str = Field(min_length=1)
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=128)
     temperature: float | None = Field(None, ge=0, le=2)

@@ -30,7 +30,7 @@ def _secret_ref(value: str | None) -> str | None:
 
 class Timeouts(Strict):
     connect_s: float = Field(2.0, gt=0)
-    first_byte_s: float = Field(60.0, gt=0, description="until the response headers (or first chunk)")
+    first_byte_s: float = Field(60.0, gt=0, description="a stream's first chunk (an unstreamed answer: total_s)")
     idle_s: float = Field(30.0, gt=0, description="longest gap between two stream chunks")
     total_s: float = Field(600.0, gt=0)
 

@@ -47,7 +47,7 @@ def decide(vm: SemanticModel, heads: Mapping[str, Prediction], familiar: bool) -
         return Route(model, reasoning, "unfamiliar", category, confidence, p_pays)
     if category is not None and confidence < vm.min_confidence and vm.escalate_to:
         return Route(vm.escalate_to, reasoning, "escalated", category, confidence, p_pays)
-    if category is not None and category in vm.categories:
+    if category is not None and category in vm.categories and confidence >= vm.min_confidence:
         return Route(vm.categories[category], reasoning, "category", category, confidence, p_pays)
     return Route(vm.default, reasoning, "default", category, confidence, p_pays)
 

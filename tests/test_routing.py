@@ -42,7 +42,7 @@ backends:
 models:
   mathbot: {{backend: pool, upstream: smollm2, family: qwen3}}
   lawbot: {{backend: echo, upstream: lawyer-70b, family: qwen3}}
-  general: {{backend: echo, upstream: general-8b, family: openai}}
+  general: {{backend: echo, upstream: general-8b, family: gpt-5}}
   plain: {{backend: echo, upstream: plain-1b, family: generic}}
   safe: {{backend: echo, upstream: safe-1b}}
 virtual_models:
