@@ -216,3 +216,9 @@ limits: {max_concurrency: 1}
     assert event["latency_ms"] < 1500
     out = gw.client().chat.completions.create(model="slow", messages=MSG)
     assert out.choices[0].message.content == "a b c d e f g h"
+
+
+def test_a_string_stream_flag_is_rejected_not_taken_as_true(gw: Gateway) -> None:
+    with gw.http() as http:
+        resp = http.post("/v1/chat/completions", json={"model": "scripted", "messages": MSG, "stream": "false"})
+    assert resp.status_code == 400 and error_of(resp)["param"] == "stream"

@@ -1,0 +1,69 @@
+"""The pure routing rules and the reasoning adapter, one engine family at a time."""
+
+from __future__ import annotations
+
+import pytest
+
+from classifiers.heads import Prediction
+from gateway.errors import InvalidRequest
+from policies import reasoning
+from policies.schema import ModelSpec, SemanticModel
+from policies.semantic import decide, decide_turns
+
+VM = SemanticModel(type="semantic", default="small", categories={"math": "big"}, min_confidence=0.5,
+                   unfamiliar="safe", reasoning={"mode": "auto", "threshold": 0.4})
+
+
+def heads(category: str, confidence: float, pays: float) -> dict[str, Prediction]:
+    return {"category": Prediction(category, confidence, {category: confidence}),
+            "reasoning": Prediction("pays" if pays >= 0.5 else "no", max(pays, 1 - pays),
+                                    {"pays": pays, "no": 1 - pays})}
+
+
+def test_rules_in_order() -> None:
+    assert decide(VM, heads("math", 0.9, 0.6), familiar=True).model == "big"
+    assert decide(VM, heads("math", 0.9, 0.6), familiar=False).reason == "unfamiliar"
+    assert decide(VM, heads("law", 0.9, 0.1), familiar=True).reason == "default"
+    # a mapped category under min_confidence without escalate_to: the default, not the category
+    doubtful = decide(VM, heads("math", 0.3, 0.1), familiar=True)
+    assert (doubtful.model, doubtful.reason) == ("small", "default")
+    escalating = VM.model_copy(update={"escalate_to": "big"})
+    assert decide(escalating, heads("law", 0.3, 0.1), familiar=True).reason == "escalated"
+
+
+def test_reasoning_threshold_and_modes() -> None:
+    assert decide(VM, heads("math", 0.9, 0.45), familiar=True).reasoning is True
+    assert decide(VM, heads("math", 0.9, 0.35), familiar=True).reasoning is False
+    off = VM.model_copy(update={"reasoning": VM.reasoning.model_copy(update={"mode": "off"})})
+    assert decide(off, heads("math", 0.9, 0.99), familiar=True).reasoning is False
+
+
+def test_follow_up_keeps_the_route_unless_confidently_different() -> None:
+    kept = decide_turns(VM, (heads("law", 0.6, 0.1), True), (heads("math", 0.9, 0.1), True))
+    assert (kept.model, kept.follow_up) == ("big", True)
+    switched = decide_turns(VM, (heads("law", 0.95, 0.1), True), (heads("math", 0.9, 0.1), True))
+    assert (switched.model, switched.follow_up) == ("small", False)
+
+
+@pytest.mark.parametrize(("family", "on", "expected"), [
+    ("qwen3", True, {"chat_template_kwargs": {"enable_thinking": True}}),
+    ("qwen3", False, {"chat_template_kwargs": {"enable_thinking": False}}),
+    ("gpt-5", False, {"reasoning_effort": "minimal"}),
+    ("o-series", False, {"reasoning_effort": "low"}),
+    ("o-series", True, {"reasoning_effort": "medium"}),
+    ("openai", True, {}),  # gpt-4o and the like take no reasoning field
+    ("generic", True, {}),
+])
+def test_switch_per_family(family: str, on: bool, expected: dict) -> None:
+    body, _ = reasoning.apply({"model": "m"}, ModelSpec(backend="b", family=family), on)
+    assert {k: v for k, v in body.items() if k != "model"} == expected
+
+
+def test_client_switch_wins_and_bad_kwargs_are_400() -> None:
+    spec = ModelSpec(backend="b", family="qwen3")
+    body, switch = reasoning.apply({"chat_template_kwargs": {"enable_thinking": False}}, spec, True)
+    assert switch == "client" and body["chat_template_kwargs"] == {"enable_thinking": False}
+    with pytest.raises(InvalidRequest):
+        reasoning.apply({"chat_template_kwargs": "yes"}, spec, True)
+    explicit = ModelSpec(backend="b", family="generic", reasoning_switch="reasoning_effort")
+    assert reasoning.apply({}, explicit, False)[0] == {"reasoning_effort": "low"}
