@@ -65,9 +65,12 @@ def _key_hashes(policy: Policy) -> frozenset[str]:
 async def _encoding(policy: Policy, previous: Runtime | None, base_dir: Path) -> Encoding | None:
     if policy.classifier is None:
         return None
-    if previous is not None and previous.encoding is not None and previous.policy.classifier == policy.classifier:
-        return previous.encoding
-    from gateway.semantic import Encoding  # ONNX Runtime: only for policies with a classifier
+    from gateway.semantic import Encoding, artifacts_signature  # ONNX Runtime: only when a policy asks
+
+    old = previous.encoding if previous is not None else None
+    if (old is not None and old.config == policy.classifier
+            and old.signature == artifacts_signature(policy.classifier, base_dir)):
+        return old  # same settings, same trained heads: keep the loaded encoder
 
     try:
         return await Encoding.load(policy.classifier, base_dir)

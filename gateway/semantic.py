@@ -12,7 +12,7 @@ import numpy as np
 
 from backends.base import Body, Kind
 from classifiers.batching import MicroBatcher
-from classifiers.service import Classifier
+from classifiers.service import Classifier, artifacts_dir
 from policies.schema import Classifier as ClassifierConfig
 from policies.schema import SemanticModel
 from policies.semantic import Route, decide, decide_turns, is_follow_up
@@ -25,14 +25,16 @@ class Encoding:
     config: ClassifierConfig
     classifier: Classifier
     batcher: MicroBatcher[str]
+    signature: tuple[tuple[str, int], ...]  # the artifacts as loaded: retrained heads differ
 
     @classmethod
     async def load(cls, config: ClassifierConfig, policy_dir: Path) -> Encoding:
+        signature = artifacts_signature(config, policy_dir)
         clf = await asyncio.to_thread(Classifier.load, config, policy_dir)
         e = config.encoder
         batcher: MicroBatcher[str] = MicroBatcher(clf.encoder.embed, max_batch=e.batch_max_size,
                                                   max_wait_ms=e.batch_max_wait_ms)
-        return cls(config, clf, batcher)
+        return cls(config, clf, batcher, signature)
 
     async def close(self) -> None:
         await self.batcher.aclose()
@@ -45,6 +47,12 @@ class Encoding:
             return decide_turns(vm, (own, own_fam.in_distribution), (prev, prev_fam.in_distribution))
         [(heads, fam)] = self.classifier.classify_vectors(np.vstack([await self.batcher.embed(last)]))
         return decide(vm, heads, fam.in_distribution)
+
+
+def artifacts_signature(config: ClassifierConfig, policy_dir: Path) -> tuple[tuple[str, int], ...]:
+    root = artifacts_dir(config, policy_dir)
+    files = sorted([*root.glob("*.npz"), *root.glob("*.json")]) if root.is_dir() else []
+    return tuple((f.name, f.stat().st_mtime_ns) for f in files)
 
 
 def _text(content: Any) -> str:
