@@ -33,7 +33,12 @@ def error_response(exc: TriageError) -> Response:
 
 
 def route_headers(route: Route, switch: str | None) -> dict[str, str]:
-    reasoning = ("on" if route.reasoning else "off") if switch not in (None, "none") else "unsupported"
+    if switch in (None, "none"):
+        reasoning = "unsupported"
+    elif switch == "client":
+        reasoning = "client"  # the request set the switch itself; the route's choice was not applied
+    else:
+        reasoning = "on" if route.reasoning else "off"
     return {"x-triage-route": route.reason + ("+follow_up" if route.follow_up else ""),
             "x-triage-reasoning": reasoning, "x-triage-confidence": f"{route.confidence:.4f}",
             "x-triage-category": route.category or ""}

@@ -112,6 +112,7 @@ def test_a_client_switch_is_never_overridden(gw: Gateway) -> None:
         model="auto", messages=[{"role": "user", "content": LAW}], extra_body={"chat_template_kwargs":
                                                                                {"enable_thinking": False}})
     assert echoed(raw.parse().model_dump())["chat_template_kwargs"] == {"enable_thinking": False}
+    assert raw.headers["x-triage-reasoning"] == "client"
 
 
 def test_short_follow_up_keeps_the_conversation_route(gw: Gateway) -> None:
