@@ -59,7 +59,7 @@ class LlamaCppBackend:
     async def start(self) -> None:
         from llama_cpp import Llama  # heavy: imported when a policy uses this backend
 
-        path = gguf.resolve(self.spec.gguf.package, self.spec.gguf.path)
+        path = await asyncio.to_thread(gguf.resolve, self.spec.gguf.package, self.spec.gguf.path)  # may hash 250 MB
         self._llm = await asyncio.to_thread(
             Llama,
             model_path=str(path),
