@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eval.bench.encoder_backends import ONNX_FP32, ONNX_INT8, PYTORCH
+from eval.bench.report import goals_table
 
 # the goals
 P50_32_MAX_MS = 3.0
@@ -98,16 +99,6 @@ def _agreement_table(res: dict[str, Any]) -> Table:
     return t
 
 
-def _goals_table(res: dict[str, Any]) -> Table:
-    t = Table(title="Goals", title_justify="left")
-    for col in ("goal", "value", "result"):
-        t.add_column(col, justify="left" if col == "goal" else "right")
-    for g in res["goals"]:
-        verdict = "-" if g["pass"] is None else ("[green]PASS[/]" if g["pass"] else "[red]MISS[/]")
-        t.add_row(g["goal"], f"{_num(g['value'], '{:.3f}')} {g['unit']}".strip(), verdict)
-    return t
-
-
 def render(console: Console, res: dict[str, Any]) -> None:
     s = res["settings"]
     console.print(_latency_table(res, "single", f"Latency, one prompt at a time, one core (ms; {s['rounds']} rounds "
@@ -116,7 +107,7 @@ def render(console: Console, res: dict[str, Any]) -> None:
                                                  f"{s['concurrency']} clients, max batch {s['max_batch']})"))
     console.print(_throughput_table(res))
     console.print(_agreement_table(res))
-    console.print(_goals_table(res))
+    console.print(goals_table(res["goals"]))
     trunc = [f"{v['tokens']} -> {v['onnx_kept']} (head+tail; pytorch keeps the first {v['pytorch_kept']})"
              for v in res["truncation"].values() if v["onnx_kept"] != v["tokens"]]
     if trunc:

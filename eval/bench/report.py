@@ -102,15 +102,16 @@ def _fixed_table(res: dict[str, Any]) -> Table:
     return t
 
 
-def _goals_table(res: dict[str, Any]) -> Table:
-    t = Table(title="Goals (from the issue)", title_justify="left")
+def goals_table(goals: list[dict[str, Any]], title: str = "Goals", unmeasured: str = "-") -> Table:
+    """PASS/MISS per goal; a goal without a verdict shows ``unmeasured`` ((info) rows: blank)."""
+    t = Table(title=title, title_justify="left")
     for col in ("goal", "measured", "result"):
         t.add_column(col, justify="left" if col == "goal" else "right")
-    for g in res["goals"]:
+    for g in goals:
         v = g["value"]
-        measured = "-" if v is None else f"{v:.3f} {g['unit']}"
+        measured = "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f} {g['unit']}".strip()
         if g["pass"] is None:
-            verdict = "n/a (no LiteLLM)" if not g["goal"].startswith("(info)") else ""
+            verdict = "" if g["goal"].startswith("(info)") else unmeasured
         else:
             verdict = "[green]PASS[/]" if g["pass"] else "[red]MISS[/]"
         t.add_row(g["goal"], measured, verdict)
@@ -156,7 +157,8 @@ def render(console: Console, res: dict[str, Any]) -> None:
     for name, t in res["targets"].items():
         if t["status"] != "ok":
             console.print(f"[red]{name} not measured:[/] {t['reason']}")
-    for table in (_latency_table(res), _sweep_table(res), _fixed_table(res), _goals_table(res)):
+    for table in (_latency_table(res), _sweep_table(res), _fixed_table(res),
+                  goals_table(res["goals"], "Goals (from the issue)", "n/a (no LiteLLM)")):
         console.print(table)
     if "profile" in res:
         for table in _profile_tables(res["profile"]):
