@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import jinja2
@@ -17,6 +17,7 @@ import jinja2
 from backends import gguf
 from backends.base import Attempt, Body, Call, Capabilities, ChunkStream, Completion, Stopwatch
 from backends.registry import register
+from backends.serial import Serial
 from gateway.errors import InvalidRequest, TriageError, UpstreamError, UpstreamTimeout
 
 _CHAT_PARAMS = {
@@ -54,7 +55,7 @@ class LlamaCppBackend:
         self.name = name
         self.spec = spec
         self._llm: Any = None
-        self._lock = asyncio.Lock()
+        self._serial = Serial()
 
     async def start(self) -> None:
         from llama_cpp import Llama  # heavy: imported when a policy uses this backend
@@ -72,7 +73,7 @@ class LlamaCppBackend:
         )
 
     async def close(self) -> None:
-        async with self._lock:  # after the generation in progress, if any
+        async with self._serial.lock:  # after the generation in progress, if any
             llm, self._llm = self._llm, None
             if llm is not None:
                 await asyncio.to_thread(llm.close)
@@ -85,31 +86,12 @@ class LlamaCppBackend:
         with _mapped_errors():
             return fn(**_kwargs(call), stream=stream)
 
-    async def _locked(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
-        """Run ``fn`` in a worker thread holding the model's lock until the THREAD is done, not
-        until the caller stops waiting: a timed-out or cancelled caller must not let a second
-        request into the same llama.cpp context while the first is still decoding."""
-        await self._lock.acquire()
-        try:
-            fut = asyncio.get_running_loop().run_in_executor(None, fn)
-        except BaseException:
-            self._lock.release()
-            raise
-
-        def done(f: asyncio.Future[Any]) -> None:
-            self._lock.release()
-            if not f.cancelled():
-                f.exception()  # retrieved here, so an abandoned failure is not reported as unhandled
-
-        fut.add_done_callback(done)
-        return fut
-
     async def complete(self, call: Call) -> Completion:
         if self._llm is None:
             raise UpstreamError(f"backend {self.name} is not loaded")
         watch = Stopwatch()
         t = self.spec.timeouts
-        fut = await self._locked(lambda: self._run(call, False))
+        fut = await self._serial.submit(lambda: self._run(call, False))
         try:
             async with asyncio.timeout(t.total_s):
                 body = await asyncio.shield(fut)
@@ -158,7 +140,7 @@ class LlamaCppBackend:
             finally:
                 put(("done", None))
 
-        await self._locked(work)
+        await self._serial.submit(work)
         produced, ended, cid = 0, False, "usage"
         try:
             while True:

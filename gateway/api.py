@@ -12,12 +12,23 @@ from fastapi.responses import StreamingResponse
 from starlette.routing import Route as HTTPRoute
 
 from backends.base import Body, Kind
+from gateway import decide, typed
 from gateway.dispatch import Served, decide_route, dispatch
-from gateway.errors import ModelNotFound, PayloadTooLarge, TriageError, Unauthorized
+from gateway.errors import (
+    InvalidRequest,
+    MalformedJSON,
+    ModelNotFound,
+    NotFound,
+    PayloadTooLarge,
+    TriageError,
+    Unauthorized,
+)
 from gateway.exchange import Exchange
 from gateway.schemas import ChatRequest, CompletionRequest, check, parse_json
 from gateway.state import GatewayState
+from policies.cascade import Decision
 from policies.routing import public_models
+from policies.schema import CascadeModel
 from policies.semantic import Route
 
 router = APIRouter()
@@ -82,6 +93,12 @@ async def _generate(request: Request, kind: Kind) -> Response:
         request_ = check(ChatRequest if kind == "chat" else CompletionRequest, body)
         body["stream"] = ex.stream = request_.stream  # the validated value, not a truthy string
         ex.prompt = body.get("messages") if kind == "chat" else body.get("prompt")
+        vm = ex.rt.policy.virtual_models.get(body["model"])
+        if isinstance(vm, CascadeModel):
+            ask = typed.typed_ask(body, ex.rt.policy.cascade) if kind == "chat" and ex.rt.policy.cascade else None
+            if ask is not None:
+                return await _typed_reply(ex, ask, body)
+            body["model"] = vm.open  # untyped: served by the cascade model's open route
         route = await decide_route(ex.rt, kind, body)
         ex.route = route
         served = await dispatch(ex.rt, kind, body, ex.request_id, ex.attempts, route)
@@ -105,6 +122,92 @@ async def _generate(request: Request, kind: Kind) -> Response:
         raise
     await ex.finish(200)
     return _json(answer, headers=headers)
+
+
+async def _typed_reply(ex: Exchange, ask: typed.TypedAsk, body: dict[str, Any]) -> Response:
+    """A chat request with a typed response_format, decided by the cascade. The caller's
+    ``except`` arms finish the exchange when this raises."""
+    decision = await decide.decide(ex.rt, ask.question, None, ex.request_id, ex.attempts)
+    ex.decision, ex.served, ex.usage = decision, decision.tier, dict(decision.usage or {}) or None
+    extension = decide.body(decision, ex.request_id)
+    reply = typed.completion(ask, decision, ex.model or "", ex.request_id, extension)
+    headers = decision_headers(ex.request_id, decision)
+    await ex.finish(200)
+    if not body.get("stream"):
+        return _json(reply, headers=headers)
+    events = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in typed.chunks(reply)) + b"data: [DONE]\n\n"
+    return Response(events, media_type="text/event-stream", headers={**_SSE_HEADERS, **headers})
+
+
+def decision_headers(request_id: str, d: Decision) -> dict[str, str]:
+    return {"x-request-id": request_id, "x-triage-tier": d.tier, "x-triage-confidence": f"{d.confidence:.4f}"}
+
+
+async def _decide(request: Request, batch: bool) -> Response:
+    state = _state(request)
+    ex = Exchange.begin(state.holder, state.metrics, state.gate, "decide_batch" if batch else "decide",
+                        request.headers.get("x-request-id"))
+    try:
+        _authorize(request, ex)
+        ex.take_slot()
+        spec = ex.rt.policy.cascade
+        if spec is None:
+            raise NotFound("this policy has no cascade section: /v1/decide is not served")
+        raw = orjson_loads(await read_body(request, ex.rt.policy.limits.max_body_bytes))
+        tasks = set(ex.rt.policy.classifier.tasks) if ex.rt.policy.classifier is not None else set()
+        if not batch:
+            q, overrides = decide.parse(raw, spec, tasks)
+            ex.prompt = q.question
+            decision = await decide.decide(ex.rt, q, overrides, ex.request_id, ex.attempts)
+            ex.decision, ex.served = decision, decision.tier
+            await ex.finish(200)
+            return _json(decide.body(decision, ex.request_id), headers=decision_headers(ex.request_id, decision))
+        answers = await _decide_batch(ex, raw, spec, tasks)
+    except TriageError as exc:
+        await ex.finish(exc.status, exc)
+        return error_response(exc)
+    except BaseException:
+        await ex.finish(500)
+        raise
+    await ex.finish(200)
+    return _json(answers, headers={"x-request-id": ex.request_id})
+
+
+async def _decide_batch(ex: Exchange, raw: Any, spec: Any, tasks: set[str]) -> list[dict[str, Any]]:
+    """Every question answered, in order; a bad or unanswerable one gets its own error entry."""
+    items = raw.get("questions") if isinstance(raw, dict) else raw
+    if not isinstance(items, list) or not items:
+        raise InvalidRequest("the body must be a non-empty list of questions (or {\"questions\": [...]})")
+    if len(items) > spec.max_batch:
+        raise InvalidRequest(f"at most {spec.max_batch} questions per batch, not {len(items)}")
+    parsed: list[Any] = []
+    for item in items:
+        try:
+            parsed.append(decide.parse(item, spec, tasks))
+        except InvalidRequest as exc:
+            parsed.append(exc)
+    good = [(i, p) for i, p in enumerate(parsed) if not isinstance(p, InvalidRequest)]
+    results = await decide.decide_many(ex.rt, [p for _, p in good], ex.request_id, ex.attempts)
+    answers: list[dict[str, Any]] = [p.body() if isinstance(p, InvalidRequest) else {} for p in parsed]
+    for (i, _), result in zip(good, results, strict=True):
+        rid = f"{ex.request_id}-{i}"
+        answers[i] = result.body() if isinstance(result, TriageError) else decide.body(result, rid)  # type: ignore[arg-type]
+    return answers
+
+
+async def decide_one(request: Request) -> Response:
+    return await _decide(request, batch=False)
+
+
+async def decide_batch(request: Request) -> Response:
+    return await _decide(request, batch=True)
+
+
+def orjson_loads(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedJSON(f"We could not parse the JSON body of your request: {exc}") from None
 
 
 async def _sse(ex: Exchange, served: Served) -> AsyncIterator[bytes]:
@@ -159,6 +262,8 @@ async def completions(request: Request) -> Response:
 HOT_ROUTES = [
     HTTPRoute("/v1/chat/completions", chat_completions, methods=["POST"]),
     HTTPRoute("/v1/completions", completions, methods=["POST"]),
+    HTTPRoute("/v1/decide", decide_one, methods=["POST"]),
+    HTTPRoute("/v1/decide/batch", decide_batch, methods=["POST"]),
 ]
 
 

@@ -17,6 +17,7 @@ from backends.base import Attempt, Stopwatch
 from gateway.errors import RateLimited, TriageError
 from gateway.metrics import Metrics
 from gateway.runtime import Runtime, RuntimeHolder
+from policies.cascade import Decision
 from policies.routing import public_models
 from policies.semantic import Route
 
@@ -59,6 +60,7 @@ class Exchange:
     usage: dict[str, Any] | None = None
     prompt: Any = None
     route: Route | None = None
+    decision: Decision | None = None
     _slot: bool = False
     _done: bool = False
 
@@ -100,6 +102,8 @@ class Exchange:
         }
         if self.route is not None:
             event["route"] = asdict(self.route)
+        if self.decision is not None:
+            event["decision"] = self._decision_event(self.decision)
         if self.usage:
             event["prompt_tokens"] = self.usage.get("prompt_tokens")
             event["completion_tokens"] = self.usage.get("completion_tokens")
@@ -108,3 +112,10 @@ class Exchange:
         if self.prompt is not None and self.rt.policy.logging.log_prompts:
             event["prompt"] = self.prompt
         (log.warning if status >= 500 else log.info)("request", **event)
+
+    def _decision_event(self, d: Decision) -> dict[str, Any]:
+        """The cascade's decision for the log: answers (user text) only when prompts are logged."""
+        show = self.rt.policy.logging.log_prompts
+        steps = [{k: v for k, v in s.as_dict().items() if show or k != "answer"} for s in d.trace]
+        return {"tier": d.tier, "confidence": round(d.confidence, 6), "trace": steps,
+                **({"answer": d.answer} if show else {})}

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from backends.base import Body, Kind
 from classifiers.batching import MicroBatcher
 from classifiers.service import Classifier, artifacts_dir
+from gateway.messages import text as message_text
 from policies.schema import Classifier as ClassifierConfig
 from policies.schema import SemanticModel
 from policies.semantic import Route, decide, decide_turns, is_follow_up
@@ -55,20 +55,12 @@ def artifacts_signature(config: ClassifierConfig, policy_dir: Path) -> tuple[tup
     return tuple((f.name, f.stat().st_mtime_ns) for f in files)
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: keep the text ones
-        return " ".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return ""
-
-
 def _turns(kind: Kind, body: Body) -> tuple[str, list[str]]:
     """The last user turn, and the earlier user turns (oldest first)."""
     if kind == "completion":
         prompt = body.get("prompt")
         return (prompt if isinstance(prompt, str) else " ".join(p for p in prompt or () if isinstance(p, str))), []
-    users = [_text(m.get("content")) for m in body.get("messages") or () if m.get("role") == "user"]
+    users = [message_text(m.get("content")) for m in body.get("messages") or () if m.get("role") == "user"]
     if not users:
         return "", []
     return users[-1], users[:-1]

@@ -10,16 +10,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from policies.strict import Strict
+from policies.tiers import Cascade, EncoderTier, ModelTier, ScorerTier
 
 Loc = tuple[str | int, ...]
 
 _ENV_REF = re.compile(r"^env:[A-Za-z_][A-Za-z0-9_]*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def _secret_ref(value: str | None) -> str | None:
@@ -126,8 +125,18 @@ class ScriptedBackend(Strict):
     timeouts: Timeouts = Timeouts()
 
 
+class GGUFScorerBackend(Strict):
+    """The cascade's local scorer: option log-probabilities from a GGUF model, no generation."""
+
+    type: Literal["gguf_scorer"]
+    gguf: GGUFSource
+    n_ctx: int = Field(2048, ge=128, description="prompt + every option's tokens must fit")
+    n_threads: int = Field(1, ge=1, description="1 is fastest on two cores: see DESIGN.md")
+    n_batch: int = Field(512, ge=16)
+
+
 Backend = Annotated[
-    OpenAIBackend | LiteLLMBackend | LlamaCppBackend | ScriptedBackend,
+    OpenAIBackend | LiteLLMBackend | LlamaCppBackend | ScriptedBackend | GGUFScorerBackend,
     Field(discriminator="type"),
 ]
 
@@ -183,7 +192,16 @@ class SemanticModel(Strict):
         return list(dict.fromkeys(out))
 
 
-VirtualModel = Annotated[AliasModel | SemanticModel, Field(discriminator="type")]
+class CascadeModel(Strict):
+    """A virtual model for typed chat requests: a ``response_format`` JSON schema with one enum,
+    boolean or bounded integer property is decided by the cascade; other requests go to ``open``."""
+
+    type: Literal["cascade"]
+    open: str = Field(description="the model (or alias/semantic virtual model) for untyped requests")
+    description: str = ""
+
+
+VirtualModel = Annotated[AliasModel | SemanticModel | CascadeModel, Field(discriminator="type")]
 
 
 class EncoderConfig(Strict):
@@ -206,7 +224,7 @@ class TaskHead(Strict):
     out_of_scope: str | None = Field(None, description="the label that means 'none of these'")
 
 
-BuiltinHead = Literal["question_type", "category", "reasoning"]
+BuiltinHead = Literal["question_type", "category", "reasoning", "options"]
 
 
 class Classifier(Strict):
@@ -247,6 +265,7 @@ class Policy(Strict):
     virtual_models: dict[str, VirtualModel] = Field(default_factory=dict)
     fallback_model: str | None = Field(None, description="tried when a model's own chain fails")
     classifier: Classifier | None = None
+    cascade: Cascade | None = None
     limits: Limits = Limits()
     keys: list[ApiKey] = Field(default_factory=list)
     logging: Logging = Logging()
@@ -271,6 +290,14 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
     for name, vm in policy.virtual_models.items():
         if name in models:
             problems.append((("virtual_models", name), f"'{name}' is also a model name"))
+        if isinstance(vm, CascadeModel):
+            target = policy.virtual_models.get(vm.open)
+            if vm.open not in models and not isinstance(target, AliasModel | SemanticModel):
+                problems.append((("virtual_models", name, "open"),
+                                 f"'{vm.open}' is not a model or an alias/semantic virtual model"))
+            if policy.cascade is None:
+                problems.append((("virtual_models", name), "a cascade model needs a `cascade` section"))
+            continue
         if isinstance(vm, AliasModel):
             refs: list[tuple[Loc, str]] = [(("targets", i), t) for i, t in enumerate(vm.targets)]
         else:
@@ -281,10 +308,38 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
         for where, target in refs:
             if target not in models:
                 problems.append((("virtual_models", name, *where), f"model '{target}' is not defined"))
+    problems.extend(_cascade_problems(policy))
     if policy.fallback_model is not None and policy.fallback_model not in models:
         problems.append((("fallback_model",), f"model '{policy.fallback_model}' is not defined"))
     names = [k.name for k in policy.keys]
     for i, key in enumerate(policy.keys):
         if names.index(key.name) != i:
             problems.append((("keys", i, "name"), f"key name '{key.name}' is used twice"))
+    return problems
+
+
+def _cascade_problems(policy: Policy) -> list[tuple[Loc, str]]:
+    problems: list[tuple[Loc, str]] = []
+    for name, spec in policy.models.items():
+        backend = policy.backends.get(spec.backend)
+        if isinstance(backend, GGUFScorerBackend):
+            problems.append((("models", name, "backend"), f"backend '{spec.backend}' is a scorer: it cannot generate"))
+    if policy.cascade is None:
+        return problems
+    names: list[str] = []
+    for i, tier in enumerate(policy.cascade.tiers):
+        where: Loc = ("cascade", "tiers", i)
+        if tier.name in names:
+            problems.append(((*where, "name"), f"tier name '{tier.name}' is used twice"))
+        names.append(tier.name)
+        if isinstance(tier, EncoderTier) and policy.classifier is None:
+            problems.append((where, "an encoder tier needs a `classifier` section"))
+        if isinstance(tier, EncoderTier) and policy.classifier is not None:
+            for task in tier.task_thresholds:
+                if task not in policy.classifier.tasks:
+                    problems.append(((*where, "task_thresholds", task), f"task '{task}' is not in classifier.tasks"))
+        if isinstance(tier, ScorerTier) and not isinstance(policy.backends.get(tier.backend), GGUFScorerBackend):
+            problems.append(((*where, "backend"), f"backend '{tier.backend}' is not a gguf_scorer backend"))
+        if isinstance(tier, ModelTier) and tier.model not in policy.models:
+            problems.append(((*where, "model"), f"model '{tier.model}' is not defined"))
     return problems

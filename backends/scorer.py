@@ -1,0 +1,71 @@
+"""The ``gguf_scorer`` backend: the cascade's local tier, scoring options without generating.
+
+It is a backend like the others (started and closed by the runtime, kept across reloads when
+its spec is unchanged) but it serves no chat: a model that points at it fails validation, and
+``complete`` refuses. Scoring runs in a worker thread, one question at a time per context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from backends import gguf
+from backends.base import Call, Capabilities, ChunkStream, Completion
+from backends.logprob import OptionScorer, OptionScores, PromptTooLong
+from backends.registry import register
+from backends.serial import Serial
+from gateway.errors import InvalidRequest, UpstreamError, UpstreamTimeout
+
+
+class ScorerBackend:
+    capabilities = Capabilities(chat=False, completions=False, streaming=False, n_choices=False, tools=False)
+
+    def __init__(self, name: str, spec: Any) -> None:
+        self.name = name
+        self.spec = spec
+        self._scorer: OptionScorer | None = None
+        self._serial = Serial()
+
+    async def start(self) -> None:
+        path = await asyncio.to_thread(gguf.resolve, self.spec.gguf.package, self.spec.gguf.path)
+        self._scorer = await asyncio.to_thread(OptionScorer, path, self.spec.n_ctx, self.spec.n_threads,
+                                               self.spec.n_batch)
+
+    async def close(self) -> None:
+        async with self._serial.lock:
+            scorer, self._scorer = self._scorer, None
+            if scorer is not None:
+                await asyncio.to_thread(scorer.close)
+
+    def healthy(self) -> bool:
+        return self._scorer is not None
+
+    async def score(self, prompt: str, options: list[str], timeout_s: float) -> OptionScores:
+        scorer = self._scorer
+        if scorer is None:
+            raise UpstreamError(f"scorer {self.name} is not loaded")
+
+        def work() -> OptionScores:
+            try:
+                return scorer.score(prompt, options)
+            except PromptTooLong as exc:
+                raise InvalidRequest(str(exc)) from None
+            except (RuntimeError, ValueError) as exc:  # llama_decode failures, bad option counts
+                raise UpstreamError(f"scorer {self.name} failed: {exc}", retryable=False) from None
+
+        try:
+            return await self._serial.run(work, timeout_s)
+        except TimeoutError:
+            raise UpstreamTimeout(f"scorer {self.name} timed out after {timeout_s:g}s") from None
+
+    async def complete(self, call: Call) -> Completion:
+        raise InvalidRequest(f"backend {self.name} scores options; it does not generate")
+
+    async def open_stream(self, call: Call) -> ChunkStream:
+        raise InvalidRequest(f"backend {self.name} scores options; it does not generate")
+
+
+@register("gguf_scorer")
+def _build(name: str, spec: Any) -> ScorerBackend:
+    return ScorerBackend(name, spec)

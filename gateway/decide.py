@@ -1,0 +1,143 @@
+"""Typed decisions at the edge: ``/v1/decide`` bodies, the cascade driven against live tiers,
+and the answer's shape."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from backends.base import Attempt
+from gateway import tiers
+from gateway.errors import InvalidRequest, NotFound
+from gateway.runtime import Runtime
+from policies import cascade
+from policies.cascade import Decision, Gate, Question
+from policies.tiers import Cascade
+
+QType = Literal["choice", "yes_no", "score"]
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Scale(_Closed):
+    min: int
+    max: int
+
+    @model_validator(mode="after")
+    def _order(self) -> Scale:
+        if self.max <= self.min:
+            raise ValueError("scale.max must be greater than scale.min")
+        return self
+
+
+class Overrides(_Closed):
+    thresholds: dict[str, dict[QType, float]] | None = Field(
+        None, description="tier name -> question type -> threshold, over the policy's")
+
+
+class DecideRequest(_Closed):
+    question: str = Field(min_length=1)
+    context: str | None = None
+    type: QType
+    options: list[str] | None = None
+    scale: Scale | None = None
+    task: str | None = None
+    policy_overrides: Overrides | None = None
+
+
+def parse(body: Any, spec: Cascade, tasks: set[str]) -> tuple[Question, Overrides | None]:
+    try:
+        req = DecideRequest.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        param = ".".join(str(p) for p in err["loc"]) or None
+        raise InvalidRequest(f"Invalid value for '{param}': {err['msg']}", param=param) from None
+    return question(req, spec, tasks), req.policy_overrides
+
+
+def question(req: DecideRequest, spec: Cascade, tasks: set[str]) -> Question:
+    if req.task is not None and req.task not in tasks:
+        raise InvalidRequest(f"unknown task '{req.task}' (the policy names: {', '.join(sorted(tasks)) or 'none'})",
+                             param="task")
+    scale = None
+    if req.type == "choice":
+        if not req.options or not 2 <= len(req.options) <= spec.max_options:
+            raise InvalidRequest(f"a choice question needs 2 to {spec.max_options} options", param="options")
+        options = tuple(req.options)
+    elif req.type == "yes_no":
+        if req.options is not None and len(req.options) != 2:
+            raise InvalidRequest("a yes_no question has two options (yes first), or none", param="options")
+        options = tuple(req.options) if req.options else cascade.YES_NO
+    else:
+        if req.options is not None:
+            raise InvalidRequest("a score question takes a scale, not options", param="options")
+        if req.scale is not None:
+            values = req.scale.max - req.scale.min + 1
+            if values > spec.max_scale:
+                raise InvalidRequest(f"a scale may have at most {spec.max_scale} values, not {values}", param="scale")
+            scale = (req.scale.min, req.scale.max)
+        options = tuple(str(v) for v in range(scale[0], scale[1] + 1)) if scale else ()
+    return Question(req.type, req.question, options, req.context, req.task, scale)
+
+
+def gates(spec: Cascade, overrides: Overrides | None) -> list[Gate]:
+    extra = (overrides.thresholds if overrides is not None else None) or {}
+    names = {t.name for t in spec.tiers}
+    for name in extra:
+        if name not in names:
+            raise InvalidRequest(f"policy_overrides.thresholds: no tier named '{name}' (tiers: "
+                                 f"{', '.join(t.name for t in spec.tiers)})", param="policy_overrides.thresholds")
+    for name, per_type in extra.items():
+        for qtype, value in per_type.items():
+            if not 0 <= value <= 1:
+                raise InvalidRequest(f"threshold {name}.{qtype} must be within [0, 1]",
+                                     param="policy_overrides.thresholds")
+    return [Gate(t.name, t.type, {**t.thresholds, **extra.get(t.name, {})}, t.task_thresholds, t.temperature)
+            for t in spec.tiers]
+
+
+async def decide(rt: Runtime, q: Question, overrides: Overrides | None, request_id: str,
+                 attempts: list[Attempt]) -> Decision:
+    spec = rt.policy.cascade
+    if spec is None:
+        raise NotFound("this policy has no cascade: /v1/decide is not served")
+    by_name = {t.name: t for t in spec.tiers}
+    gen = cascade.run(q, gates(spec, overrides), spec.on_exhausted)
+    ask = next(gen)
+    while True:
+        reply = await tiers.answer(rt, by_name[ask.tier], ask, request_id, attempts)
+        try:
+            ask = gen.send(reply)
+        except StopIteration as stop:
+            return stop.value
+
+
+async def decide_many(rt: Runtime, items: list[tuple[Question, Overrides | None]], request_id: str,
+                      attempts: list[Attempt], concurrency: int = 8) -> list[Decision | Exception]:
+    """Several questions, answers in order. Questions sharing a context go back to back, so the
+    local scorer finds the passage in its cache; up to ``concurrency`` run at once (the encoder
+    batches them)."""
+    order = sorted(range(len(items)), key=lambda i: (items[i][0].context or "", items[i][0].question))
+    results: list[Decision | Exception] = [NotImplementedError()] * len(items)
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        async with limit:
+            try:
+                results[i] = await decide(rt, items[i][0], items[i][1], f"{request_id}-{i}", attempts)
+            except cascade.CascadeExhausted as exc:
+                results[i] = exc
+
+    await asyncio.gather(*(one(i) for i in order))
+    return results
+
+
+def body(d: Decision, request_id: str) -> dict[str, Any]:
+    return {"id": f"decide-{request_id}", "object": "decision", "answer": d.answer,
+            "probabilities": {k: round(v, 6) for k, v in d.probabilities.items()},
+            "confidence": round(d.confidence, 6), "tier": d.tier, "trace": [s.as_dict() for s in d.trace],
+            "usage": dict(d.usage) if d.usage else None}

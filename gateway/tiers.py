@@ -1,0 +1,163 @@
+"""The cascade's tiers, live: each turns an :class:`Ask` into a :class:`TierAnswer`.
+
+Any failure of a tier becomes an answer with ``error`` (the cascade escalates past it); a tier
+that cannot take the question answers ``skipped``. Nothing here decides: that is
+``policies.cascade``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import numpy as np
+
+from backends.base import Attempt, Body
+from backends.scorer import ScorerBackend
+from gateway.errors import TriageError
+from gateway.runtime import Runtime
+from policies.answers import assumed_scores, extract_number, label_in_text, label_logprobs, labels_for
+from policies.cascade import Ask, Question, TierAnswer
+from policies.tiers import EncoderTier, ModelTier, ScorerTier, Tier
+
+
+async def answer(rt: Runtime, tier: Tier, ask: Ask, request_id: str, attempts: list[Attempt]) -> TierAnswer:
+    t0 = time.perf_counter()
+    ms = lambda: (time.perf_counter() - t0) * 1000  # noqa: E731
+    try:
+        async with asyncio.timeout(tier.timeout_s):
+            if isinstance(tier, EncoderTier):
+                result = await _encoder(rt, ask.question)
+            elif isinstance(tier, ScorerTier):
+                result = await _scorer(rt, tier, ask.question)
+            else:
+                result = await _model(rt, tier, ask.question, request_id, attempts)
+    except TimeoutError:
+        return TierAnswer(latency_ms=ms(), error=f"timed out after {tier.timeout_s:g}s")
+    except TriageError as exc:
+        return TierAnswer(latency_ms=ms(), error=exc.message)
+    if isinstance(result, str):
+        return TierAnswer(latency_ms=ms(), skipped=True, error=result)
+    return _with_latency(result, ms())
+
+
+def _with_latency(a: TierAnswer, latency_ms: float) -> TierAnswer:
+    return TierAnswer(a.scores, latency_ms, a.error, a.skipped, a.text, a.confidence, a.usage)
+
+
+def _log(p: np.ndarray) -> tuple[float, ...]:
+    return tuple(float(math.log(max(float(v), 1e-12))) for v in p)
+
+
+async def _encoder(rt: Runtime, q: Question) -> TierAnswer | str:
+    enc = rt.encoding
+    if enc is None:
+        return "the policy has no classifier"
+    if q.numeric:
+        return "a numeric answer needs generation"
+    clf = enc.classifier
+    if q.task is not None:
+        head = clf.heads.get(q.task)
+        if head is None:
+            return f"no head for task '{q.task}'"
+        vec = await enc.batcher.embed(_question_text(q))
+        probs = head.proba(vec[None, :])[0]
+        by_label = dict(zip(head.classes, probs, strict=True))
+        if any(o not in by_label for o in q.options):
+            return f"the options are not all labels of task '{q.task}'"
+        return TierAnswer(scores=_log(np.array([by_label[o] for o in q.options])))
+    options = getattr(clf, "options", None)
+    if options is None or q.type not in options.types:
+        return f"no option scorer for {q.type} questions"
+    vectors = await asyncio.gather(enc.batcher.embed(_question_text(q)), *(enc.batcher.embed(o) for o in q.options))
+    probs = options.proba(q.type, vectors[0], np.vstack(vectors[1:]))
+    return TierAnswer(scores=_log(probs))
+
+
+def _question_text(q: Question) -> str:
+    from classifiers.options import question_text
+
+    return question_text(q.question, q.context)
+
+
+def scorer_prompt(tier: ScorerTier, q: Question) -> tuple[str, list[str]]:
+    t = tier.templates
+    context = t.context.format(context=q.context) if q.context else ""
+    lo, hi = q.scale if q.scale is not None else (0, 0)
+    template = {"choice": t.choice, "yes_no": t.yes_no, "score": t.score}[q.type]
+    prompt = template.format(context=context, question=q.question, min=lo, max=hi)
+    return prompt, [t.option.format(option=o) for o in q.options]
+
+
+async def _scorer(rt: Runtime, tier: ScorerTier, q: Question) -> TierAnswer | str:
+    if q.numeric:
+        return "a numeric answer needs generation"
+    backend = rt.backends[tier.backend]
+    assert isinstance(backend, ScorerBackend)
+    prompt, options = scorer_prompt(tier, q)
+    scores = await backend.score(prompt, options, tier.timeout_s)
+    values = scores.logprobs
+    if tier.length_norm == "tokens":
+        values = tuple(lp / n for lp, n in zip(values, scores.tokens, strict=True))
+    usage = {"prompt_tokens": scores.prompt_tokens, "cached_tokens": scores.reused_tokens}
+    return TierAnswer(scores=values, usage=usage)
+
+
+def model_messages(q: Question) -> tuple[list[Body], tuple[str, ...]]:
+    """The chat messages a generating model is asked, and the labels its answer is read as."""
+    context = f"{q.context}\n\n" if q.context else ""
+    if q.numeric:
+        text = (f"{context}{q.question}\n\nWork it out step by step, then give the final answer as a number "
+                "on the last line, after 'Answer:'.")
+        return [{"role": "user", "content": text}], ()
+    labels = labels_for(q.type, q.options)
+    if q.type == "choice":
+        listed = "\n".join(f"{label}. {o}" for label, o in zip(labels, q.options, strict=True))
+        text = f"{context}Question: {q.question}\n\nOptions:\n{listed}\n\nAnswer with the letter of the correct " \
+               "option only." if labels[0] == "A" else \
+               f"{context}Question: {q.question}\n\nOptions:\n{listed}\n\nAnswer with the number of the correct " \
+               "option only."
+    elif q.type == "yes_no":
+        text = f"{context}Question: {q.question}\n\nAnswer with yes or no only."
+    else:
+        lo, hi = q.scale or (0, 0)
+        text = f"{context}Question: {q.question}\n\nAnswer with one whole number from {lo} to {hi} only."
+    return [{"role": "user", "content": text}], labels
+
+
+async def _model(rt: Runtime, tier: ModelTier, q: Question, request_id: str,
+                 attempts: list[Attempt]) -> TierAnswer | str:
+    from gateway.dispatch import dispatch  # the chain of the tier's model, with its fallbacks
+
+    messages, labels = model_messages(q)
+    body: Body = {"model": tier.model, "messages": messages, "temperature": 0.0,
+                  "max_tokens": tier.numeric_max_tokens if q.numeric else tier.max_tokens}
+    if not q.numeric and tier.logprobs:
+        body.update(logprobs=True, top_logprobs=20)
+    if not q.numeric and tier.constrain == "guided_choice":
+        body["guided_choice"] = list(labels)
+    elif not q.numeric and tier.constrain == "structured_outputs":
+        body["structured_outputs"] = {"choice": list(labels)}
+    served = await dispatch(rt, "chat", body, request_id, attempts)
+    assert served.completion is not None
+    reply = served.completion.body
+    usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else None
+    try:
+        choice = reply["choices"][0]
+        text = choice["message"].get("content") or ""
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return TierAnswer(error="the model's reply has no message")
+    if q.numeric:
+        number = extract_number(text)
+        if number is None:
+            return TierAnswer(error="the model's answer holds no number", usage=usage)
+        return TierAnswer(text=number, confidence=tier.assumed_confidence, usage=usage)
+    content = ((choice.get("logprobs") or {}).get("content") or []) if isinstance(choice, dict) else []
+    scores = label_logprobs(content, labels) if content else None
+    if scores is None:
+        index = label_in_text(text, labels)
+        if index is None:
+            return TierAnswer(error=f"the model's answer {text[:40]!r} names no option", usage=usage)
+        scores = assumed_scores(len(labels), index, tier.assumed_confidence)
+    return TierAnswer(scores=tuple(scores), usage=usage)

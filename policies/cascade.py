@@ -1,0 +1,209 @@
+"""The confidence-gated cascade, as one sans-I/O generator. Pure: no I/O, no clock.
+
+``run(question, gates)`` yields an :class:`Ask` for each tier it wants an answer from and is sent
+back a :class:`TierAnswer`; it returns the :class:`Decision` with its trace. The gateway drives
+it against live tiers, the eval against live or recorded tier outputs: one implementation.
+
+Confidence, per question type (after the tier's temperature for that type):
+- ``choice`` and ``score`` (with a scale): the probability of the top option;
+- ``yes_no``: the margin ``|p(yes) - p(no)| = 2 * max(p) - 1``, in [0, 1]. ``max(p, 1 - p)``
+  never falls below 0.5, so on that scale a threshold fitted for ``choice`` would hardly ever
+  escalate a yes/no question; the margin spreads yes/no answers over the whole [0, 1] range.
+A tier accepts when its confidence reaches its threshold for the type (a task threshold, where
+the question names a task the tier has one for, wins); a type with no threshold is never
+accepted by that tier. The last tier that answers is accepted whatever its confidence.
+A tier that fails, times out or cannot take the question escalates and says so in the trace.
+When no tier answers, or the last tier failed after earlier ones answered below their
+thresholds, ``on_exhausted`` decides: ``error`` (the gateway answers 502 with the trace) or
+``best`` (the most confident answer seen, marked ``exhausted``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gateway.errors import UpstreamError
+
+QType = Literal["choice", "yes_no", "score"]
+YES_NO = ("yes", "no")
+
+
+@dataclass(frozen=True)
+class Question:
+    type: QType
+    question: str
+    options: tuple[str, ...]  # choice: as given; yes_no: ("yes", "no"); score: the scale's values
+    context: str | None = None
+    task: str | None = None
+    scale: tuple[int, int] | None = None
+
+    @property
+    def numeric(self) -> bool:
+        """A number with no scale (GSM8K and the like): generation, not a choice among options."""
+        return self.type == "score" and self.scale is None
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One tier as the cascade sees it: its name, kind, and its numbers per question type."""
+
+    name: str
+    kind: str  # "encoder", "scorer", "model", "recorded"
+    thresholds: Mapping[str, float] = field(default_factory=dict)
+    task_thresholds: Mapping[str, float] = field(default_factory=dict)
+    temperatures: Mapping[str, float] = field(default_factory=dict)
+
+    def threshold(self, q: Question) -> float | None:
+        if q.task is not None and q.task in self.task_thresholds:
+            return self.task_thresholds[q.task]
+        return self.thresholds.get(q.type)
+
+
+@dataclass(frozen=True)
+class Ask:
+    tier: str
+    kind: str
+    question: Question
+
+
+@dataclass(frozen=True)
+class TierAnswer:
+    """What a tier said: log-scores per option (any additive constant; the cascade normalises),
+    or for a numeric question the extracted number as ``text`` with a ``confidence``."""
+
+    scores: tuple[float, ...] | None = None
+    latency_ms: float = 0.0
+    error: str | None = None
+    skipped: bool = False  # the tier cannot take this question (no weights for its type, ...)
+    text: str | None = None
+    confidence: float | None = None
+    usage: Mapping[str, int] | None = None
+
+
+Outcome = Literal["accepted", "escalated", "failed", "skipped", "exhausted"]
+
+
+@dataclass(frozen=True)
+class Step:
+    tier: str
+    outcome: Outcome
+    latency_ms: float
+    answer: str | None = None
+    confidence: float | None = None
+    threshold: float | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {"tier": self.tier, "outcome": self.outcome, "answer": self.answer,
+                "confidence": _round(self.confidence), "threshold": self.threshold,
+                "latency_ms": round(self.latency_ms, 3), **({"error": self.error} if self.error else {})}
+
+
+@dataclass(frozen=True)
+class Decision:
+    answer: str
+    probabilities: dict[str, float]
+    confidence: float
+    tier: str
+    trace: tuple[Step, ...]
+    usage: Mapping[str, int] | None = None
+
+
+class CascadeExhausted(UpstreamError):
+    """No tier gave an answer the policy accepts: a 502 that carries the trace."""
+
+    default_code = "cascade_exhausted"
+
+    def __init__(self, message: str, trace: Sequence[Step]) -> None:
+        super().__init__(message, retryable=False)
+        self.trace = tuple(trace)
+
+    def body(self) -> dict[str, object]:
+        body = super().body()
+        body["error"]["trace"] = [s.as_dict() for s in self.trace]  # type: ignore[index]
+        return body
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
+
+
+def softmax(scores: Sequence[float], temperature: float = 1.0) -> list[float]:
+    z = [s / temperature for s in scores]
+    m = max(z)
+    e = [math.exp(v - m) for v in z]
+    total = sum(e)
+    return [v / total for v in e]
+
+
+def confidence(qtype: str, probs: Sequence[float]) -> float:
+    top = max(probs)
+    return max(0.0, 2.0 * top - 1.0) if qtype == "yes_no" else top
+
+
+@dataclass(frozen=True)
+class Reading:
+    answer: str
+    probabilities: dict[str, float]
+    confidence: float
+
+
+def read(q: Question, gate: Gate, answer: TierAnswer) -> Reading:
+    """A tier's answer, calibrated and read on the question type's confidence scale."""
+    if q.numeric:
+        assert answer.text is not None
+        conf = answer.confidence if answer.confidence is not None else 0.0
+        return Reading(answer.text, {answer.text: conf}, conf)
+    assert answer.scores is not None and len(answer.scores) == len(q.options)
+    probs = softmax(answer.scores, gate.temperatures.get(q.type, 1.0))
+    best = max(range(len(probs)), key=probs.__getitem__)
+    merged: dict[str, float] = {}
+    for option, p in zip(q.options, probs, strict=True):  # a repeated option text: one key, summed
+        merged[option] = merged.get(option, 0.0) + p
+    return Reading(q.options[best], merged, confidence(q.type, probs))
+
+
+def run(q: Question, gates: Sequence[Gate], on_exhausted: Literal["error", "best"] = "error",
+        ) -> Generator[Ask, TierAnswer, Decision]:
+    """Ask tier after tier until one is confident enough; return the decision and its trace."""
+    if not gates:
+        raise ValueError("a cascade needs at least one tier")
+    trace: list[Step] = []
+    best: tuple[Reading, Gate, TierAnswer] | None = None
+    for i, gate in enumerate(gates):
+        answer = yield Ask(gate.name, gate.kind, q)
+        if answer.skipped or answer.error is not None:
+            outcome: Outcome = "skipped" if answer.skipped else "failed"
+            trace.append(Step(gate.name, outcome, answer.latency_ms, error=answer.error))
+            continue
+        reading = read(q, gate, answer)
+        threshold = gate.threshold(q)
+        last = i == len(gates) - 1
+        if last or (threshold is not None and reading.confidence >= threshold):
+            trace.append(Step(gate.name, "accepted", answer.latency_ms, reading.answer, reading.confidence, threshold))
+            return Decision(reading.answer, reading.probabilities, reading.confidence, gate.name, tuple(trace),
+                            answer.usage)
+        trace.append(Step(gate.name, "escalated", answer.latency_ms, reading.answer, reading.confidence, threshold))
+        if best is None or reading.confidence > best[0].confidence:
+            best = (reading, gate, answer)
+    if on_exhausted == "best" and best is not None:
+        reading, gate, answer = best
+        trace.append(Step(gate.name, "exhausted", 0.0, reading.answer, reading.confidence, None))
+        return Decision(reading.answer, reading.probabilities, reading.confidence, gate.name, tuple(trace),
+                        answer.usage)
+    failed = [f"{s.tier}: {s.error}" for s in trace if s.outcome in ("failed", "skipped")]
+    raise CascadeExhausted("no tier could answer the question with accepted confidence"
+                           + (f" ({'; '.join(failed)})" if failed else ""), trace)
+
+
+def drive(gen: Generator[Ask, TierAnswer, Decision], answer_for: object) -> Decision:
+    """Run the cascade synchronously with ``answer_for(ask) -> TierAnswer`` (replays, tests)."""
+    ask = next(gen)
+    while True:
+        try:
+            ask = gen.send(answer_for(ask))  # type: ignore[operator]
+        except StopIteration as stop:
+            return stop.value

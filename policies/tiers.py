@@ -1,0 +1,94 @@
+"""The ``cascade`` section of a policy: the tiers of typed decisions and their numbers."""
+
+from __future__ import annotations
+
+import string
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from policies.strict import Strict
+
+QuestionType = Literal["choice", "yes_no", "score"]
+_Unit = Annotated[float, Field(ge=0, le=1)]
+_Positive = Annotated[float, Field(gt=0)]
+_FIELDS = {"question", "context", "min", "max"}
+
+
+class _Tier(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    thresholds: dict[QuestionType, _Unit] = Field(
+        default_factory=dict, description="accept at this confidence or above; a type left out is never accepted here")
+    task_thresholds: dict[str, _Unit] = Field(default_factory=dict, description="per task, over the type's")
+    temperature: dict[QuestionType, _Positive] = Field(default_factory=dict, description="fitted per type")
+    timeout_s: float = Field(30.0, gt=0)
+
+
+class EncoderTier(_Tier):
+    """Tier 0: the policy's task heads, else the generic option scorer on the embedding."""
+
+    type: Literal["encoder"]
+
+
+class ScorerTemplates(Strict):
+    """Prompts of the GGUF scorer, per question type. Placeholders: {context} (rendered with the
+    ``context`` template, or empty), {question}, and for ``score`` {min} and {max}. Each option is
+    scored as the continuation ``option`` (with {option}) of the prompt."""
+
+    version: str = "1"
+    choice: str = "{context}Question: {question}\nAnswer:"
+    yes_no: str = "{context}Question: {question}\nAnswer (yes or no):"
+    score: str = "{context}Question: {question}\nAnswer (a number from {min} to {max}):"
+    context: str = "{context}\n\n"
+    option: str = " {option}"
+
+    @model_validator(mode="after")
+    def _placeholders(self) -> ScorerTemplates:
+        for name in ("choice", "yes_no", "score", "context", "option"):
+            allowed = {"option"} if name == "option" else ({"context"} if name == "context" else _FIELDS)
+            try:
+                used = {f for _, f, _, _ in string.Formatter().parse(getattr(self, name)) if f is not None}
+            except ValueError as exc:
+                raise ValueError(f"template {name}: {exc}") from None
+            if used - allowed:
+                raise ValueError(f"template {name} uses unknown placeholders {sorted(used - allowed)}")
+        return self
+
+
+class ScorerTier(_Tier):
+    """Tier 1: a ``gguf_scorer`` backend scores each option by log-probability."""
+
+    type: Literal["scorer"]
+    backend: str
+    templates: ScorerTemplates = ScorerTemplates()
+    length_norm: Literal["none", "tokens"] = Field(
+        "tokens", description="multi-token options: sum of log-probabilities, or their mean per token")
+
+
+class ModelTier(_Tier):
+    """Tier 2: a policy model, asked through the OpenAI API for the option's letter or word."""
+
+    type: Literal["model"]
+    model: str
+    constrain: Literal["none", "guided_choice", "structured_outputs"] = Field(
+        "none", description="the engine's constrained decoding: vLLM guided_choice (older) or structured_outputs")
+    logprobs: bool = Field(True, description="ask for top_logprobs to read option probabilities")
+    assumed_confidence: _Unit = Field(0.9, description="confidence of an answer that came without logprobs")
+    max_tokens: int = Field(4, ge=1, description="tokens for a choice answer")
+    numeric_max_tokens: int = Field(512, ge=1, description="tokens for a worked numeric answer")
+
+
+Tier = Annotated[EncoderTier | ScorerTier | ModelTier, Field(discriminator="type")]
+
+
+class Cascade(Strict):
+    """Typed decisions: tier after tier until one is confident enough (``/v1/decide``)."""
+
+    tiers: list[Tier] = Field(min_length=1)
+    on_exhausted: Literal["error", "best"] = Field(
+        "error", description="no tier accepted: a 502 with the trace, or the most confident answer seen")
+    max_batch: int = Field(256, ge=1, description="questions per /v1/decide/batch request")
+    max_options: int = Field(64, ge=2, le=64)
+    max_scale: int = Field(101, ge=2, description="values a score scale may have")
+
+
