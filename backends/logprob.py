@@ -54,7 +54,7 @@ class OptionScorer:
         cparams.n_ctx = n_ctx
         cparams.n_batch = cparams.n_ubatch = n_batch
         cparams.n_threads = cparams.n_threads_batch = n_threads
-        cparams.n_seq_max = min(MAX_OPTIONS + 1, llama_cpp.llama_max_parallel_sequences())
+        cparams.n_seq_max = min(MAX_OPTIONS + 1, n_batch, llama_cpp.llama_max_parallel_sequences())
         cparams.kv_unified = True  # options share the prompt's cells
         cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # as llama_cpp.Llama: same numbers
         self._ctx = internals.LlamaContext(model=self._model, params=cparams, verbose=False)
