@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from gateway.cli import bench, route, serve, train, validate
+from gateway.cli import bench, evaluate, route, serve, train, validate
 
 app = typer.Typer(
     name="triage",
@@ -17,6 +17,7 @@ app.command("serve")(serve.serve)
 app.command("validate")(validate.validate)
 app.command("train")(train.train)
 app.command("route")(route.route)
+app.command("eval")(evaluate.evaluate)
 app.add_typer(bench.app, name="bench")
 
 

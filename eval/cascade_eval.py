@@ -1,0 +1,135 @@
+"""The cascade on labeled typed rows: each tier alone, the cascade at fitted thresholds, and the
+share of questions each tier answered. Tier outputs come from :mod:`eval.tier_outputs` (computed
+once, cached); the cascade itself is ``policies.cascade.run``, the same generator the gateway drives.
+
+Fitting, on ``dev`` rows only: each tier's temperature per question type (negative log-likelihood),
+then for each tier but the last, per type, the lowest threshold at which the questions it would
+keep are answered at least as well by it as by the last tier (less ``slack``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from classifiers.calibration import ece, fit_temperature
+from eval.tier_outputs import Row
+from policies.cascade import CascadeExhausted, Gate, TierAnswer, drive, read, run
+
+Outputs = Mapping[str, TierAnswer]  # row id -> the tier's answer
+GRID = tuple(round(x, 3) for x in np.linspace(0.0, 1.0, 101))
+
+
+@dataclass
+class TierSpec:
+    name: str
+    kind: str
+    outputs: Outputs
+    temperatures: dict[str, float] = field(default_factory=dict)
+    thresholds: dict[str, float] = field(default_factory=dict)
+
+    def gate(self) -> Gate:
+        return Gate(self.name, self.kind, dict(self.thresholds), {}, dict(self.temperatures))
+
+
+def _usable(rows: Sequence[Row], outputs: Outputs) -> list[Row]:
+    return [r for r in rows if (a := outputs.get(r.id)) is not None and a.scores is not None]
+
+
+def fit_temperatures(tier: TierSpec, dev: Sequence[Row]) -> None:
+    by_type: dict[str, list[Row]] = defaultdict(list)
+    for r in _usable(dev, tier.outputs):
+        by_type[r.question.type].append(r)
+    for qtype, rows in by_type.items():
+        if len(rows) < 20:
+            continue
+        width = max(len(r.question.options) for r in rows)
+        logits = np.full((len(rows), width), -1e4)
+        y = np.zeros(len(rows), dtype=int)
+        for i, r in enumerate(rows):
+            scores = tier.outputs[r.id].scores or ()
+            logits[i, : len(scores)] = scores
+            y[i] = r.question.options.index(r.answer)
+        tier.temperatures[qtype] = round(fit_temperature(logits, y), 4)
+
+
+def fit_thresholds(tiers: Sequence[TierSpec], dev: Sequence[Row], slack: float = 0.0) -> None:
+    """Per type, for each tier but the last: the lowest threshold where the tier's accuracy on the
+    questions it keeps is at least the last tier's on those same questions, minus ``slack``."""
+    for i, tier in enumerate(tiers[:-1]):
+        by_type: dict[str, list[tuple[float, bool, bool]]] = defaultdict(list)
+        for r in dev:
+            later = [t for t in tiers[i + 1:] if (o := t.outputs.get(r.id)) is not None and o.scores is not None]
+            a = tier.outputs.get(r.id)
+            if a is None or a.scores is None or not later:
+                continue
+            top, b = later[-1], later[-1].outputs[r.id]
+            mine = read(r.question, tier.gate(), a)
+            theirs = read(r.question, top.gate(), b)
+            by_type[r.question.type].append((mine.confidence, mine.answer == r.answer, theirs.answer == r.answer))
+        for qtype, points in by_type.items():
+            tier.thresholds[qtype] = _lowest_safe(points, slack)
+
+
+def _lowest_safe(points: list[tuple[float, bool, bool]], slack: float, min_kept: int = 10) -> float:
+    for t in GRID:
+        kept = [(m, o) for c, m, o in points if c >= t]
+        if len(kept) < min_kept:
+            break
+        if np.mean([m for m, _ in kept]) >= np.mean([o for _, o in kept]) - slack:
+            return t
+    return 1.0
+
+
+@dataclass
+class SetReport:
+    source: str
+    qtype: str
+    n: int
+    alone: dict[str, float]  # tier -> accuracy answering everything itself
+    ece: dict[str, float]  # tier -> ECE of its top-option probability (after temperature)
+    latency_ms: dict[str, float]  # tier -> mean per question
+    cascade: float
+    share: dict[str, float]  # tier -> share of questions it answered in the cascade
+    past_first: float  # share escalated past the first tier
+    failed: int
+    tiers: list[str] = field(default_factory=list)
+
+
+def evaluate(tiers: Sequence[TierSpec], rows: Sequence[Row]) -> list[SetReport]:
+    groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
+    for r in rows:
+        groups[(r.source, r.question.type)].append(r)
+    return [_one_set(tiers, src, qtype, group) for (src, qtype), group in sorted(groups.items())]
+
+
+def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[Row]) -> SetReport:
+    tiers = [t for t in tiers if any(r.id in t.outputs for r in rows)]  # a recorded tier covers some sets only
+    rows = [r for r in rows if all(r.id in t.outputs for t in tiers)]
+    alone, calib, latency = {}, {}, {}
+    for t in tiers:
+        readings = [(read(r.question, t.gate(), t.outputs[r.id]), r) for r in _usable(rows, t.outputs)]
+        correct = np.array([rd.answer == r.answer for rd, r in readings], dtype=float)
+        conf = np.array([max(rd.probabilities.values()) for rd, _ in readings])
+        alone[t.name] = float(correct.mean()) if len(correct) else math.nan
+        calib[t.name] = ece(conf, correct) if len(correct) else math.nan
+        latency[t.name] = float(np.mean([t.outputs[r.id].latency_ms for r in rows])) if rows else math.nan
+    gates = [t.gate() for t in tiers]
+    by_name = {t.name: t for t in tiers}
+    wins, answered_by, failed = 0, defaultdict(int), 0
+    for r in rows:
+        try:
+            d = drive(run(r.question, gates), lambda ask, r=r: by_name[ask.tier].outputs[r.id])
+        except CascadeExhausted:  # counted as a miss, never as a guess
+            failed += 1
+            continue
+        wins += d.answer == r.answer
+        answered_by[d.tier] += 1
+    n = len(rows)
+    share = {t.name: answered_by[t.name] / n if n else 0.0 for t in tiers}
+    return SetReport(source, qtype, n, alone, calib, latency, wins / n if n else math.nan, share,
+                     1.0 - share[tiers[0].name], failed, [t.name for t in tiers])

@@ -1,0 +1,100 @@
+"""How each kind of tier answers a labeled row offline: the encoder's option scorer, the GGUF
+scorer (the same prompts as the gateway), and a recorded tier replaying real models' answers
+from ``model_labels`` (MMLU-Pro's 29 models by predicted letter; RouteLLM's GPT-4 and Mixtral by
+right/wrong, where a wrong answer stands as the first option that is not the gold one)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from eval.tier_outputs import Row, read_jsonl
+from policies.cascade import TierAnswer
+from policies.schema import Policy
+from policies.tiers import ScorerTier
+
+Compute = Callable[[Row], TierAnswer]
+
+
+def _logs(probs: list[float]) -> tuple[float, ...]:
+    return tuple(math.log(max(p, 1e-12)) for p in probs)
+
+
+def encoder(policy: Policy, policy_dir: Path) -> Compute:
+    from classifiers.options import question_text
+    from classifiers.service import Classifier
+
+    assert policy.classifier is not None
+    clf = Classifier.load(policy.classifier, policy_dir)
+    head = getattr(clf, "options", None)
+
+    def compute(row: Row) -> TierAnswer:
+        q = row.question
+        if head is None or q.type not in head.types:
+            return TierAnswer(skipped=True, error=f"no option scorer for {q.type} questions")
+        vecs = clf.encoder.embed([question_text(q.question, q.context), *q.options])
+        return TierAnswer(scores=_logs(list(head.proba(q.type, vecs[0], vecs[1:]))))
+
+    return compute
+
+
+def scorer(policy: Policy, tier: ScorerTier) -> Compute:
+    from backends import gguf
+    from backends.logprob import OptionScorer, PromptTooLong
+    from gateway.tiers import scorer_prompt
+
+    spec = policy.backends[tier.backend]
+    path = gguf.resolve(spec.gguf.package, spec.gguf.path)  # type: ignore[union-attr]
+    engine = OptionScorer(path, spec.n_ctx, spec.n_threads, spec.n_batch)  # type: ignore[union-attr]
+
+    def compute(row: Row) -> TierAnswer:
+        prompt, options = scorer_prompt(tier, row.question)
+        try:
+            got = engine.score(prompt, options)
+        except PromptTooLong as exc:
+            return TierAnswer(error=str(exc))
+        values = got.logprobs
+        if tier.length_norm == "tokens":
+            values = tuple(lp / n for lp, n in zip(values, got.tokens, strict=True))
+        return TierAnswer(scores=values)
+
+    return compute
+
+
+def recorded(data_dir: Path, model: str) -> dict[str, Compute]:
+    """Per typed source, how ``model``'s recorded answers read; sources it has none for are absent."""
+    mmlu_pro = {r["question_id"]: (r["pred"].get(model), r["correct"].get(model))
+                for _, r in read_jsonl(data_dir / "model_labels" / "mmlu_pro_models.jsonl.gz")
+                if model in r["correct"]}
+    routellm = {r["question_id"]: r["correct"][model]
+                for _, r in read_jsonl(data_dir / "model_labels" / "routellm_mmlu.jsonl.gz")
+                if r.get("question_id") and model in r["correct"]}
+    out: dict[str, Compute] = {}
+
+    def letter(row: Row) -> TierAnswer:
+        pred, correct = mmlu_pro.get(row.id, (None, None))
+        if correct is None:
+            return TierAnswer(error=f"{model} has no output for this question")
+        index = ord(pred) - ord("A") if isinstance(pred, str) and len(pred) == 1 else -1
+        if not 0 <= index < len(row.question.options):
+            return TierAnswer(error=f"{model}'s answer could not be parsed")
+        return TierAnswer(scores=_one_hot(len(row.question.options), index))
+
+    def right_or_wrong(row: Row) -> TierAnswer:
+        correct = routellm.get(row.id)
+        if correct is None:
+            return TierAnswer(error=f"no recording of {model} for this question")
+        gold = row.question.options.index(row.answer)
+        index = gold if correct else next(i for i in range(len(row.question.options)) if i != gold)
+        return TierAnswer(scores=_one_hot(len(row.question.options), index))
+
+    if mmlu_pro:
+        out["mmlu_pro"] = letter
+    if routellm:  # its MMLU-Pro joins were asked with MMLU's 4 options, not MMLU-Pro's 10: not used there
+        out["mmlu_redux"] = right_or_wrong
+    return out
+
+
+def _one_hot(n: int, index: int) -> tuple[float, ...]:
+    return tuple(0.0 if i == index else -30.0 for i in range(n))

@@ -1,0 +1,110 @@
+"""``triage eval``: the cascade of a policy on labeled typed sets, each tier alone and together."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from gateway.errors import PolicyInvalid
+from policies import loader
+
+
+def evaluate(
+    policy: Annotated[Path, typer.Option(help="Policy YAML with a `cascade` section.")],
+    data: Annotated[list[Path], typer.Option(help="Typed JSONL files (dev rows fit, test rows report).")],
+    out: Annotated[Path, typer.Option(help="Folder for report.json and the tier caches.")] = Path("out/eval"),
+    top: Annotated[str | None, typer.Option(help="A recorded model (model_labels) as the last tier.")] = None,
+    dev_cap: Annotated[int, typer.Option(help="Dev rows per set (a seeded sample).")] = 300,
+    test_cap: Annotated[int, typer.Option(help="Test rows per set (a seeded sample).")] = 300,
+    slack: Annotated[float, typer.Option(help="Accuracy a cheaper tier may give up against the last one.")] = 0.0,
+) -> None:
+    """Fit temperatures and thresholds on dev rows, then report each tier and the cascade on test rows."""
+    from eval import cascade_eval, tier_runs
+    from eval.tier_outputs import TierCache, typed_rows
+    from policies.tiers import EncoderTier, ScorerTier
+
+    console = Console(highlight=False)
+    try:
+        pol = loader.load(policy)
+    except PolicyInvalid as exc:
+        for problem in exc.problems:
+            typer.echo(problem, err=True)
+        raise typer.Exit(2) from None
+    if pol.cascade is None:
+        typer.echo(f"{policy}: the policy has no `cascade` section", err=True)
+        raise typer.Exit(2)
+    missing = [str(p) for p in data if not p.is_file()]
+    if missing:
+        typer.echo(f"no such file: {', '.join(missing)}", err=True)
+        raise typer.Exit(2)
+    dev = [r for p in data for r in typed_rows(p, "dev", dev_cap)]
+    test = [r for p in data for r in typed_rows(p, "test", test_cap)]
+    if not test:
+        typer.echo("no test rows of type choice or yes_no in the given files", err=True)
+        raise typer.Exit(2)
+    base = policy.resolve().parent
+    specs: list[cascade_eval.TierSpec] = []
+    for tier in pol.cascade.tiers:
+        if isinstance(tier, EncoderTier):
+            compute, key = tier_runs.encoder(pol, base), f"encoder-{pol.classifier.encoder.precision}"  # type: ignore[union-attr]
+        elif isinstance(tier, ScorerTier):
+            b = pol.backends[tier.backend]
+            model = b.gguf.package or Path(b.gguf.path or "").name  # type: ignore[union-attr]
+            compute, key = tier_runs.scorer(pol, tier), f"scorer-{model}-t{tier.templates.version}-{tier.length_norm}"
+        else:
+            console.print(f"tier {tier.name}: a live model tier is not evaluated offline yet; use --top")
+            continue
+        cache = TierCache(out / "cache" / f"{key}.jsonl")
+        specs.append(cascade_eval.TierSpec(tier.name, tier.type, _fill(console, cache, dev + test, compute, tier.name)))
+    if top is not None:
+        data_dir = data[0].resolve().parents[1]
+        by_source = tier_runs.recorded(data_dir, top)
+        outputs = {r.id: by_source[r.source](r) for r in dev + test if r.source in by_source}
+        specs.append(cascade_eval.TierSpec(top, "recorded", outputs))
+    for spec in specs:
+        cascade_eval.fit_temperatures(spec, dev)
+    cascade_eval.fit_thresholds(specs, dev, slack)
+    reports = cascade_eval.evaluate(specs, test)
+    _print(console, specs, reports)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"version": 1, "policy": str(policy), "data": [str(p) for p in data], "top": top,
+           "dev_cap": dev_cap, "test_cap": test_cap, "slack": slack,
+           "tiers": [{"name": s.name, "kind": s.kind, "temperature": s.temperatures, "thresholds": s.thresholds}
+                     for s in specs],
+           "sets": [asdict(r) for r in reports]}
+    (out / "report.json").write_text(json.dumps(doc, indent=2, default=_nan))
+    console.print(f"wrote {out / 'report.json'}")
+
+
+def _nan(x: object) -> object:
+    return None if isinstance(x, float) and math.isnan(x) else str(x)
+
+
+def _fill(console: Console, cache: object, rows: list, compute: object, name: str) -> dict:
+    with Progress(TextColumn(f"{name:>10}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task(name, total=len(rows))
+        return cache.fill(rows, compute, lambda: bar.advance(task))  # type: ignore[attr-defined]
+
+
+def _print(console: Console, specs: list, reports: list) -> None:
+    for s in specs:
+        console.print(f"{s.name}: temperature {s.temperatures} thresholds {s.thresholds}")
+    table = Table(title="test rows: accuracy of each tier alone, of the cascade, and who answered")
+    for col in ("set", "type", "n", "tiers alone", "cascade", "answered by", "past first", "ECE", "ms/question"):
+        table.add_column(col)
+    for r in reports:
+        alone = " / ".join(f"{t} {r.alone[t]:.3f}" for t in r.tiers)
+        share = " / ".join(f"{t} {r.share[t]:.0%}" for t in r.tiers)
+        calib = " / ".join(f"{r.ece[t]:.3f}" for t in r.tiers)
+        ms = " / ".join(f"{r.latency_ms[t]:.0f}" for t in r.tiers)
+        table.add_row(r.source, r.qtype, str(r.n), alone, f"{r.cascade:.3f}", share, f"{r.past_first:.0%}", calib, ms)
+    console.print(table)
