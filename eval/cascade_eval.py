@@ -81,7 +81,7 @@ def _lowest_safe(points: list[tuple[float, bool, bool]], slack: float, min_kept:
         if len(kept) < min_kept:
             break
         if np.mean([m for m, _ in kept]) >= np.mean([o for _, o in kept]) - slack:
-            return t
+            return float(t)
     return 1.0
 
 

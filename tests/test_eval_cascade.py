@@ -1,0 +1,76 @@
+"""The offline cascade eval on a small fixture: fitted thresholds, replayed decisions, the cache."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from eval.cascade_eval import TierSpec, evaluate, fit_temperatures, fit_thresholds
+from eval.tier_outputs import Row, TierCache, typed_rows
+from policies.cascade import YES_NO, Question, TierAnswer
+
+
+def row(i: int, answer: str = "yes", split: str = "dev") -> Row:
+    return Row(f"s-{split}-{i}", "s", split, Question("yes_no", f"q{i}?", YES_NO), answer, None)
+
+
+def yes(p: float) -> TierAnswer:
+    return TierAnswer(scores=(math.log(p), math.log(1 - p)), latency_ms=1.0)
+
+
+def test_threshold_keeps_only_what_the_cheap_tier_gets_as_right_as_the_top() -> None:
+    # the cheap tier is right when sure (p = 0.95 on yes rows) and wrong when unsure (p = 0.6 on no rows)
+    rows = [row(i, "yes") for i in range(20)] + [row(i, "no") for i in range(20, 40)]
+    cheap = TierSpec("cheap", "encoder", {r.id: yes(0.95 if r.answer == "yes" else 0.58) for r in rows})
+    top = TierSpec("top", "recorded", {r.id: yes(0.99 if r.answer == "yes" else 0.01) for r in rows})
+    fit_thresholds([cheap, top], rows)
+    t = cheap.thresholds["yes_no"]
+    assert 2 * 0.58 - 1 < t <= 2 * 0.95 - 1  # the unsure margin is escalated, the sure one kept
+    [report] = evaluate([cheap, top], [Row(r.id, r.source, "test", r.question, r.answer, None) for r in rows])
+    assert report.n == 40 and report.cascade == 1.0
+    assert report.alone == {"cheap": 0.5, "top": 1.0}
+    assert report.share == {"cheap": 0.5, "top": 0.5} and report.past_first == 0.5
+    assert report.latency_ms == {"cheap": 1.0, "top": 1.0}
+
+
+def test_temperature_is_fitted_per_type_on_dev_rows() -> None:
+    rows = [row(i, "yes" if i % 10 else "no") for i in range(100)]  # 90% yes
+    overconfident = TierSpec("t", "scorer", {r.id: yes(0.999) for r in rows})
+    fit_temperatures(overconfident, rows)
+    assert overconfident.temperatures["yes_no"] > 1.5  # softened toward the 90% it earns
+
+
+def test_cache_resumes_without_recomputing(tmp_path: Path) -> None:
+    rows = [row(i) for i in range(5)]
+    calls: list[str] = []
+
+    def compute(r: Row) -> TierAnswer:
+        calls.append(r.id)
+        return yes(0.7)
+
+    path = tmp_path / "tier.jsonl"
+    TierCache(path).fill(rows[:3], compute)
+    with path.open("a") as f:
+        f.write('{"id": "s-dev-3", "scores": [0.1')  # a line cut short by an interrupted run
+    got = TierCache(path).fill(rows, compute)
+    assert calls == ["s-dev-0", "s-dev-1", "s-dev-2", "s-dev-3", "s-dev-4"]  # each once; the cut row again
+    assert set(got) == {r.id for r in rows}
+    assert TierCache(path).rows["s-dev-4"].scores == pytest.approx(yes(0.7).scores)
+
+
+def test_typed_rows_sample_is_seeded_and_split(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    with path.open("w") as f:
+        for i in range(50):
+            f.write(json.dumps({"id": f"t-{'dev' if i % 2 else 'test'}-{i}", "source": "t", "type": "choice",
+                                "question": "?", "context": None, "options": ["a", "b"], "answer": "a",
+                                "category": None, "split": "dev" if i % 2 else "test"}) + "\n")
+        f.write(json.dumps({"id": "t-test-99", "source": "t", "type": "score", "question": "?", "context": None,
+                            "options": None, "answer": "3", "category": None, "split": "test"}) + "\n")
+    a, b = typed_rows(path, "test", 10), typed_rows(path, "test", 10)
+    assert [r.id for r in a] == [r.id for r in b] and len(a) == 10
+    assert all(r.split == "test" and r.question.type == "choice" for r in a)
+    assert len(typed_rows(path, "dev")) == 25
