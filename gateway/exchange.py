@@ -104,6 +104,7 @@ class Exchange:
             event["route"] = asdict(self.route)
         if self.decision is not None:
             event["decision"] = self._decision_event(self.decision)
+            self.metrics.decisions.labels(self.decision.tier, self.decision.qtype).inc()
         if self.usage:
             event["prompt_tokens"] = self.usage.get("prompt_tokens")
             event["completion_tokens"] = self.usage.get("completion_tokens")

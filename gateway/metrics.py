@@ -22,6 +22,8 @@ class Metrics:
         self.tokens = Counter("triage_tokens", "Tokens reported by upstreams", ["model", "kind"], registry=r)
         self.in_flight = Gauge("triage_in_flight_requests", "Requests being served", registry=r)
         self.reloads = Counter("triage_policy_reloads", "Policy reloads", ["outcome"], registry=r)
+        self.decisions = Counter("triage_decisions", "Typed decisions by the tier that answered",
+                                 ["tier", "type"], registry=r)
 
     def observe(self, endpoint: str, model: str, status: int, latency_s: float,
                 attempts: list[Attempt], usage: dict | None) -> None:

@@ -21,7 +21,7 @@ thresholds, ``on_exhausted`` decides: ``error`` (the gateway answers 502 with th
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -110,6 +110,7 @@ class Decision:
     tier: str
     trace: tuple[Step, ...]
     usage: Mapping[str, int] | None = None
+    qtype: str = "choice"
 
 
 class CascadeExhausted(UpstreamError):
@@ -185,7 +186,7 @@ def run(q: Question, gates: Sequence[Gate], on_exhausted: Literal["error", "best
         if last or (threshold is not None and reading.confidence >= threshold):
             trace.append(Step(gate.name, "accepted", answer.latency_ms, reading.answer, reading.confidence, threshold))
             return Decision(reading.answer, reading.probabilities, reading.confidence, gate.name, tuple(trace),
-                            answer.usage)
+                            answer.usage, q.type)
         trace.append(Step(gate.name, "escalated", answer.latency_ms, reading.answer, reading.confidence, threshold))
         if best is None or reading.confidence > best[0].confidence:
             best = (reading, gate, answer)
@@ -193,17 +194,17 @@ def run(q: Question, gates: Sequence[Gate], on_exhausted: Literal["error", "best
         reading, gate, answer = best
         trace.append(Step(gate.name, "exhausted", 0.0, reading.answer, reading.confidence, None))
         return Decision(reading.answer, reading.probabilities, reading.confidence, gate.name, tuple(trace),
-                        answer.usage)
+                        answer.usage, q.type)
     failed = [f"{s.tier}: {s.error}" for s in trace if s.outcome in ("failed", "skipped")]
     raise CascadeExhausted("no tier could answer the question with accepted confidence"
                            + (f" ({'; '.join(failed)})" if failed else ""), trace)
 
 
-def drive(gen: Generator[Ask, TierAnswer, Decision], answer_for: object) -> Decision:
+def drive(gen: Generator[Ask, TierAnswer, Decision], answer_for: Callable[[Ask], TierAnswer]) -> Decision:
     """Run the cascade synchronously with ``answer_for(ask) -> TierAnswer`` (replays, tests)."""
     ask = next(gen)
     while True:
         try:
-            ask = gen.send(answer_for(ask))  # type: ignore[operator]
+            ask = gen.send(answer_for(ask))
         except StopIteration as stop:
             return stop.value

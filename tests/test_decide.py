@@ -76,6 +76,8 @@ def test_below_threshold_escalates_to_the_pool(gw: Gateway) -> None:
     assert d["answer"] in ("yes", "no") and sum(d["probabilities"].values()) == pytest.approx(1.0, abs=1e-5)
     assert 0.0 <= d["confidence"] <= 1.0  # yes/no: the margin |p(yes) - p(no)|
     assert d["usage"]["prompt_tokens"] > 0  # the pool's own usage
+    with gw.http() as http:
+        assert 'triage_decisions_total{tier="pool",type="yes_no"} 1.0' in http.get("/metrics").text
 
 
 def test_score_on_a_scale_and_a_numeric_question(gw: Gateway) -> None:
