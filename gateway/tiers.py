@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
 
 import numpy as np
@@ -114,10 +115,9 @@ def model_messages(q: Question) -> tuple[list[Body], tuple[str, ...]]:
     labels = labels_for(q.type, q.options)
     if q.type == "choice":
         listed = "\n".join(f"{label}. {o}" for label, o in zip(labels, q.options, strict=True))
-        text = f"{context}Question: {q.question}\n\nOptions:\n{listed}\n\nAnswer with the letter of the correct " \
-               "option only." if labels[0] == "A" else \
-               f"{context}Question: {q.question}\n\nOptions:\n{listed}\n\nAnswer with the number of the correct " \
-               "option only."
+        kind = "letter" if labels[0] == "A" else "number"
+        text = (f"{context}Question: {q.question}\n\nOptions:\n{listed}\n\n"
+                f"Answer with the {kind} of the correct option only.")
     elif q.type == "yes_no":
         text = f"{context}Question: {q.question}\n\nAnswer with yes or no only."
     else:
@@ -126,19 +126,29 @@ def model_messages(q: Question) -> tuple[list[Body], tuple[str, ...]]:
     return [{"role": "user", "content": text}], labels
 
 
+def model_body(tier: ModelTier, q: Question) -> tuple[Body, tuple[str, ...]]:
+    """The chat request a model tier sends, with the engine's constrained decoding where set."""
+    messages, labels = model_messages(q)
+    body: Body = {"model": tier.model, "messages": messages, "temperature": 0.0,
+                  "max_tokens": tier.numeric_max_tokens if q.numeric else tier.max_tokens}
+    if q.numeric:
+        return body, labels
+    if tier.logprobs:
+        body.update(logprobs=True, top_logprobs=20)
+    if tier.constrain == "guided_choice":
+        body["guided_choice"] = list(labels)
+    elif tier.constrain == "structured_outputs":
+        body["structured_outputs"] = {"choice": list(labels)}
+    elif tier.constrain == "regex":
+        body["regex"] = "(" + "|".join(re.escape(label) for label in labels) + ")"
+    return body, labels
+
+
 async def _model(rt: Runtime, tier: ModelTier, q: Question, request_id: str,
                  attempts: list[Attempt]) -> TierAnswer | str:
     from gateway.dispatch import dispatch  # the chain of the tier's model, with its fallbacks
 
-    messages, labels = model_messages(q)
-    body: Body = {"model": tier.model, "messages": messages, "temperature": 0.0,
-                  "max_tokens": tier.numeric_max_tokens if q.numeric else tier.max_tokens}
-    if not q.numeric and tier.logprobs:
-        body.update(logprobs=True, top_logprobs=20)
-    if not q.numeric and tier.constrain == "guided_choice":
-        body["guided_choice"] = list(labels)
-    elif not q.numeric and tier.constrain == "structured_outputs":
-        body["structured_outputs"] = {"choice": list(labels)}
+    body, labels = model_body(tier, q)
     served = await dispatch(rt, "chat", body, request_id, attempts)
     assert served.completion is not None
     reply = served.completion.body

@@ -70,8 +70,9 @@ class ModelTier(_Tier):
 
     type: Literal["model"]
     model: str
-    constrain: Literal["none", "guided_choice", "structured_outputs"] = Field(
-        "none", description="the engine's constrained decoding: vLLM guided_choice (older) or structured_outputs")
+    constrain: Literal["none", "guided_choice", "structured_outputs", "regex"] = Field(
+        "none", description="the engine's constrained decoding: vLLM structured_outputs (guided_choice before "
+                            "v0.12), SGLang regex; none for engines without it (llama.cpp's server)")
     logprobs: bool = Field(True, description="ask for top_logprobs to read option probabilities")
     assumed_confidence: _Unit = Field(0.9, description="confidence of an answer that came without logprobs")
     max_tokens: int = Field(4, ge=1, description="tokens for a choice answer")
