@@ -15,6 +15,7 @@ import numpy as np
 
 from classifiers.encoder import Encoder, EncoderSettings
 from classifiers.heads import LinearHead, Prediction
+from classifiers.options import OPTIONS, OptionHead
 from gateway.errors import NotReady
 from policies.schema import Classifier as ClassifierConfig
 
@@ -77,17 +78,20 @@ class Reference:
 
 
 class Classifier:
-    def __init__(self, encoder: Encoder, heads: dict[str, LinearHead], reference: Reference) -> None:
+    def __init__(self, encoder: Encoder, heads: dict[str, LinearHead], reference: Reference,
+                 options: OptionHead | None = None) -> None:
         self.encoder = encoder
         self.heads = heads
         self.reference = reference
+        self.options = options  # the generic option scorer (typed questions without a task head)
 
     @classmethod
     def load(cls, cfg: ClassifierConfig, policy_dir: Path, policy_file: str = "POLICY") -> Classifier:
         hint = f"triage train --policy {policy_file}"
         root = artifacts_dir(cfg, policy_dir)
-        names = [*cfg.heads, *cfg.tasks]
+        names = [name for name in [*cfg.heads, *cfg.tasks] if name != OPTIONS]
         heads = {name: LinearHead.load(root, name, hint) for name in names}
+        options = OptionHead.load(root, hint) if OPTIONS in cfg.heads else None
         reference = Reference.load(root, hint)
         e = cfg.encoder
         encoder = Encoder.load(EncoderSettings(precision=e.precision, intra_op_threads=e.threads,
@@ -96,7 +100,10 @@ class Classifier:
             if head.dim != encoder.dim:
                 raise NotReady(f"head {name} expects {head.dim}-d embeddings, the encoder gives {encoder.dim}: "
                                f"retrain with `{hint}`")
-        return cls(encoder, heads, reference)
+        if options is not None and options.dim != encoder.dim:
+            raise NotReady(f"the option head expects {options.dim}-d embeddings, the encoder gives {encoder.dim}: "
+                           f"retrain with `{hint}`")
+        return cls(encoder, heads, reference, options)
 
     def classify_vectors(self, x: np.ndarray) -> list[tuple[dict[str, Prediction], Familiarity]]:
         per_head = {name: head.predict(x) for name, head in self.heads.items()}

@@ -20,6 +20,8 @@ from classifiers.artifacts import locate
 from classifiers.calibration import auroc, ece
 from classifiers.encoder import Encoder, EncoderSettings
 from classifiers.heads import LinearHead
+from classifiers.options import OPTIONS
+from classifiers.options_training import OptionsFit, SetResult, train_options
 from classifiers.service import Reference, artifacts_dir, data_dir
 from classifiers.training import fit_head, held_back
 from policies.schema import Classifier as ClassifierConfig
@@ -110,7 +112,7 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
                                            provider=e.provider, max_tokens=e.max_tokens), artifacts=art)
     cache = EmbeddingCache(encoder, cache_dir() / "embeddings" / f"{art.key}-{e.precision}-{e.max_tokens}.npz")
     results, refs, held = [], [], []
-    for name in [*cfg.heads, *cfg.tasks]:
+    for name in [name for name in [*cfg.heads, *cfg.tasks] if name != OPTIONS]:
         fit_split, test_split = _splits(name, cfg)
         rows = _rows(name, cfg, root, fit_split, limit)
         say(f"{name}: embedding {len(rows)} {fit_split} rows")
@@ -129,6 +131,15 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
         say(f"{name}: measuring on {len(test)} {test_split} rows")
         results.append(measure(head, cache.embed(test.texts), test.labels, cfg.tasks.get(name)))
         cache.save()
+    if OPTIONS in cfg.heads:  # the option scorer: its own artifact and its own embedding cache file
+        assert cache.path is not None
+        options_cache = EmbeddingCache(encoder, cache.path.with_name(f"{cache.path.stem}-options.npz"))
+        fitted, measured, _ = train_options(root, out, options_cache, limit=limit, say=say)
+        options_cache.save()
+        results.extend(option_results(fitted, measured))
+        if not refs:  # only the option head: its questions are the familiarity reference
+            refs.append(fitted.fitted[:: max(1, len(fitted.fitted) // 1500)])
+            held.append(fitted.held)
     reference = np.vstack(refs)
     sims = (np.vstack(held) @ reference.T).max(axis=1)
     threshold = float(np.quantile(sims, 0.01))  # 99% of held-out in-distribution prompts pass
@@ -137,6 +148,14 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
     category = LinearHead.load(out, "category") if "category" in cfg.heads else None
     caught = probe_ood(cache, reference, threshold, category)
     return TrainReport(results, threshold, caught, time.perf_counter() - t0)
+
+
+def option_results(fitted: OptionsFit, measured: list[SetResult]) -> list[HeadResult]:
+    """One row per measured typed set, named ``options/<set>``; chance (and majority for yes_no) as extras."""
+    fit_rows = {f.qtype: f.n_fit for f in fitted.fits}
+    return [HeadResult(f"{OPTIONS}/{r.name}", fit_rows.get(r.qtype, 0), r.n, r.accuracy, r.ece, r.ece_uncalibrated,
+                       {"chance": r.chance, **({"majority": r.majority} if r.majority is not None else {})})
+            for r in measured]
 
 
 def probe_ood(cache: EmbeddingCache, reference: np.ndarray, threshold: float,
