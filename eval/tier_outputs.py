@@ -80,10 +80,10 @@ class TierCache:
                 if row.id not in self.rows:
                     t0 = time.perf_counter()
                     a = compute(row)
-                    ms = a.latency_ms or (time.perf_counter() - t0) * 1000
+                    ms = round(a.latency_ms or (time.perf_counter() - t0) * 1000, 3)  # as stored: a replay is equal
                     a = TierAnswer(a.scores, ms, a.error, a.skipped, a.text, a.confidence)
                     self.rows[row.id] = a
-                    out.write(json.dumps({"id": row.id, "scores": a.scores, "latency_ms": round(ms, 3),
+                    out.write(json.dumps({"id": row.id, "scores": a.scores, "latency_ms": ms,
                                           "error": a.error, "skipped": a.skipped, "text": a.text,
                                           "confidence": a.confidence}) + "\n")
                     out.flush()

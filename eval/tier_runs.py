@@ -12,7 +12,7 @@ from pathlib import Path
 from eval.tier_outputs import Row, read_jsonl
 from policies.cascade import TierAnswer
 from policies.schema import Policy
-from policies.tiers import ScorerTier
+from policies.tiers import ModelTier, ScorerTier
 
 Compute = Callable[[Row], TierAnswer]
 
@@ -21,13 +21,18 @@ def _logs(probs: list[float]) -> tuple[float, ...]:
     return tuple(math.log(max(p, 1e-12)) for p in probs)
 
 
-def encoder(policy: Policy, policy_dir: Path) -> Compute:
-    from classifiers.options import question_text
-    from classifiers.service import Classifier
+def encoder(policy: Policy, policy_dir: Path) -> tuple[Compute, str]:
+    """The encoder tier's answers, and a fingerprint of its trained option head (for the cache key)."""
+    import hashlib
+
+    from classifiers.options import OPTIONS, question_text
+    from classifiers.service import Classifier, artifacts_dir
 
     assert policy.classifier is not None
     clf = Classifier.load(policy.classifier, policy_dir)
-    head = getattr(clf, "options", None)
+    head = clf.options
+    weights = artifacts_dir(policy.classifier, policy_dir) / f"{OPTIONS}.npz"
+    fingerprint = hashlib.sha1(weights.read_bytes()).hexdigest()[:10] if weights.is_file() else "none"
 
     def compute(row: Row) -> TierAnswer:
         q = row.question
@@ -36,7 +41,7 @@ def encoder(policy: Policy, policy_dir: Path) -> Compute:
         vecs = clf.encoder.embed([question_text(q.question, q.context), *q.options])
         return TierAnswer(scores=_logs(list(head.proba(q.type, vecs[0], vecs[1:]))))
 
-    return compute
+    return compute, fingerprint
 
 
 def scorer(policy: Policy, tier: ScorerTier) -> Compute:
@@ -98,3 +103,33 @@ def recorded(data_dir: Path, model: str) -> dict[str, Compute]:
 
 def _one_hot(n: int, index: int) -> tuple[float, ...]:
     return tuple(0.0 if i == index else -30.0 for i in range(n))
+
+
+class Live:
+    """A policy's model tier asked for real: the policy's backends started as the gateway starts
+    them, each row through ``gateway.tiers.answer`` (the gateway's own code path), one at a time."""
+
+    def __init__(self, policy: Policy, base_dir: Path) -> None:
+        import asyncio
+
+        from gateway import runtime
+
+        self._loop = asyncio.new_event_loop()
+        self._rt = self._loop.run_until_complete(runtime.build(policy, None, base_dir))
+
+    def compute(self, tier: ModelTier) -> Compute:
+        from gateway.tiers import answer
+        from policies.cascade import Ask
+
+        def run(row: Row) -> TierAnswer:
+            ask = Ask(tier.name, tier.type, row.question)
+            return self._loop.run_until_complete(answer(self._rt, tier, ask, f"eval-{row.id}", []))
+
+        return run
+
+    def close(self) -> None:
+        for backend in self._rt.backends.values():
+            self._loop.run_until_complete(backend.close())
+        if self._rt.encoding is not None:
+            self._loop.run_until_complete(self._rt.encoding.close())
+        self._loop.close()

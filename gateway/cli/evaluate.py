@@ -52,18 +52,22 @@ def evaluate(
         raise typer.Exit(2)
     base = policy.resolve().parent
     specs: list[cascade_eval.TierSpec] = []
+    live: tier_runs.Live | None = None
     for tier in pol.cascade.tiers:
         if isinstance(tier, EncoderTier):
-            compute, key = tier_runs.encoder(pol, base), f"encoder-{pol.classifier.encoder.precision}"  # type: ignore[union-attr]
+            compute, fingerprint = tier_runs.encoder(pol, base)
+            key = f"encoder-{pol.classifier.encoder.precision}-{fingerprint}"  # type: ignore[union-attr]
         elif isinstance(tier, ScorerTier):
             b = pol.backends[tier.backend]
             model = b.gguf.package or Path(b.gguf.path or "").name  # type: ignore[union-attr]
             compute, key = tier_runs.scorer(pol, tier), f"scorer-{model}-t{tier.templates.version}-{tier.length_norm}"
         else:
-            console.print(f"tier {tier.name}: a live model tier is not evaluated offline yet; use --top")
-            continue
+            live = live or tier_runs.Live(pol, base)
+            compute, key = live.compute(tier), f"model-{tier.model}-{pol.upstream_name(tier.model)}"
         cache = TierCache(out / "cache" / f"{key}.jsonl")
         specs.append(cascade_eval.TierSpec(tier.name, tier.type, _fill(console, cache, dev + test, compute, tier.name)))
+    if live is not None:
+        live.close()
     if top is not None:
         data_dir = data[0].resolve().parents[1]
         by_source = tier_runs.recorded(data_dir, top)

