@@ -18,6 +18,7 @@ import numpy as np
 
 from classifiers.calibration import ece, fit_temperature
 from eval.tier_outputs import Row
+from policies.answers import same_number
 from policies.cascade import CascadeExhausted, Gate, TierAnswer, drive, read, run
 
 Outputs = Mapping[str, TierAnswer]  # row id -> the tier's answer
@@ -36,14 +37,20 @@ class TierSpec:
         return Gate(self.name, self.kind, dict(self.thresholds), {}, dict(self.temperatures))
 
 
+def right(row: Row, answer: str) -> bool:
+    """Numbers are compared as numbers (``policies.answers.same_number``), options as text."""
+    return same_number(answer, row.answer) if row.question.numeric else answer == row.answer
+
+
 def _usable(rows: Sequence[Row], outputs: Outputs) -> list[Row]:
-    return [r for r in rows if (a := outputs.get(r.id)) is not None and a.scores is not None]
+    return [r for r in rows if (a := outputs.get(r.id)) is not None and (a.scores is not None or a.text is not None)]
 
 
 def fit_temperatures(tier: TierSpec, dev: Sequence[Row]) -> None:
     by_type: dict[str, list[Row]] = defaultdict(list)
     for r in _usable(dev, tier.outputs):
-        by_type[r.question.type].append(r)
+        if not r.question.numeric:
+            by_type[r.question.type].append(r)
     for qtype, rows in by_type.items():
         if len(rows) < 20:
             continue
@@ -65,7 +72,7 @@ def fit_thresholds(tiers: Sequence[TierSpec], dev: Sequence[Row], slack: float =
         for r in dev:
             later = [t for t in tiers[i + 1:] if (o := t.outputs.get(r.id)) is not None and o.scores is not None]
             a = tier.outputs.get(r.id)
-            if a is None or a.scores is None or not later:
+            if a is None or a.scores is None or not later or r.question.numeric:
                 continue
             top, b = later[-1], later[-1].outputs[r.id]
             mine = read(r.question, tier.gate(), a)
@@ -113,7 +120,7 @@ def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[
     alone, calib, latency = {}, {}, {}
     for t in tiers:
         readings = [(read(r.question, t.gate(), t.outputs[r.id]), r) for r in _usable(rows, t.outputs)]
-        correct = np.array([rd.answer == r.answer for rd, r in readings], dtype=float)
+        correct = np.array([right(r, rd.answer) for rd, r in readings], dtype=float)
         conf = np.array([max(rd.probabilities.values()) for rd, _ in readings])
         alone[t.name] = float(correct.mean()) if len(correct) else math.nan
         calib[t.name] = ece(conf, correct) if len(correct) else math.nan
@@ -127,7 +134,7 @@ def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[
         except CascadeExhausted:  # counted as a miss, never as a guess
             failed += 1
             continue
-        wins += d.answer == r.answer
+        wins += right(r, d.answer)
         answered_by[d.tier] += 1
     n = len(rows)
     share = {t.name: answered_by[t.name] / n if n else 0.0 for t in tiers}

@@ -42,13 +42,14 @@ def _bucket(key: str) -> float:
 
 
 def typed_rows(path: Path, split: str, cap: int | None = None) -> list[Row]:
-    """Choice and yes/no rows of one typed file and split; at most ``cap`` of them, a seeded
-    sample by hash of the id (the same rows on every machine)."""
+    """Choice, yes/no and numeric rows of one typed file and split; at most ``cap`` of them, a
+    seeded sample by hash of the id (the same rows on every machine). A ``score`` row is a number
+    with no scale (GSM8K and the like): generation, compared as a number."""
     rows = []
     for _, r in read_jsonl(path):
-        if r.get("split") != split or r.get("type") not in ("choice", "yes_no"):
+        if r.get("split") != split or r.get("type") not in ("choice", "yes_no", "score"):
             continue
-        options = tuple(r["options"]) if r["type"] == "choice" else YES_NO
+        options = tuple(r["options"]) if r["type"] == "choice" else YES_NO if r["type"] == "yes_no" else ()
         q = Question(r["type"], r["question"], options, r.get("context"))
         rows.append(Row(r["id"], r["source"], split, q, r["answer"], r.get("category")))
     if cap is not None and len(rows) > cap:

@@ -36,6 +36,8 @@ def encoder(policy: Policy, policy_dir: Path) -> tuple[Compute, str]:
 
     def compute(row: Row) -> TierAnswer:
         q = row.question
+        if q.numeric:
+            return TierAnswer(skipped=True, error="a numeric answer needs generation")
         if head is None or q.type not in head.types:
             return TierAnswer(skipped=True, error=f"no option scorer for {q.type} questions")
         vecs = clf.encoder.embed([question_text(q.question, q.context), *q.options])
@@ -54,6 +56,8 @@ def scorer(policy: Policy, tier: ScorerTier) -> Compute:
     engine = OptionScorer(path, spec.n_ctx, spec.n_threads, spec.n_batch)  # type: ignore[union-attr]
 
     def compute(row: Row) -> TierAnswer:
+        if row.question.numeric:
+            return TierAnswer(skipped=True, error="a numeric answer needs generation")
         prompt, options = scorer_prompt(tier, row.question)
         try:
             got = engine.score(prompt, options)
@@ -96,8 +100,19 @@ def recorded(data_dir: Path, model: str) -> dict[str, Compute]:
 
     if mmlu_pro:
         out["mmlu_pro"] = letter
+    gsm8k = {r["question_id"]: r["correct"][model]
+             for _, r in read_jsonl(data_dir / "model_labels" / "routellm_gsm8k.jsonl") if model in r["correct"]}
+
+    def number(row: Row) -> TierAnswer:
+        correct = gsm8k.get(row.id)
+        if correct is None:
+            return TierAnswer(error=f"no recording of {model} for this question")
+        return TierAnswer(text=row.answer if correct else "wrong", confidence=1.0)  # only right/wrong is recorded
+
     if routellm:  # its MMLU-Pro joins were asked with MMLU's 4 options, not MMLU-Pro's 10: not used there
         out["mmlu_redux"] = right_or_wrong
+    if gsm8k:
+        out["gsm8k"] = number
     return out
 
 

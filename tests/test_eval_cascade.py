@@ -74,3 +74,16 @@ def test_typed_rows_sample_is_seeded_and_split(tmp_path: Path) -> None:
     assert [r.id for r in a] == [r.id for r in b] and len(a) == 10
     assert all(r.split == "test" and r.question.type == "choice" for r in a)
     assert len(typed_rows(path, "dev")) == 25
+
+
+def test_numeric_rows_are_compared_as_numbers() -> None:
+    q = Question("score", "How many?", ())
+    rows = [Row(f"n-test-{i}", "n", "test", q, "1250", None) for i in range(3)]
+    skip = TierAnswer(skipped=True, error="a numeric answer needs generation")
+    cheap = TierSpec("scorer", "scorer", {r.id: skip for r in rows})
+    top = TierSpec("top", "model", {rows[0].id: TierAnswer(text="1,250.0", confidence=0.9),
+                                    rows[1].id: TierAnswer(text="1250", confidence=0.9),
+                                    rows[2].id: TierAnswer(text="125", confidence=0.9)})
+    [report] = evaluate([cheap, top], rows)
+    assert report.cascade == pytest.approx(2 / 3) and report.alone["top"] == pytest.approx(2 / 3)
+    assert report.share == {"scorer": 0.0, "top": 1.0}

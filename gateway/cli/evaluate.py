@@ -48,7 +48,7 @@ def evaluate(
     dev = [r for p in data for r in typed_rows(p, "dev", dev_cap)]
     test = [r for p in data for r in typed_rows(p, "test", test_cap)]
     if not test:
-        typer.echo("no test rows of type choice or yes_no in the given files", err=True)
+        typer.echo("no typed test rows in the given files", err=True)
         raise typer.Exit(2)
     base = policy.resolve().parent
     specs: list[cascade_eval.TierSpec] = []
