@@ -84,12 +84,19 @@ def evaluate(
            "tiers": [{"name": s.name, "kind": s.kind, "temperature": s.temperatures, "thresholds": s.thresholds}
                      for s in specs],
            "sets": [asdict(r) for r in reports]}
-    (out / "report.json").write_text(json.dumps(doc, indent=2, default=_nan))
+    (out / "report.json").write_text(json.dumps(_clean(doc), indent=2, allow_nan=False))
     console.print(f"wrote {out / 'report.json'}")
 
 
-def _nan(x: object) -> object:
-    return None if isinstance(x, float) and math.isnan(x) else str(x)
+def _clean(x: object) -> object:
+    """JSON without NaN: a measure with no rows behind it is null."""
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
 
 
 def _fill(console: Console, cache: object, rows: list, compute: object, name: str) -> dict:
@@ -106,9 +113,9 @@ def _print(console: Console, specs: list, reports: list) -> None:
     for col in ("set", "type", "n", "tiers alone", "cascade", "answered by", "past first", "ECE", "ms/question"):
         table.add_column(col)
     for r in reports:
-        alone = " / ".join(f"{t} {r.alone[t]:.3f}" for t in r.tiers)
+        alone = " / ".join(f"{t} {r.alone[t]:.3f}" for t in r.tiers if not math.isnan(r.alone[t]))
         share = " / ".join(f"{t} {r.share[t]:.0%}" for t in r.tiers)
-        calib = " / ".join(f"{r.ece[t]:.3f}" for t in r.tiers)
+        calib = " / ".join(f"{r.ece[t]:.3f}" for t in r.tiers if not math.isnan(r.ece[t]))
         ms = " / ".join(f"{r.latency_ms[t]:.0f}" for t in r.tiers)
         table.add_row(r.source, r.qtype, str(r.n), alone, f"{r.cascade:.3f}", share, f"{r.past_first:.0%}", calib, ms)
     console.print(table)
