@@ -74,7 +74,8 @@ def evaluate(
         outputs = {r.id: by_source[r.source](r) for r in dev + test if r.source in by_source}
         specs.append(cascade_eval.TierSpec(top, "recorded", outputs))
     for spec in specs:
-        cascade_eval.fit_temperatures(spec, dev)
+        if spec.kind != "recorded":  # a recorded answer carries no probabilities to calibrate
+            cascade_eval.fit_temperatures(spec, dev)
     cascade_eval.fit_thresholds(specs, dev, slack)
     reports = cascade_eval.evaluate(specs, test)
     _print(console, specs, reports)
