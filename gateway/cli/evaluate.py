@@ -25,6 +25,7 @@ def evaluate(
     dev_cap: Annotated[int, typer.Option(help="Dev rows per set (a seeded sample).")] = 300,
     test_cap: Annotated[int, typer.Option(help="Test rows per set (a seeded sample).")] = 300,
     slack: Annotated[float, typer.Option(help="Accuracy a cheaper tier may give up against the last one.")] = 0.0,
+    patch: Annotated[Path | None, typer.Option(help="Write the fitted numbers here as a YAML policy patch.")] = None,
 ) -> None:
     """Fit temperatures and thresholds on dev rows, then report each tier and the cascade on test rows."""
     from eval import cascade_eval, tier_runs
@@ -87,6 +88,28 @@ def evaluate(
            "sets": [asdict(r) for r in reports]}
     (out / "report.json").write_text(json.dumps(_clean(doc), indent=2, allow_nan=False))
     console.print(f"wrote {out / 'report.json'}")
+    if patch is not None:
+        patch.write_text(policy_patch(policy, specs, reports, len(dev)))
+        console.print(f"wrote {patch} (review it, then merge it into {policy} yourself)")
+
+
+def policy_patch(policy: Path, specs: list, reports: list, dev_rows: int) -> str:
+    """The fitted temperatures and thresholds of the policy's own tiers, as a YAML fragment with
+    what they achieved on the test rows as comments. The policy file itself is never edited."""
+    lines = [f"# triage eval --patch: fitted on {dev_rows} dev rows of the data given; merge into {policy.name}",
+             "# by hand (tiers are matched by name). Test rows, per set: cascade accuracy, share past the first tier"]
+    lines += [f"#   {r.source} ({r.qtype}, n={r.n}): accuracy {r.cascade:.3f}, past first {r.past_first:.0%}"
+              for r in reports]
+    lines += ["cascade:", "  tiers:"]
+    for s in specs:
+        if s.kind == "recorded":
+            continue
+        lines.append(f"    - name: {s.name}")
+        if s.temperatures:
+            lines.append("      temperature: {" + ", ".join(f"{k}: {v:g}" for k, v in s.temperatures.items()) + "}")
+        if s.thresholds:
+            lines.append("      thresholds: {" + ", ".join(f"{k}: {v:g}" for k, v in s.thresholds.items()) + "}")
+    return "\n".join(lines) + "\n"
 
 
 def _clean(x: object) -> object:
