@@ -16,7 +16,7 @@ import numpy as np
 
 from backends.base import Attempt, Body
 from backends.scorer import ScorerBackend
-from gateway.errors import TriageError
+from gateway.errors import InvalidRequest, TriageError, UpstreamRejected
 from gateway.runtime import Runtime
 from policies.answers import assumed_scores, extract_number, label_in_text, label_logprobs, labels_for
 from policies.cascade import Ask, Question, TierAnswer
@@ -149,7 +149,15 @@ async def _model(rt: Runtime, tier: ModelTier, q: Question, request_id: str,
     from gateway.dispatch import dispatch  # the chain of the tier's model, with its fallbacks
 
     body, labels = model_body(tier, q)
-    served = await dispatch(rt, "chat", body, request_id, attempts)
+    try:
+        served = await dispatch(rt, "chat", body, request_id, attempts)
+    except (InvalidRequest, UpstreamRejected):
+        if not body.get("logprobs"):
+            raise
+        # an engine that refuses logprobs (llama-cpp-python without logits_all): ask again without,
+        # and the answer counts with the tier's assumed confidence
+        body = {k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")}
+        served = await dispatch(rt, "chat", body, request_id, attempts)
     assert served.completion is not None
     reply = served.completion.body
     usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else None

