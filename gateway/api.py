@@ -16,7 +16,6 @@ from gateway import decide, typed
 from gateway.dispatch import Served, decide_route, dispatch
 from gateway.errors import (
     InvalidRequest,
-    MalformedJSON,
     ModelNotFound,
     NotFound,
     PayloadTooLarge,
@@ -24,7 +23,7 @@ from gateway.errors import (
     Unauthorized,
 )
 from gateway.exchange import Exchange
-from gateway.schemas import ChatRequest, CompletionRequest, check, parse_json
+from gateway.schemas import ChatRequest, CompletionRequest, check, parse_any_json, parse_json
 from gateway.state import GatewayState
 from policies.cascade import Decision
 from policies.routing import public_models
@@ -153,7 +152,7 @@ async def _decide(request: Request, batch: bool) -> Response:
         spec = ex.rt.policy.cascade
         if spec is None:
             raise NotFound("this policy has no cascade section: /v1/decide is not served")
-        raw = orjson_loads(await read_body(request, ex.rt.policy.limits.max_body_bytes))
+        raw = parse_any_json(await read_body(request, ex.rt.policy.limits.max_body_bytes))
         tasks = set(ex.rt.policy.classifier.tasks) if ex.rt.policy.classifier is not None else set()
         if not batch:
             q, overrides = decide.parse(raw, spec, tasks)
@@ -201,13 +200,6 @@ async def decide_one(request: Request) -> Response:
 
 async def decide_batch(request: Request) -> Response:
     return await _decide(request, batch=True)
-
-
-def orjson_loads(raw: bytes) -> Any:
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise MalformedJSON(f"We could not parse the JSON body of your request: {exc}") from None
 
 
 async def _sse(ex: Exchange, served: Served) -> AsyncIterator[bytes]:

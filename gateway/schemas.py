@@ -59,11 +59,15 @@ class CompletionRequest(_Common):
     suffix: str | None = None
 
 
-def parse_json(raw: bytes) -> dict[str, Any]:
+def parse_any_json(raw: bytes) -> Any:
     try:
-        body = orjson.loads(raw)
+        return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise MalformedJSON(f"We could not parse the JSON body of your request: {exc}") from None
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    body = parse_any_json(raw)
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object")
     return body

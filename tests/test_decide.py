@@ -160,6 +160,8 @@ def test_batch_answers_in_order_with_per_item_errors(gw: Gateway) -> None:
     ({"question": "x", "type": "yes_no", "colour": "red"}, "colour"),
     ({"question": "x", "type": "yes_no", "policy_overrides": {"thresholds": {"nope": {"yes_no": 0.5}}}},
      "policy_overrides.thresholds"),
+    ({"question": "x", "type": "yes_no", "policy_overrides": {"thresholds": {"scorer": {"yes_no": 1.5}}}},
+     "policy_overrides.thresholds.scorer.yes_no"),
 ])
 def test_bad_questions_get_a_400_naming_the_field(gw: Gateway, body: dict[str, object], param: str) -> None:
     with gw.http() as http:
