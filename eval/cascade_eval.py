@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from classifiers.calibration import ece, fit_temperature
+from eval.sweep import Curve, curve
 from eval.tier_outputs import Row
 from policies.answers import same_number
 from policies.cascade import CascadeExhausted, Gate, TierAnswer, drive, read, run
@@ -100,11 +101,16 @@ class SetReport:
     alone: dict[str, float]  # tier -> accuracy answering everything itself
     ece: dict[str, float]  # tier -> ECE of its top-option probability (after temperature)
     latency_ms: dict[str, float]  # tier -> mean per question
-    cascade: float
-    share: dict[str, float]  # tier -> share of questions it answered in the cascade
-    past_first: float  # share escalated past the first tier
-    failed: int
+    ece_raw: dict[str, float] = field(default_factory=dict)  # the same at temperature 1 (before calibration)
+    brier: dict[str, float] = field(default_factory=dict)  # tier -> Brier score over the options (after)
+    latency_p50_ms: dict[str, float] = field(default_factory=dict)
+    latency_p99_ms: dict[str, float] = field(default_factory=dict)
+    cascade: float = math.nan
+    share: dict[str, float] = field(default_factory=dict)  # tier -> share of questions it answered in the cascade
+    past_first: float = math.nan  # share escalated past the first tier
+    failed: int = 0
     tiers: list[str] = field(default_factory=list)
+    curve: Curve = field(default_factory=Curve)
 
 
 def evaluate(tiers: Sequence[TierSpec], rows: Sequence[Row]) -> list[SetReport]:
@@ -117,14 +123,9 @@ def evaluate(tiers: Sequence[TierSpec], rows: Sequence[Row]) -> list[SetReport]:
 def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[Row]) -> SetReport:
     tiers = [t for t in tiers if any(r.id in t.outputs for r in rows)]  # a recorded tier covers some sets only
     rows = [r for r in rows if all(r.id in t.outputs for t in tiers)]
-    alone, calib, latency = {}, {}, {}
+    report = SetReport(source, qtype, len(rows), {}, {}, {})
     for t in tiers:
-        readings = [(read(r.question, t.gate(), t.outputs[r.id]), r) for r in _usable(rows, t.outputs)]
-        correct = np.array([right(r, rd.answer) for rd, r in readings], dtype=float)
-        conf = np.array([max(rd.probabilities.values()) for rd, _ in readings])
-        alone[t.name] = float(correct.mean()) if len(correct) else math.nan
-        calib[t.name] = ece(conf, correct) if len(correct) else math.nan
-        latency[t.name] = float(np.mean([t.outputs[r.id].latency_ms for r in rows])) if rows else math.nan
+        _measure_tier(report, t, rows)
     gates = [t.gate() for t in tiers]
     by_name = {t.name: t for t in tiers}
     wins, answered_by, failed = 0, defaultdict(int), 0
@@ -138,5 +139,29 @@ def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[
         answered_by[d.tier] += 1
     n = len(rows)
     share = {t.name: answered_by[t.name] / n if n else 0.0 for t in tiers}
-    return SetReport(source, qtype, n, alone, calib, latency, wins / n if n else math.nan, share,
-                     1.0 - share[tiers[0].name], failed, [t.name for t in tiers])
+    report.cascade, report.share, report.failed = wins / n if n else math.nan, share, failed
+    report.past_first, report.tiers = 1.0 - share[tiers[0].name], [t.name for t in tiers]
+    report.curve = curve(gates, [t.outputs for t in tiers], rows, right)
+    return report
+
+
+def _measure_tier(report: SetReport, t: TierSpec, rows: Sequence[Row]) -> None:
+    """One tier answering every row itself: accuracy, calibration before and after, latency."""
+    usable = _usable(rows, t.outputs)
+    raw_gate = Gate(t.name, t.kind)
+    after = [read(r.question, t.gate(), t.outputs[r.id]) for r in usable]
+    before = [read(r.question, raw_gate, t.outputs[r.id]) for r in usable]
+    correct = np.array([right(r, rd.answer) for rd, r in zip(after, usable, strict=True)], dtype=float)
+    nan = math.nan
+    report.alone[t.name] = float(correct.mean()) if len(correct) else nan
+    report.ece[t.name] = ece(np.array([max(rd.probabilities.values()) for rd in after]), correct) if usable else nan
+    report.ece_raw[t.name] = ece(np.array([max(rd.probabilities.values()) for rd in before]),
+                                 np.array([right(r, rd.answer) for rd, r in zip(before, usable, strict=True)],
+                                          dtype=float)) if usable else nan
+    briers = [sum((p - (o == r.answer)) ** 2 for o, p in rd.probabilities.items())
+              for rd, r in zip(after, usable, strict=True) if not r.question.numeric]
+    report.brier[t.name] = float(np.mean(briers)) if briers else nan
+    ms = np.array([t.outputs[r.id].latency_ms for r in rows])
+    report.latency_ms[t.name] = float(ms.mean()) if len(ms) else nan
+    report.latency_p50_ms[t.name] = float(np.percentile(ms, 50)) if len(ms) else nan
+    report.latency_p99_ms[t.name] = float(np.percentile(ms, 99)) if len(ms) else nan

@@ -87,3 +87,16 @@ def test_numeric_rows_are_compared_as_numbers() -> None:
     [report] = evaluate([cheap, top], rows)
     assert report.cascade == pytest.approx(2 / 3) and report.alone["top"] == pytest.approx(2 / 3)
     assert report.share == {"scorer": 0.0, "top": 1.0}
+
+
+def test_sweep_curve_and_apgr() -> None:
+    # the cheap tier is right on its sure half and wrong on its unsure half; the top tier always right
+    rows = [row(i, "yes", "test") for i in range(10)] + [row(i, "no", "test") for i in range(10, 20)]
+    cheap = TierSpec("cheap", "encoder", {r.id: yes(0.95 if r.answer == "yes" else 0.6) for r in rows})
+    top = TierSpec("top", "recorded", {r.id: yes(0.99 if r.answer == "yes" else 0.01) for r in rows})
+    [report] = evaluate([cheap, top], rows)
+    c = report.curve
+    assert (c.first, c.last) == (0.5, 1.0)
+    assert (0.0, 0.5) in c.points and (1.0, 1.0) in c.points and (0.5, 1.0) in c.points
+    assert c.share_for_50 == 0.5 and c.share_for_80 == 0.5  # escalating the unsure half recovers it all
+    assert c.apgr == pytest.approx(0.75)  # PGR 0 -> 1 over [0, 0.5], then 1: better than random's 0.5

@@ -65,5 +65,16 @@ cascade:
     assert again.returncode == 0 and json.loads((out / "report.json").read_text())["sets"] == report["sets"]
     assert all(len((out / "cache" / c).read_text().splitlines()) == 40 for c in caches)
 
+    for name in ("report.md", "curves.png", "reliability.png"):
+        assert (out / name).stat().st_size > 0
+    assert "| toy | yes_no | 10 |" in (out / "report.md").read_text()
+    assert row["curve"]["points"] and 0 <= row["brier"]["scorer"] <= 2 and row["latency_p99_ms"]["pool"] > 0
+
+    gate = subprocess.run([*cmd, "--no-plots", "--fail-under", "accuracy=1.01"], capture_output=True, text=True)
+    assert gate.returncode == 1 and "accuracy" in gate.stdout
+    ok = subprocess.run([*cmd, "--no-plots", "--fail-under", "accuracy=0.0,ece=1.0"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout
+    bad = subprocess.run([*cmd, "--fail-under", "speed=3"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "expected KEY=NUMBER" in bad.stderr
     bad = subprocess.run([*cmd[:-4], "--data", str(tmp_path / "missing.jsonl")], capture_output=True, text=True)
     assert bad.returncode == 2 and "no such file" in bad.stderr

@@ -26,13 +26,21 @@ def evaluate(
     test_cap: Annotated[int, typer.Option(help="Test rows per set (a seeded sample).")] = 300,
     slack: Annotated[float, typer.Option(help="Accuracy a cheaper tier may give up against the last one.")] = 0.0,
     patch: Annotated[Path | None, typer.Option(help="Write the fitted numbers here as a YAML policy patch.")] = None,
+    fail_under: Annotated[str | None, typer.Option(
+        help="Gates for CI, e.g. accuracy=0.8,ece=0.05 (also apgr, escalation): exit 1 when one is missed.")] = None,
+    plots: Annotated[bool, typer.Option(help="Draw curves.png and reliability.png.")] = True,
 ) -> None:
     """Fit temperatures and thresholds on dev rows, then report each tier and the cascade on test rows."""
-    from eval import cascade_eval, tier_runs
+    from eval import cascade_eval, gates, report_md, tier_runs
     from eval.tier_outputs import TierCache, typed_rows
     from policies.tiers import EncoderTier, ScorerTier
 
     console = Console(highlight=False)
+    try:
+        limits = gates.parse(fail_under or "")
+    except ValueError as exc:
+        typer.echo(f"--fail-under {exc}", err=True)
+        raise typer.Exit(2) from None
     try:
         pol = loader.load(policy)
     except PolicyInvalid as exc:
@@ -81,16 +89,28 @@ def evaluate(
     reports = cascade_eval.evaluate(specs, test)
     _print(console, specs, reports)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"version": 1, "policy": str(policy), "data": [str(p) for p in data], "top": top,
+    doc: object = {"version": 1, "policy": str(policy), "data": [str(p) for p in data], "top": top,
            "dev_cap": dev_cap, "test_cap": test_cap, "slack": slack,
            "tiers": [{"name": s.name, "kind": s.kind, "temperature": s.temperatures, "thresholds": s.thresholds}
                      for s in specs],
            "sets": [asdict(r) for r in reports]}
-    (out / "report.json").write_text(json.dumps(_clean(doc), indent=2, allow_nan=False))
-    console.print(f"wrote {out / 'report.json'}")
+    doc = _clean(doc)
+    (out / "report.json").write_text(json.dumps(doc, indent=2, allow_nan=False))
+    (out / "report.md").write_text(report_md.render(doc))  # type: ignore[arg-type]
+    if plots:
+        from eval import plots as draw
+
+        draw.curves(reports, out / "curves.png")
+        draw.reliability(specs, test, out / "reliability.png")
+    console.print(f"wrote {out / 'report.json'}, report.md" + (", curves.png, reliability.png" if plots else ""))
     if patch is not None:
         patch.write_text(policy_patch(policy, specs, reports, len(dev)))
         console.print(f"wrote {patch} (review it, then merge it into {policy} yourself)")
+    missed = gates.failures(reports, limits)
+    for line in missed:
+        console.print(f"[red]fail-under[/red]: {line}")
+    if missed:
+        raise typer.Exit(1)
 
 
 def policy_patch(policy: Path, specs: list, reports: list, dev_rows: int) -> str:
