@@ -29,29 +29,79 @@ class Row:
     category: str | None
 
 
-def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def read_jsonl(path: Path, problems: list[str] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Objects with their line numbers. A line that is not a JSON object is skipped; with
+    ``problems`` given it is reported there as ``file:line: reason``, else it raises."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
         for n, line in enumerate(f, 1):
-            if line.strip():
-                yield n, json.loads(line)
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+            except json.JSONDecodeError as exc:
+                if problems is None:
+                    raise
+                problems.append(f"{path.name}:{n}: not JSON ({exc.msg})")
+                continue
+            if not isinstance(doc, dict):
+                if problems is None:
+                    raise ValueError(f"{path}:{n}: not a JSON object")
+                problems.append(f"{path.name}:{n}: not a JSON object")
+                continue
+            yield n, doc
+
+
+def _typed(doc: dict[str, Any]) -> tuple[Row | None, str | None]:
+    """A row from one typed line, or why it cannot be one."""
+    missing = [k for k in ("id", "source", "type", "question", "answer", "split") if not isinstance(doc.get(k), str)]
+    if missing:
+        return None, f"missing or not a string: {', '.join(missing)}"
+    qtype = doc["type"]
+    if qtype == "choice":
+        options = doc.get("options")
+        if not isinstance(options, list) or len(options) < 2 or not all(isinstance(o, str) for o in options):
+            return None, "a choice row needs a list of at least two option strings"
+        if doc["answer"] not in options:
+            return None, f"answer {doc['answer']!r} is not among the options"
+        opts: tuple[str, ...] = tuple(options)
+    elif qtype == "yes_no":
+        if doc["answer"] not in YES_NO:
+            return None, f"a yes_no answer is 'yes' or 'no', not {doc['answer']!r}"
+        opts = YES_NO
+    elif qtype == "score":
+        opts = ()
+    else:
+        return None, f"unknown type {qtype!r}"
+    q = Question(qtype, doc["question"], opts, doc.get("context") if isinstance(doc.get("context"), str) else None)
+    category = doc.get("category") if isinstance(doc.get("category"), str) else None
+    return Row(doc["id"], doc["source"], doc["split"], q, doc["answer"], category), None
 
 
 def _bucket(key: str) -> float:
     return int.from_bytes(hashlib.sha256(f"triage-eval:{key}".encode()).digest()[:4], "big") / 2**32
 
 
-def typed_rows(path: Path, split: str, cap: int | None = None) -> list[Row]:
+def typed_rows(path: Path, split: str, cap: int | None = None,
+               problems: list[str] | None = None) -> list[Row]:
     """Choice, yes/no and numeric rows of one typed file and split; at most ``cap`` of them, a
     seeded sample by hash of the id (the same rows on every machine). A ``score`` row is a number
-    with no scale (GSM8K and the like): generation, compared as a number."""
-    rows = []
-    for _, r in read_jsonl(path):
-        if r.get("split") != split or r.get("type") not in ("choice", "yes_no", "score"):
+    with no scale (GSM8K and the like): generation, compared as a number. A line that cannot be a
+    row (malformed JSON, a missing field, an answer not among the options, an unknown type) is
+    skipped and reported in ``problems`` with its line number; unknown extra fields are ignored."""
+    rows, seen = [], set()
+    for n, doc in read_jsonl(path, problems if problems is not None else []):
+        if doc.get("split") != split:
             continue
-        options = tuple(r["options"]) if r["type"] == "choice" else YES_NO if r["type"] == "yes_no" else ()
-        q = Question(r["type"], r["question"], options, r.get("context"))
-        rows.append(Row(r["id"], r["source"], split, q, r["answer"], r.get("category")))
+        row, why = _typed(doc)
+        if row is not None and row.id in seen:
+            row, why = None, f"duplicate id {row.id!r}"
+        if row is None:
+            if problems is not None:
+                problems.append(f"{path.name}:{n}: {why}")
+            continue
+        seen.add(row.id)
+        rows.append(row)
     if cap is not None and len(rows) > cap:
         rows = sorted(rows, key=lambda row: _bucket(row.id))[:cap]
         rows.sort(key=lambda row: row.id)

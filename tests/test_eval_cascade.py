@@ -100,3 +100,34 @@ def test_sweep_curve_and_apgr() -> None:
     assert (0.0, 0.5) in c.points and (1.0, 1.0) in c.points and (0.5, 1.0) in c.points
     assert c.share_for_50 == 0.5 and c.share_for_80 == 0.5  # escalating the unsure half recovers it all
     assert c.apgr == pytest.approx(0.75)  # PGR 0 -> 1 over [0, 0.5], then 1: better than random's 0.5
+
+
+def test_bad_lines_are_reported_with_their_number_and_skipped(tmp_path: Path) -> None:
+    good = {"id": "t-test-0", "source": "t", "type": "choice", "question": "?", "context": None,
+            "options": ["a", "b"], "answer": "a", "category": None, "split": "test", "extra": "ignored"}
+    lines = [
+        json.dumps(good),
+        "{not json",
+        json.dumps({**good, "id": "t-test-1", "answer": "c"}),
+        json.dumps({**good, "id": "t-test-2", "type": "essay"}),
+        json.dumps({**good, "id": "t-test-3", "question": None}),
+        json.dumps([1, 2]),
+        json.dumps(good),
+        json.dumps({**good, "id": "t-test-4", "type": "yes_no", "options": None, "answer": "maybe"}),
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    problems: list[str] = []
+    rows = typed_rows(path, "test", problems=problems)
+    assert [r.id for r in rows] == ["t-test-0"]
+    assert problems == [
+        "t.jsonl:2: not JSON (Expecting property name enclosed in double quotes)",
+        "t.jsonl:3: answer 'c' is not among the options",
+        "t.jsonl:4: unknown type 'essay'",
+        "t.jsonl:5: missing or not a string: question",
+        "t.jsonl:6: not a JSON object",
+        "t.jsonl:7: duplicate id 't-test-0'",
+        "t.jsonl:8: a yes_no answer is 'yes' or 'no', not 'maybe'",
+    ]
+    (tmp_path / "empty.jsonl").write_text("")
+    assert typed_rows(tmp_path / "empty.jsonl", "test", problems=problems) == []

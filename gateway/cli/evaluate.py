@@ -54,8 +54,12 @@ def evaluate(
     if missing:
         typer.echo(f"no such file: {', '.join(missing)}", err=True)
         raise typer.Exit(2)
-    dev = [r for p in data for r in typed_rows(p, "dev", dev_cap)]
-    test = [r for p in data for r in typed_rows(p, "test", test_cap)]
+    problems: list[str] = []
+    dev = [r for p in data for r in typed_rows(p, "dev", dev_cap, problems)]
+    test = [r for p in data for r in typed_rows(p, "test", test_cap, problems)]
+    problems = list(dict.fromkeys(problems))  # a file's bad lines are met once per split read
+    for line in problems:
+        console.print(f"[yellow]skipped[/yellow] {line}")
     if not test:
         typer.echo("no typed test rows in the given files", err=True)
         raise typer.Exit(2)
@@ -90,7 +94,7 @@ def evaluate(
     _print(console, specs, reports)
     out.mkdir(parents=True, exist_ok=True)
     doc: object = {"version": 1, "policy": str(policy), "data": [str(p) for p in data], "top": top,
-           "dev_cap": dev_cap, "test_cap": test_cap, "slack": slack,
+           "dev_cap": dev_cap, "test_cap": test_cap, "slack": slack, "skipped_lines": problems,
            "tiers": [{"name": s.name, "kind": s.kind, "temperature": s.temperatures, "thresholds": s.thresholds}
                      for s in specs],
            "sets": [asdict(r) for r in reports]}
