@@ -65,9 +65,14 @@ def fit_temperatures(tier: TierSpec, dev: Sequence[Row]) -> None:
         tier.temperatures[qtype] = round(fit_temperature(logits, y), 4)
 
 
-def fit_thresholds(tiers: Sequence[TierSpec], dev: Sequence[Row], slack: float = 0.0) -> None:
-    """Per type, for each tier but the last: the lowest threshold where the tier's accuracy on the
-    questions it keeps is at least the last tier's on those same questions, minus ``slack``."""
+def fit_thresholds(tiers: Sequence[TierSpec], dev: Sequence[Row], slack: float = 0.0,
+                   target: tuple[str, float] | None = None) -> None:
+    """Per type, for each tier but the last, the lowest threshold such that:
+    - no target: the questions the tier keeps are answered at least as well by it as by the last
+      tier that answered them (less ``slack``);
+    - ``("accuracy", x)``: the questions it keeps are answered right at least ``x`` of the time;
+    - ``("escalation", x)``: (first tier) at most ``x`` of the questions go past it; later tiers
+      as with no target."""
     for i, tier in enumerate(tiers[:-1]):
         by_type: dict[str, list[tuple[float, bool, bool]]] = defaultdict(list)
         for r in dev:
@@ -80,7 +85,24 @@ def fit_thresholds(tiers: Sequence[TierSpec], dev: Sequence[Row], slack: float =
             theirs = read(r.question, top.gate(), b)
             by_type[r.question.type].append((mine.confidence, mine.answer == r.answer, theirs.answer == r.answer))
         for qtype, points in by_type.items():
-            tier.thresholds[qtype] = _lowest_safe(points, slack)
+            if target is not None and target[0] == "accuracy":
+                tier.thresholds[qtype] = _lowest_at_least(points, target[1])
+            elif target is not None and target[0] == "escalation" and i == 0:
+                confidences = sorted(c for c, _, _ in points)
+                k = min(int(target[1] * len(confidences)), len(confidences) - 1)
+                tier.thresholds[qtype] = float(confidences[k])  # about a share x falls below it
+            else:
+                tier.thresholds[qtype] = _lowest_safe(points, slack)
+
+
+def _lowest_at_least(points: list[tuple[float, bool, bool]], accuracy: float, min_kept: int = 10) -> float:
+    for t in GRID:
+        kept = [m for c, m, _ in points if c >= t]
+        if len(kept) < min_kept:
+            break
+        if np.mean(kept) >= accuracy:
+            return float(t)
+    return 1.0
 
 
 def _lowest_safe(points: list[tuple[float, bool, bool]], slack: float, min_kept: int = 10) -> float:

@@ -131,3 +131,20 @@ def test_bad_lines_are_reported_with_their_number_and_skipped(tmp_path: Path) ->
     ]
     (tmp_path / "empty.jsonl").write_text("")
     assert typed_rows(tmp_path / "empty.jsonl", "test", problems=problems) == []
+
+
+def test_threshold_targets() -> None:
+    rows = [row(i, "yes") for i in range(20)] + [row(i, "no") for i in range(20, 40)]
+
+    def spec() -> TierSpec:
+        return TierSpec("cheap", "encoder", {r.id: yes(0.95 if r.answer == "yes" else 0.58) for r in rows})
+    top = TierSpec("top", "recorded", {r.id: yes(0.99 if r.answer == "yes" else 0.01) for r in rows})
+    easy, strict = spec(), spec()
+    fit_thresholds([easy, top], rows, target=("accuracy", 0.5))
+    fit_thresholds([strict, top], rows, target=("accuracy", 0.9))
+    assert easy.thresholds["yes_no"] == 0.0  # right half the time on everything: a 0.5 target keeps it all
+    assert 2 * 0.58 - 1 < strict.thresholds["yes_no"] <= 2 * 0.95 - 1
+    spread = TierSpec("cheap", "encoder", {r.id: yes(0.51 + i / 100) for i, r in enumerate(rows)})
+    fit_thresholds([spread, top], rows, target=("escalation", 0.25))
+    [report] = evaluate([spread, top], rows)
+    assert report.past_first == pytest.approx(0.25, abs=1 / 40)

@@ -74,6 +74,13 @@ cascade:
     assert gate.returncode == 1 and "accuracy" in gate.stdout
     ok = subprocess.run([*cmd, "--no-plots", "--fail-under", "accuracy=0.0,ece=1.0"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout
+    targeted = subprocess.run([sys.executable, "-m", "gateway.cli", "calibrate", "--policy", str(policy), "--data",
+                               str(data), "--patch", str(out / "calibrated.yaml"), "--target", "accuracy=0.6"],
+                              capture_output=True, text=True)
+    assert targeted.returncode == 0, targeted.stdout + targeted.stderr
+    assert "target accuracy 0.6: dev" in targeted.stdout and "cascade:" in (out / "calibrated.yaml").read_text()
+    bad = subprocess.run([*cmd, "--target", "speed=3"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "expected accuracy=X or escalation=X" in bad.stderr
     bad = subprocess.run([*cmd, "--fail-under", "speed=3"], capture_output=True, text=True)
     assert bad.returncode == 2 and "expected KEY=NUMBER" in bad.stderr
     bad = subprocess.run([*cmd[:-4], "--data", str(tmp_path / "missing.jsonl")], capture_output=True, text=True)

@@ -18,6 +18,7 @@ app.command("validate")(validate.validate)
 app.command("train")(train.train)
 app.command("route")(route.route)
 app.command("eval")(evaluate.evaluate)
+app.command("calibrate")(evaluate.calibrate)
 app.add_typer(bench.app, name="bench")
 
 

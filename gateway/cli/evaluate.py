@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -16,105 +16,208 @@ from rich.table import Table
 from gateway.errors import PolicyInvalid
 from policies import loader
 
+_Policy = Annotated[Path, typer.Option(help="Policy YAML with a `cascade` section.")]
+_Data = Annotated[list[Path], typer.Option(help="Typed JSONL files (dev rows fit, test rows report).")]
+_Top = Annotated[str | None, typer.Option(help="A recorded model (model_labels) as the last tier.")]
+_DevCap = Annotated[int, typer.Option(help="Dev rows per set (a seeded sample).")]
+_TestCap = Annotated[int, typer.Option(help="Test rows per set (a seeded sample).")]
+_Target = Annotated[str | None, typer.Option(
+    help="accuracy=X (kept answers right X of the time) or escalation=X (at most X past the first tier); "
+         "default: a cheaper tier keeps what it answers as well as the last tier")]
+
 
 def evaluate(
-    policy: Annotated[Path, typer.Option(help="Policy YAML with a `cascade` section.")],
-    data: Annotated[list[Path], typer.Option(help="Typed JSONL files (dev rows fit, test rows report).")],
-    out: Annotated[Path, typer.Option(help="Folder for report.json and the tier caches.")] = Path("out/eval"),
-    top: Annotated[str | None, typer.Option(help="A recorded model (model_labels) as the last tier.")] = None,
-    dev_cap: Annotated[int, typer.Option(help="Dev rows per set (a seeded sample).")] = 300,
-    test_cap: Annotated[int, typer.Option(help="Test rows per set (a seeded sample).")] = 300,
+    policy: _Policy,
+    data: _Data,
+    out: Annotated[Path, typer.Option(help="Folder for the report, the plots and the tier caches.")] = Path("out/eval"),
+    top: _Top = None,
+    dev_cap: _DevCap = 300,
+    test_cap: _TestCap = 300,
     slack: Annotated[float, typer.Option(help="Accuracy a cheaper tier may give up against the last one.")] = 0.0,
+    target: _Target = None,
     patch: Annotated[Path | None, typer.Option(help="Write the fitted numbers here as a YAML policy patch.")] = None,
     fail_under: Annotated[str | None, typer.Option(
         help="Gates for CI, e.g. accuracy=0.8,ece=0.05 (also apgr, escalation): exit 1 when one is missed.")] = None,
     plots: Annotated[bool, typer.Option(help="Draw curves.png and reliability.png.")] = True,
 ) -> None:
     """Fit temperatures and thresholds on dev rows, then report each tier and the cascade on test rows."""
-    from eval import cascade_eval, gates, report_md, tier_runs
-    from eval.tier_outputs import TierCache, typed_rows
-    from policies.tiers import EncoderTier, ScorerTier
+    from eval import gates
 
     console = Console(highlight=False)
-    try:
-        limits = gates.parse(fail_under or "")
-    except ValueError as exc:
-        typer.echo(f"--fail-under {exc}", err=True)
-        raise typer.Exit(2) from None
-    try:
-        pol = loader.load(policy)
-    except PolicyInvalid as exc:
-        for problem in exc.problems:
-            typer.echo(problem, err=True)
-        raise typer.Exit(2) from None
-    if pol.cascade is None:
-        typer.echo(f"{policy}: the policy has no `cascade` section", err=True)
-        raise typer.Exit(2)
-    missing = [str(p) for p in data if not p.is_file()]
-    if missing:
-        typer.echo(f"no such file: {', '.join(missing)}", err=True)
-        raise typer.Exit(2)
-    problems: list[str] = []
-    dev = [r for p in data for r in typed_rows(p, "dev", dev_cap, problems)]
-    test = [r for p in data for r in typed_rows(p, "test", test_cap, problems)]
-    problems = list(dict.fromkeys(problems))  # a file's bad lines are met once per split read
-    for line in problems:
-        console.print(f"[yellow]skipped[/yellow] {line}")
-    if not test:
-        typer.echo("no typed test rows in the given files", err=True)
-        raise typer.Exit(2)
-    base = policy.resolve().parent
-    specs: list[cascade_eval.TierSpec] = []
-    live: tier_runs.Live | None = None
-    for tier in pol.cascade.tiers:
-        if isinstance(tier, EncoderTier):
-            compute, fingerprint = tier_runs.encoder(pol, base)
-            key = f"encoder-{pol.classifier.encoder.precision}-{fingerprint}"  # type: ignore[union-attr]
-        elif isinstance(tier, ScorerTier):
-            b = pol.backends[tier.backend]
-            model = b.gguf.package or Path(b.gguf.path or "").name  # type: ignore[union-attr]
-            compute, key = tier_runs.scorer(pol, tier), f"scorer-{model}-t{tier.templates.version}-{tier.length_norm}"
-        else:
-            live = live or tier_runs.Live(pol, base)
-            compute, key = live.compute(tier), f"model-{tier.model}-{pol.upstream_name(tier.model)}"
-        cache = TierCache(out / "cache" / f"{key}.jsonl")
-        specs.append(cascade_eval.TierSpec(tier.name, tier.type, _fill(console, cache, dev + test, compute, tier.name)))
-    if live is not None:
-        live.close()
-    if top is not None:
-        data_dir = data[0].resolve().parents[1]
-        by_source = tier_runs.recorded(data_dir, top)
-        outputs = {r.id: by_source[r.source](r) for r in dev + test if r.source in by_source}
-        specs.append(cascade_eval.TierSpec(top, "recorded", outputs))
-    for spec in specs:
-        if spec.kind != "recorded":  # a recorded answer carries no probabilities to calibrate
-            cascade_eval.fit_temperatures(spec, dev)
-    cascade_eval.fit_thresholds(specs, dev, slack)
-    reports = cascade_eval.evaluate(specs, test)
-    _print(console, specs, reports)
-    out.mkdir(parents=True, exist_ok=True)
-    doc: object = {"version": 1, "policy": str(policy), "data": [str(p) for p in data], "top": top,
-           "dev_cap": dev_cap, "test_cap": test_cap, "slack": slack, "skipped_lines": problems,
-           "tiers": [{"name": s.name, "kind": s.kind, "temperature": s.temperatures, "thresholds": s.thresholds}
-                     for s in specs],
-           "sets": [asdict(r) for r in reports]}
-    doc = _clean(doc)
-    (out / "report.json").write_text(json.dumps(doc, indent=2, allow_nan=False))
-    (out / "report.md").write_text(report_md.render(doc))  # type: ignore[arg-type]
-    if plots:
-        from eval import plots as draw
-
-        draw.curves(reports, out / "curves.png")
-        draw.reliability(specs, test, out / "reliability.png")
-    console.print(f"wrote {out / 'report.json'}, report.md" + (", curves.png, reliability.png" if plots else ""))
+    limits = _parsed(lambda: gates.parse(fail_under or ""), "--fail-under")
+    goal = _parsed(lambda: _target(target), "--target")
+    run = _Run.prepare(console, policy, data, out, top, dev_cap, test_cap)
+    reports = run.fit_and_report(slack, goal)
+    run.write(reports, plots)
     if patch is not None:
-        patch.write_text(policy_patch(policy, specs, reports, len(dev)))
+        patch.write_text(policy_patch(policy, run.specs, reports, len(run.dev)))
         console.print(f"wrote {patch} (review it, then merge it into {policy} yourself)")
     missed = gates.failures(reports, limits)
     for line in missed:
         console.print(f"[red]fail-under[/red]: {line}")
     if missed:
         raise typer.Exit(1)
+
+
+def calibrate(
+    policy: _Policy,
+    data: _Data,
+    patch: Annotated[Path, typer.Option(help="Where to write the YAML patch.")] = Path("out/calibrate/patch.yaml"),
+    target: _Target = None,
+    top: _Top = None,
+    dev_cap: _DevCap = 300,
+    test_cap: _TestCap = 300,
+) -> None:
+    """Fit each tier's temperatures and thresholds on dev rows, check them on test rows, and write a
+    reviewable YAML patch (the policy file is never edited)."""
+    evaluate(policy, data, patch.parent, top, dev_cap, test_cap, 0.0, target, patch, None, False)
+
+
+def _parsed(fn, flag: str):  # type: ignore[no-untyped-def]
+    try:
+        return fn()
+    except ValueError as exc:
+        typer.echo(f"{flag} {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _target(spec: str | None) -> tuple[str, float] | None:
+    if not spec:
+        return None
+    key, sep, value = spec.partition("=")
+    if not sep or key not in ("accuracy", "escalation"):
+        raise ValueError(f"'{spec}': expected accuracy=X or escalation=X")
+    x = float(value)
+    if not 0 <= x <= 1:
+        raise ValueError(f"'{spec}': X must be within [0, 1]")
+    return key, x
+
+
+@dataclass
+class _Run:
+    console: Console
+    policy: Path
+    data: list[Path]
+    out: Path
+    top: str | None
+    caps: tuple[int, int]
+    dev: list
+    test: list
+    problems: list[str]
+    specs: list = field(default_factory=list)
+
+    @classmethod
+    def prepare(cls, console: Console, policy: Path, data: list[Path], out: Path, top: str | None,
+                dev_cap: int, test_cap: int) -> _Run:
+        from eval.tier_outputs import typed_rows
+
+        pol = _policy(policy)
+        missing = [str(p) for p in data if not p.is_file()]
+        if missing:
+            typer.echo(f"no such file: {', '.join(missing)}", err=True)
+            raise typer.Exit(2)
+        problems: list[str] = []
+        dev = [r for p in data for r in typed_rows(p, "dev", dev_cap, problems)]
+        test = [r for p in data for r in typed_rows(p, "test", test_cap, problems)]
+        problems = list(dict.fromkeys(problems))  # a file's bad lines are met once per split read
+        for line in problems:
+            console.print(f"[yellow]skipped[/yellow] {line}")
+        if not test:
+            typer.echo("no typed test rows in the given files", err=True)
+            raise typer.Exit(2)
+        run = cls(console, policy, data, out, top, (dev_cap, test_cap), dev, test, problems)
+        run.specs = run._tier_outputs(pol)
+        return run
+
+    def _tier_outputs(self, pol: Any) -> list:
+        from eval import cascade_eval, tier_runs
+        from eval.tier_outputs import TierCache
+        from policies.tiers import EncoderTier, ScorerTier
+
+        base, rows, specs = self.policy.resolve().parent, self.dev + self.test, []
+        live: tier_runs.Live | None = None
+        for tier in pol.cascade.tiers:
+            if isinstance(tier, EncoderTier):
+                compute, fingerprint = tier_runs.encoder(pol, base)
+                key = f"encoder-{pol.classifier.encoder.precision}-{fingerprint}"
+            elif isinstance(tier, ScorerTier):
+                b = pol.backends[tier.backend]
+                model = b.gguf.package or Path(b.gguf.path or "").name
+                compute = tier_runs.scorer(pol, tier)
+                key = f"scorer-{model}-t{tier.templates.version}-{tier.length_norm}"
+            else:
+                live = live or tier_runs.Live(pol, base)
+                compute, key = live.compute(tier), f"model-{tier.model}-{pol.upstream_name(tier.model)}"
+            cache = TierCache(self.out / "cache" / f"{key}.jsonl")
+            outputs = _fill(self.console, cache, rows, compute, tier.name)
+            specs.append(cascade_eval.TierSpec(tier.name, tier.type, outputs))
+        if live is not None:
+            live.close()
+        if self.top is not None:
+            by_source = tier_runs.recorded(self.data[0].resolve().parents[1], self.top)
+            outputs = {r.id: by_source[r.source](r) for r in rows if r.source in by_source}
+            specs.append(cascade_eval.TierSpec(self.top, "recorded", outputs))
+        return specs
+
+    def fit_and_report(self, slack: float, goal: tuple[str, float] | None) -> list:
+        from eval import cascade_eval
+
+        for spec in self.specs:
+            if spec.kind != "recorded":  # a recorded answer carries no probabilities to calibrate
+                cascade_eval.fit_temperatures(spec, self.dev)
+        cascade_eval.fit_thresholds(self.specs, self.dev, slack, goal)
+        reports = cascade_eval.evaluate(self.specs, self.test)
+        _print(self.console, self.specs, reports)
+        if goal is not None:
+            self.console.print(_check_target(goal, cascade_eval.evaluate(self.specs, self.dev), reports))
+        return reports
+
+    def write(self, reports: list, plots: bool) -> None:
+        from eval import report_md
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        doc: Any = _clean({
+            "version": 1, "policy": str(self.policy), "data": [str(p) for p in self.data], "top": self.top,
+            "dev_cap": self.caps[0], "test_cap": self.caps[1], "skipped_lines": self.problems,
+            "tiers": [{"name": s.name, "kind": s.kind, "temperature": s.temperatures, "thresholds": s.thresholds}
+                      for s in self.specs],
+            "sets": [asdict(r) for r in reports]})
+        (self.out / "report.json").write_text(json.dumps(doc, indent=2, allow_nan=False))
+        (self.out / "report.md").write_text(report_md.render(doc))
+        if plots:
+            from eval import plots as draw
+
+            draw.curves(reports, self.out / "curves.png")
+            draw.reliability(self.specs, self.test, self.out / "reliability.png")
+        self.console.print(f"wrote {self.out / 'report.json'}, report.md"
+                           + (", curves.png, reliability.png" if plots else ""))
+
+
+def _policy(path: Path) -> Any:
+    try:
+        pol = loader.load(path)
+    except PolicyInvalid as exc:
+        for problem in exc.problems:
+            typer.echo(problem, err=True)
+        raise typer.Exit(2) from None
+    if pol.cascade is None:
+        typer.echo(f"{path}: the policy has no `cascade` section", err=True)
+        raise typer.Exit(2)
+    return pol
+
+
+def _pooled(reports: list, attr: str) -> float:
+    n = sum(r.n for r in reports)
+    return sum(getattr(r, attr) * r.n for r in reports if math.isfinite(getattr(r, attr))) / n if n else math.nan
+
+
+def _check_target(goal: tuple[str, float], dev: list, test: list) -> str:
+    """Whether the target held on test rows (within 2 points), and by how much it missed if not."""
+    attr = "cascade" if goal[0] == "accuracy" else "past_first"
+    on_dev, on_test = _pooled(dev, attr), _pooled(test, attr)
+    miss = (goal[1] - on_test) if goal[0] == "accuracy" else (on_test - goal[1])
+    verdict = "held" if miss <= 0.02 else f"[red]missed by {miss * 100:.1f} points[/red]"
+    return f"target {goal[0]} {goal[1]}: dev {on_dev:.3f}, test {on_test:.3f}: {verdict}"
 
 
 def policy_patch(policy: Path, specs: list, reports: list, dev_rows: int) -> str:
