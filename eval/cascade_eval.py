@@ -20,7 +20,7 @@ from classifiers.calibration import ece, fit_temperature
 from eval.sweep import Curve, curve
 from eval.tier_outputs import Row
 from policies.answers import same_number
-from policies.cascade import CascadeExhausted, Gate, TierAnswer, drive, read, run
+from policies.cascade import Ask, CascadeExhausted, Gate, TierAnswer, drive, read, run
 
 Outputs = Mapping[str, TierAnswer]  # row id -> the tier's answer
 GRID = tuple(round(x, 3) for x in np.linspace(0.0, 1.0, 101))
@@ -33,6 +33,12 @@ class TierSpec:
     outputs: Outputs
     temperatures: dict[str, float] = field(default_factory=dict)
     thresholds: dict[str, float] = field(default_factory=dict)
+    per_call: float = 0.0
+    per_1k_tokens: float = 0.0
+
+    def cost(self, answer: TierAnswer) -> float:
+        tokens = sum(v for k, v in (answer.usage or {}).items() if k in ("prompt_tokens", "completion_tokens"))
+        return self.per_call + self.per_1k_tokens * tokens / 1000
 
     def gate(self) -> Gate:
         return Gate(self.name, self.kind, dict(self.thresholds), {}, dict(self.temperatures))
@@ -133,6 +139,9 @@ class SetReport:
     failed: int = 0
     tiers: list[str] = field(default_factory=list)
     curve: Curve = field(default_factory=Curve)
+    cost_per_question: float = math.nan  # through the cascade: every tier asked, at its prices
+    cost_top_per_question: float = math.nan  # asking the last tier alone
+    by_category: dict[str, dict[str, float]] = field(default_factory=dict)  # accuracy, past_first, n
 
 
 def evaluate(tiers: Sequence[TierSpec], rows: Sequence[Row]) -> list[SetReport]:
@@ -150,16 +159,30 @@ def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[
         _measure_tier(report, t, rows)
     gates = [t.gate() for t in tiers]
     by_name = {t.name: t for t in tiers}
-    wins, answered_by, failed = 0, defaultdict(int), 0
+    wins, answered_by, failed, cost = 0, defaultdict(int), 0, 0.0
+    categories: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
     for r in rows:
+        asked: list[str] = []
+
+        def answer_for(ask: Ask, r: Row = r, asked: list[str] = asked) -> TierAnswer:
+            asked.append(ask.tier)
+            return by_name[ask.tier].outputs[r.id]
+
         try:
-            d = drive(run(r.question, gates), lambda ask, r=r: by_name[ask.tier].outputs[r.id])
+            d = drive(run(r.question, gates), answer_for)
+            ok, past = right(r, d.answer), d.tier != tiers[0].name
+            wins += ok
+            answered_by[d.tier] += 1
         except CascadeExhausted:  # counted as a miss, never as a guess
-            failed += 1
-            continue
-        wins += right(r, d.answer)
-        answered_by[d.tier] += 1
+            failed, ok, past = failed + 1, False, True
+        cost += sum(by_name[t].cost(by_name[t].outputs[r.id]) for t in asked)
+        categories[r.category or "-"].append((ok, past))
     n = len(rows)
+    if n:
+        report.cost_per_question = cost / n
+        report.cost_top_per_question = sum(tiers[-1].cost(tiers[-1].outputs[r.id]) for r in rows) / n
+    report.by_category = {c: {"n": len(v), "accuracy": float(np.mean([ok for ok, _ in v])),
+                              "past_first": float(np.mean([p for _, p in v]))} for c, v in sorted(categories.items())}
     share = {t.name: answered_by[t.name] / n if n else 0.0 for t in tiers}
     report.cascade, report.share, report.failed = wins / n if n else math.nan, share, failed
     report.past_first, report.tiers = 1.0 - share[tiers[0].name], [t.name for t in tiers]

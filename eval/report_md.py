@@ -18,8 +18,8 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(f"| {t['name']} | {t['kind']} | {t['temperature'] or '-'} | {t['thresholds'] or '-'} |")
     lines += ["", "## Per set (test rows)", "",
               "| set | type | n | alone (per tier) | cascade | answered by | past first | APGR | share for 50% / 80% "
-              "of the gap | ECE before -> after | Brier | latency p50 / p99 ms |",
-              "|---|---|---:|---|---:|---|---:|---:|---|---|---|---|"]
+              "of the gap | ECE before -> after | Brier | latency p50 / p99 ms | cost per question (top alone) |",
+              "|---|---|---:|---|---:|---|---:|---:|---|---|---|---|---|"]
     for s in doc["sets"]:
         tiers = s["tiers"]
         alone = ", ".join(f"{t} {_f(s['alone'][t])}" for t in tiers)
@@ -31,7 +31,14 @@ def render(doc: dict[str, Any]) -> str:
         c = s["curve"]
         lines.append(f"| {s['source']} | {s['qtype']} | {s['n']} | {alone} | {_f(s['cascade'])} | {share} | "
                      f"{_f(s['past_first'], '.0%')} | {_f(c['apgr'])} | {_f(c['share_for_50'], '.0%')} / "
-                     f"{_f(c['share_for_80'], '.0%')} | {calib} | {brier} | {lat} |")
+                     f"{_f(c['share_for_80'], '.0%')} | {calib} | {brier} | {lat} | "
+                     f"{_f(s['cost_per_question'], '.4g')} ({_f(s['cost_top_per_question'], '.4g')}) |")
+    categories = [(s, c, v) for s in doc["sets"] for c, v in s["by_category"].items() if c != "-"]
+    if categories:
+        lines += ["", "## Per category (test rows)", "", "| set | category | n | cascade accuracy | past first |",
+                  "|---|---|---:|---:|---:|"]
+        lines += [f"| {s['source']} | {c} | {v['n']} | {_f(v['accuracy'])} | {_f(v['past_first'], '.0%')} |"
+                  for s, c, v in categories]
     lines += ["", "APGR: area under the share of the first-to-last-tier accuracy gap recovered, against the share "
               "escalated past the first tier, sweeping one threshold for every tier but the last; random routing "
               "scores 0.5. Plots: `curves.png`, `reliability.png`.", ""]

@@ -121,7 +121,7 @@ class TierCache:
                 self.rows[doc["id"]] = TierAnswer(
                     scores=tuple(doc["scores"]) if doc.get("scores") is not None else None,
                     latency_ms=doc.get("latency_ms", 0.0), error=doc.get("error"), skipped=doc.get("skipped", False),
-                    text=doc.get("text"), confidence=doc.get("confidence"))
+                    text=doc.get("text"), confidence=doc.get("confidence"), usage=doc.get("usage"))
 
     def fill(self, rows: Iterable[Row], compute: Callable[[Row], TierAnswer],
              progress: Callable[[], None] | None = None) -> dict[str, TierAnswer]:
@@ -132,11 +132,12 @@ class TierCache:
                     t0 = time.perf_counter()
                     a = compute(row)
                     ms = round(a.latency_ms or (time.perf_counter() - t0) * 1000, 3)  # as stored: a replay is equal
-                    a = TierAnswer(a.scores, ms, a.error, a.skipped, a.text, a.confidence)
+                    a = TierAnswer(a.scores, ms, a.error, a.skipped, a.text, a.confidence, a.usage)
                     self.rows[row.id] = a
                     out.write(json.dumps({"id": row.id, "scores": a.scores, "latency_ms": ms,
                                           "error": a.error, "skipped": a.skipped, "text": a.text,
-                                          "confidence": a.confidence}) + "\n")
+                                          "confidence": a.confidence,
+                                          "usage": dict(a.usage) if a.usage else None}) + "\n")
                     out.flush()
                 if progress is not None:
                     progress()

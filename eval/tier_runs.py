@@ -66,7 +66,7 @@ def scorer(policy: Policy, tier: ScorerTier) -> Compute:
         values = got.logprobs
         if tier.length_norm == "tokens":
             values = tuple(lp / n for lp, n in zip(values, got.tokens, strict=True))
-        return TierAnswer(scores=values)
+        return TierAnswer(scores=values, usage={"prompt_tokens": got.prompt_tokens - got.reused_tokens})
 
     return compute
 

@@ -15,8 +15,16 @@ _Positive = Annotated[float, Field(gt=0)]
 _FIELDS = {"question", "context", "min", "max"}
 
 
+class TierPrices(Strict):
+    """What asking this tier costs, for `triage eval`'s cost figures (any currency, same for all tiers)."""
+
+    per_call: float = Field(0.0, ge=0)
+    per_1k_tokens: float = Field(0.0, ge=0, description="prompt and completion tokens the tier reported")
+
+
 class _Tier(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    prices: TierPrices = TierPrices()
     thresholds: dict[QuestionType, _Unit] = Field(
         default_factory=dict, description="accept at this confidence or above; a type left out is never accepted here")
     task_thresholds: dict[str, _Unit] = Field(default_factory=dict, description="per task, over the type's")

@@ -34,6 +34,18 @@ def test_threshold_keeps_only_what_the_cheap_tier_gets_as_right_as_the_top() -> 
     assert report.alone == {"cheap": 0.5, "top": 1.0}
     assert report.share == {"cheap": 0.5, "top": 0.5} and report.past_first == 0.5
     assert report.latency_ms == {"cheap": 1.0, "top": 1.0}
+    assert report.by_category == {"-": {"n": 40, "accuracy": 1.0, "past_first": 0.5}}
+
+
+def test_cost_counts_every_tier_asked() -> None:
+    rows = [row(i, "yes", "test") for i in range(10)] + [row(i, "no", "test") for i in range(10, 20)]
+    cheap = TierSpec("cheap", "encoder", {r.id: yes(0.95 if r.answer == "yes" else 0.58) for r in rows},
+                     thresholds={"yes_no": 0.5}, per_call=1.0)
+    top = TierSpec("top", "recorded", {r.id: TierAnswer(scores=yes(0.99).scores, usage={"prompt_tokens": 500})
+                                       for r in rows}, per_call=10.0, per_1k_tokens=2.0)
+    [report] = evaluate([cheap, top], rows)
+    assert report.cost_top_per_question == pytest.approx(11.0)  # 10 per call + 500 tokens at 2 per 1k
+    assert report.cost_per_question == pytest.approx(1.0 + 0.5 * 11.0)  # everyone asks cheap, half go on
 
 
 def test_temperature_is_fitted_per_type_on_dev_rows() -> None:

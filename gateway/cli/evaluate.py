@@ -19,6 +19,7 @@ from policies import loader
 _Policy = Annotated[Path, typer.Option(help="Policy YAML with a `cascade` section.")]
 _Data = Annotated[list[Path], typer.Option(help="Typed JSONL files (dev rows fit, test rows report).")]
 _Top = Annotated[str | None, typer.Option(help="A recorded model (model_labels) as the last tier.")]
+_TopPrice = Annotated[float, typer.Option(help="What one question to the recorded top tier costs.")]
 _DevCap = Annotated[int, typer.Option(help="Dev rows per set (a seeded sample).")]
 _TestCap = Annotated[int, typer.Option(help="Test rows per set (a seeded sample).")]
 _Target = Annotated[str | None, typer.Option(
@@ -31,6 +32,7 @@ def evaluate(
     data: _Data,
     out: Annotated[Path, typer.Option(help="Folder for the report, the plots and the tier caches.")] = Path("out/eval"),
     top: _Top = None,
+    top_price: _TopPrice = 0.0,
     dev_cap: _DevCap = 300,
     test_cap: _TestCap = 300,
     slack: Annotated[float, typer.Option(help="Accuracy a cheaper tier may give up against the last one.")] = 0.0,
@@ -46,7 +48,7 @@ def evaluate(
     console = Console(highlight=False)
     limits = _parsed(lambda: gates.parse(fail_under or ""), "--fail-under")
     goal = _parsed(lambda: _target(target), "--target")
-    run = _Run.prepare(console, policy, data, out, top, dev_cap, test_cap)
+    run = _Run.prepare(console, policy, data, out, (top, top_price), dev_cap, test_cap)
     reports = run.fit_and_report(slack, goal)
     run.write(reports, plots)
     if patch is not None:
@@ -65,12 +67,13 @@ def calibrate(
     patch: Annotated[Path, typer.Option(help="Where to write the YAML patch.")] = Path("out/calibrate/patch.yaml"),
     target: _Target = None,
     top: _Top = None,
+    top_price: _TopPrice = 0.0,
     dev_cap: _DevCap = 300,
     test_cap: _TestCap = 300,
 ) -> None:
     """Fit each tier's temperatures and thresholds on dev rows, check them on test rows, and write a
     reviewable YAML patch (the policy file is never edited)."""
-    evaluate(policy, data, patch.parent, top, dev_cap, test_cap, 0.0, target, patch, None, False)
+    evaluate(policy, data, patch.parent, top, top_price, dev_cap, test_cap, 0.0, target, patch, None, False)
 
 
 def _parsed(fn, flag: str):  # type: ignore[no-untyped-def]
@@ -99,7 +102,7 @@ class _Run:
     policy: Path
     data: list[Path]
     out: Path
-    top: str | None
+    top: tuple[str | None, float]  # a recorded top tier and its price per question
     caps: tuple[int, int]
     dev: list
     test: list
@@ -107,7 +110,7 @@ class _Run:
     specs: list = field(default_factory=list)
 
     @classmethod
-    def prepare(cls, console: Console, policy: Path, data: list[Path], out: Path, top: str | None,
+    def prepare(cls, console: Console, policy: Path, data: list[Path], out: Path, top: tuple[str | None, float],
                 dev_cap: int, test_cap: int) -> _Run:
         from eval.tier_outputs import typed_rows
 
@@ -150,13 +153,15 @@ class _Run:
                 compute, key = live.compute(tier), f"model-{tier.model}-{pol.upstream_name(tier.model)}"
             cache = TierCache(self.out / "cache" / f"{key}.jsonl")
             outputs = _fill(self.console, cache, rows, compute, tier.name)
-            specs.append(cascade_eval.TierSpec(tier.name, tier.type, outputs))
+            specs.append(cascade_eval.TierSpec(tier.name, tier.type, outputs, per_call=tier.prices.per_call,
+                                               per_1k_tokens=tier.prices.per_1k_tokens))
         if live is not None:
             live.close()
-        if self.top is not None:
-            by_source = tier_runs.recorded(self.data[0].resolve().parents[1], self.top)
+        name, price = self.top
+        if name is not None:
+            by_source = tier_runs.recorded(self.data[0].resolve().parents[1], name)
             outputs = {r.id: by_source[r.source](r) for r in rows if r.source in by_source}
-            specs.append(cascade_eval.TierSpec(self.top, "recorded", outputs))
+            specs.append(cascade_eval.TierSpec(name, "recorded", outputs, per_call=price))
         return specs
 
     def fit_and_report(self, slack: float, goal: tuple[str, float] | None) -> list:
@@ -177,7 +182,7 @@ class _Run:
 
         self.out.mkdir(parents=True, exist_ok=True)
         doc: Any = _clean({
-            "version": 1, "policy": str(self.policy), "data": [str(p) for p in self.data], "top": self.top,
+            "version": 1, "policy": str(self.policy), "data": [str(p) for p in self.data], "top": self.top[0],
             "dev_cap": self.caps[0], "test_cap": self.caps[1], "skipped_lines": self.problems,
             "tiers": [{"name": s.name, "kind": s.kind, "temperature": s.temperatures, "thresholds": s.thresholds}
                       for s in self.specs],
