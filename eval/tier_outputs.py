@@ -12,7 +12,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +132,7 @@ class TierCache:
                     t0 = time.perf_counter()
                     a = compute(row)
                     ms = round(a.latency_ms or (time.perf_counter() - t0) * 1000, 3)  # as stored: a replay is equal
-                    a = TierAnswer(a.scores, ms, a.error, a.skipped, a.text, a.confidence, a.usage)
+                    a = replace(a, latency_ms=ms)
                     self.rows[row.id] = a
                     out.write(json.dumps({"id": row.id, "scores": a.scores, "latency_ms": ms,
                                           "error": a.error, "skipped": a.skipped, "text": a.text,

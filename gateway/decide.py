@@ -117,7 +117,7 @@ async def decide_many(rt: Runtime, items: list[tuple[Question, Overrides | None]
     local scorer finds the passage in its cache; up to ``concurrency`` run at once (the encoder
     batches them)."""
     order = sorted(range(len(items)), key=lambda i: (items[i][0].context or "", items[i][0].question))
-    results: list[Decision | Exception] = [NotImplementedError()] * len(items)
+    results: dict[int, Decision | Exception] = {}
     limit = asyncio.Semaphore(concurrency)
 
     async def one(i: int) -> None:
@@ -128,7 +128,7 @@ async def decide_many(rt: Runtime, items: list[tuple[Question, Overrides | None]
                 results[i] = exc
 
     await asyncio.gather(*(one(i) for i in order))
-    return results
+    return [results[i] for i in range(len(items))]
 
 
 def body(d: Decision, request_id: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import asyncio
 import math
 import re
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -40,11 +41,7 @@ async def answer(rt: Runtime, tier: Tier, ask: Ask, request_id: str, attempts: l
         return TierAnswer(latency_ms=ms(), error=exc.message)
     if isinstance(result, str):
         return TierAnswer(latency_ms=ms(), skipped=True, error=result)
-    return _with_latency(result, ms())
-
-
-def _with_latency(a: TierAnswer, latency_ms: float) -> TierAnswer:
-    return TierAnswer(a.scores, latency_ms, a.error, a.skipped, a.text, a.confidence, a.usage)
+    return replace(result, latency_ms=ms())
 
 
 def _log(p: np.ndarray) -> tuple[float, ...]:
@@ -62,13 +59,12 @@ async def _encoder(rt: Runtime, q: Question) -> TierAnswer | str:
         head = clf.heads.get(q.task)
         if head is None:
             return f"no head for task '{q.task}'"
-        vec = await enc.batcher.embed(_question_text(q))
-        probs = head.proba(vec[None, :])[0]
-        by_label = dict(zip(head.classes, probs, strict=True))
-        if any(o not in by_label for o in q.options):
+        if any(o not in head.classes for o in q.options):
             return f"the options are not all labels of task '{q.task}'"
+        vec = await enc.batcher.embed(_question_text(q))
+        by_label = dict(zip(head.classes, head.proba(vec[None, :])[0], strict=True))
         return TierAnswer(scores=_log(np.array([by_label[o] for o in q.options])))
-    options = getattr(clf, "options", None)
+    options = clf.options
     if options is None or q.type not in options.types:
         return f"no option scorer for {q.type} questions"
     vectors = await asyncio.gather(enc.batcher.embed(_question_text(q)), *(enc.batcher.embed(o) for o in q.options))

@@ -51,12 +51,13 @@ def typed_ask(body: Body, spec: Cascade) -> TypedAsk | None:
     [(prop, sub)] = props.items()
     if not isinstance(sub, dict):
         return None
-    users = [m for m in body.get("messages") or () if isinstance(m, dict) and m.get("role") == "user"]
-    if not users:
+    turns = [(m.get("role"), message_text(m.get("content"))) for m in body.get("messages") or ()
+             if isinstance(m, dict) and m.get("role") in ("user", "assistant")]
+    last_user = max((i for i, (role, _) in enumerate(turns) if role == "user"), default=None)
+    if last_user is None:
         raise InvalidRequest("a typed request needs a user message", param="messages")
-    turns = [message_text(m.get("content")) for m in body["messages"] if isinstance(m, dict)
-             and m.get("role") in ("user", "assistant")]
-    question, context = turns[-1], "\n\n".join(t for t in turns[:-1] if t) or None
+    question = turns[last_user][1]  # the last user turn; the turns before it are its context
+    context = "\n\n".join(text for _, text in turns[:last_user] if text) or None
     if isinstance(sub.get("enum"), list) and sub["enum"]:
         values = tuple(sub["enum"])
         if not 2 <= len(values) <= spec.max_options:
