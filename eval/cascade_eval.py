@@ -13,6 +13,7 @@ import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -131,6 +132,7 @@ class SetReport:
     latency_ms: dict[str, float]  # tier -> mean per question
     ece_raw: dict[str, float] = field(default_factory=dict)  # the same at temperature 1 (before calibration)
     brier: dict[str, float] = field(default_factory=dict)  # tier -> Brier score over the options (after)
+    brier_raw: dict[str, float] = field(default_factory=dict)  # the same at temperature 1
     latency_p50_ms: dict[str, float] = field(default_factory=dict)
     latency_p99_ms: dict[str, float] = field(default_factory=dict)
     cascade: float = math.nan
@@ -190,6 +192,12 @@ def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[
     return report
 
 
+def _brier(readings: Sequence[Any], rows: Sequence[Row]) -> float:
+    scores = [sum((p - (o == r.answer)) ** 2 for o, p in rd.probabilities.items())
+              for rd, r in zip(readings, rows, strict=True) if not r.question.numeric]
+    return float(np.mean(scores)) if scores else math.nan
+
+
 def _measure_tier(report: SetReport, t: TierSpec, rows: Sequence[Row]) -> None:
     """One tier answering every row itself: accuracy, calibration before and after, latency."""
     usable = _usable(rows, t.outputs)
@@ -203,9 +211,8 @@ def _measure_tier(report: SetReport, t: TierSpec, rows: Sequence[Row]) -> None:
     report.ece_raw[t.name] = ece(np.array([max(rd.probabilities.values()) for rd in before]),
                                  np.array([right(r, rd.answer) for rd, r in zip(before, usable, strict=True)],
                                           dtype=float)) if usable else nan
-    briers = [sum((p - (o == r.answer)) ** 2 for o, p in rd.probabilities.items())
-              for rd, r in zip(after, usable, strict=True) if not r.question.numeric]
-    report.brier[t.name] = float(np.mean(briers)) if briers else nan
+    report.brier[t.name] = _brier(after, usable)
+    report.brier_raw[t.name] = _brier(before, usable)
     ms = np.array([t.outputs[r.id].latency_ms for r in rows])
     report.latency_ms[t.name] = float(ms.mean()) if len(ms) else nan
     report.latency_p50_ms[t.name] = float(np.percentile(ms, 50)) if len(ms) else nan

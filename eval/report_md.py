@@ -18,14 +18,15 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(f"| {t['name']} | {t['kind']} | {t['temperature'] or '-'} | {t['thresholds'] or '-'} |")
     lines += ["", "## Per set (test rows)", "",
               "| set | type | n | alone (per tier) | cascade | answered by | past first | APGR | share for 50% / 80% "
-              "of the gap | ECE before -> after | Brier | latency p50 / p99 ms | cost per question (top alone) |",
+              "of the gap | ECE before -> after | Brier before -> after | latency p50 / p99 ms "
+              "| cost per question (top alone) |",
               "|---|---|---:|---|---:|---|---:|---:|---|---|---|---|---|"]
     for s in doc["sets"]:
         tiers = s["tiers"]
         alone = ", ".join(f"{t} {_f(s['alone'][t])}" for t in tiers)
         share = ", ".join(f"{t} {_f(s['share'][t], '.0%')}" for t in tiers)
         calib = ", ".join(f"{t} {_f(s['ece_raw'].get(t))} -> {_f(s['ece'][t])}" for t in tiers)
-        brier = ", ".join(f"{t} {_f(s['brier'].get(t))}" for t in tiers)
+        brier = ", ".join(f"{t} {_f(s['brier_raw'].get(t))} -> {_f(s['brier'].get(t))}" for t in tiers)
         lat = ", ".join(f"{t} {_f(s['latency_p50_ms'].get(t), '.0f')} / {_f(s['latency_p99_ms'].get(t), '.0f')}"
                         for t in tiers)
         c = s["curve"]
