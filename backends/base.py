@@ -42,6 +42,7 @@ class Call:
     body: Body
     request_id: str
     attempts: list[Attempt] = field(default_factory=list)  # every try, appended by backends
+    affinity: str | None = None  # requests with the same key prefer the same replica (prefix cache)
 
     @property
     def stream(self) -> bool:

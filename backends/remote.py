@@ -79,7 +79,7 @@ class RemoteBackend:
         tried: set[str] = set()
         last: UpstreamError | None = None
         for i in range(self.spec.retries.attempts):
-            replica = self._next(tried)
+            replica = self._next(tried, call.affinity)
             watch = Stopwatch()
             try:
                 async with asyncio.timeout(t.total_s):  # unstreamed: headers come with the last token
@@ -100,7 +100,7 @@ class RemoteBackend:
         tried: set[str] = set()
         last: UpstreamError | None = None
         for i in range(self.spec.retries.attempts):
-            replica = self._next(tried)
+            replica = self._next(tried, call.affinity)
             watch = Stopwatch()
             chunks: AsyncIterator[Body] | None = None
             try:
@@ -156,8 +156,8 @@ class RemoteBackend:
             await cleanup()
 
     # -- helpers --------------------------------------------------------------------------
-    def _next(self, tried: set[str]) -> ReplicaState:
-        replica = self.replicas.pick(tried)
+    def _next(self, tried: set[str], affinity: str | None = None) -> ReplicaState:
+        replica = self.replicas.pick(tried, affinity)
         tried.add(replica.api_base)
         replica.outstanding += 1
         return replica

@@ -5,6 +5,7 @@ Pure state, no I/O: the remote backends drive it. ``clock`` is injectable for te
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,8 +47,10 @@ class ReplicaSet:
         now = self.clock()
         return any(r.available(now) for r in self.replicas)
 
-    def pick(self, tried: set[str]) -> ReplicaState:
-        """The next replica to try; untried and available ones first, then untried, then any."""
+    def pick(self, tried: set[str], affinity: str | None = None) -> ReplicaState:
+        """The next replica to try; untried and available ones first, then untried, then any.
+        With an ``affinity`` key (a batch's prefix group), the same key goes to the same replica
+        while it is available (rendezvous hashing), so that replica's prefix cache stays warm."""
         now = self.clock()
         pools = (
             [r for r in self.replicas if r.api_base not in tried and r.available(now)],
@@ -55,6 +58,9 @@ class ReplicaSet:
             self.replicas,
         )
         candidates = next(p for p in pools if p)
+        if affinity is not None:
+            return max(candidates, key=lambda r: hashlib.blake2b(f"{affinity}|{r.api_base}".encode(),
+                                                                 digest_size=8).digest())
         if self.strategy == "least_outstanding":
             return min(candidates, key=lambda r: (r.outstanding / r.weight, r.ejected_until))
         return self._smooth_weighted(candidates)

@@ -14,8 +14,10 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway import logs, runtime
+from gateway import batch_api, logs, runtime
 from gateway.api import HOT_ROUTES, error_response, router
+from gateway.batch_runner import BatchRunner
+from gateway.batch_store import BatchStore, StoreBusy
 from gateway.errors import InvalidRequest, NotFound, TriageError
 from gateway.metrics import Metrics
 from gateway.reload import Reloader
@@ -23,8 +25,30 @@ from gateway.runtime import RuntimeHolder
 from gateway.settings import Settings
 from gateway.state import GatewayState
 from policies import loader
+from policies.schema import Policy
 
 log = structlog.get_logger("triage.app")
+
+
+async def _batch_runner(policy: Policy, settings: Settings, holder: RuntimeHolder) -> BatchRunner | None:
+    """The Batch API's store and runner: the folder is the policy's (relative to the policy file),
+    else one per policy file in the triage cache; jobs left unfinished by the last run resume now.
+    A store another gateway process holds leaves this one without the Batch API (503)."""
+    import hashlib
+
+    from backends.gguf import cache_dir
+
+    path = settings.policy_path.resolve()
+    root = (path.parent / policy.batches.dir if policy.batches.dir
+            else cache_dir() / "batches" / hashlib.sha1(str(path).encode()).hexdigest()[:16])
+    try:
+        store = await asyncio.to_thread(BatchStore, root.resolve())
+    except StoreBusy as exc:
+        log.warning("batches_unavailable", reason=str(exc))
+        return None
+    runner = BatchRunner(store, holder)
+    runner.start()
+    return runner
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -35,7 +59,8 @@ def create_app(settings: Settings) -> FastAPI:
             logs.configure(policy.logging)
         metrics = Metrics()
         holder = RuntimeHolder(await runtime.build(policy, base_dir=settings.policy_path.parent))
-        app.state.triage = GatewayState(holder, metrics)
+        batches = await _batch_runner(policy, settings, holder)
+        app.state.triage = GatewayState(holder, metrics, batches=batches)
         reloader = Reloader(settings.policy_path, holder, metrics)
         app.state.reloader = reloader
         sighup = settings.handle_sighup and reloader.install_sighup()
@@ -56,12 +81,15 @@ def create_app(settings: Settings) -> FastAPI:
             finally:
                 if sighup:
                     reloader.remove_sighup()
+                if batches is not None:
+                    await batches.close()
                 await holder.close()
                 log.info("gateway_stopped")
 
     app = FastAPI(title="triage", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.router.routes.extend(HOT_ROUTES)
     app.include_router(router)
+    app.include_router(batch_api.router)
 
     @app.exception_handler(TriageError)
     async def _triage_error(request: Request, exc: TriageError) -> Response:

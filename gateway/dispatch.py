@@ -42,7 +42,7 @@ async def decide_route(rt: Runtime, kind: Kind, body: Body) -> Route | None:
 
 
 async def dispatch(rt: Runtime, kind: Kind, body: Body, request_id: str, attempts: list[Attempt],
-                   route: Route | None = None) -> Served:
+                   route: Route | None = None, affinity: str | None = None) -> Served:
     chain = candidates(rt.policy, route.model if route is not None else body["model"])
     last: UpstreamError | None = None
     for name in chain:
@@ -51,7 +51,7 @@ async def dispatch(rt: Runtime, kind: Kind, body: Body, request_id: str, attempt
         upstream_body, switch = {**body, "model": rt.policy.upstream_name(name)}, None
         if route is not None:
             upstream_body, switch = reasoning.apply(upstream_body, spec, route.reasoning)
-        call = Call(kind, upstream_body, request_id, attempts)
+        call = Call(kind, upstream_body, request_id, attempts, affinity)
         try:
             if call.stream:
                 stream = await backend.open_stream(call)

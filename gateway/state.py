@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.exchange import Gate
 from gateway.metrics import Metrics
 from gateway.runtime import RuntimeHolder
+
+if TYPE_CHECKING:
+    from gateway.batch_runner import BatchRunner
 
 
 @dataclass
@@ -14,3 +18,4 @@ class GatewayState:
     holder: RuntimeHolder
     metrics: Metrics
     gate: Gate = field(default_factory=Gate)
+    batches: BatchRunner | None = None

@@ -235,6 +235,17 @@ class Classifier(Strict):
     tasks: dict[str, TaskHead] = Field(default_factory=dict)
 
 
+class BatchSettings(Strict):
+    """The Batch API: where jobs live, and how hard a batch may press on the engines."""
+
+    dir: str | None = Field(None, description="files and the job database; relative to the policy file. "
+                                              "Default: the triage cache folder")
+    concurrency: int = Field(4, ge=1, description="requests of a batch in flight at once")
+    max_file_bytes: int = Field(100 * 1024 * 1024, ge=1024)
+    max_requests: int = Field(50_000, ge=1)
+    min_shared_tokens: int = Field(16, ge=1, description="prefix tokens that make requests one group")
+
+
 class Limits(Strict):
     max_body_bytes: int = Field(1_048_576, ge=1024)
     max_concurrency: int = Field(256, ge=1, description="requests in flight before 429")
@@ -266,6 +277,7 @@ class Policy(Strict):
     fallback_model: str | None = Field(None, description="tried when a model's own chain fails")
     classifier: Classifier | None = None
     cascade: Cascade | None = None
+    batches: BatchSettings = BatchSettings()
     limits: Limits = Limits()
     keys: list[ApiKey] = Field(default_factory=list)
     logging: Logging = Logging()

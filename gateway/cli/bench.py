@@ -54,3 +54,25 @@ def encoder(
     run(rounds=rounds, single_per_round=single_per_round, batched_per_round=batched_per_round,
         concurrency=concurrency, max_batch=max_batch, max_wait_ms=max_wait_ms, throughput_tokens=throughput_tokens,
         throughput_seconds=throughput_seconds, torch_baseline=torch_baseline, out=out)
+
+
+@app.command("prefix")
+def prefix(
+    data: Annotated[Path | None, typer.Option(help="JSONL.gz of prompts (default: BBH few-shot direct).")] = None,
+    limit: Annotated[int, typer.Option(help="Prompts in the batch (after the seeded shuffle).")] = 300,
+    templates: Annotated[int, typer.Option(help="Only rows of this many templates (0: all).")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the shuffle (the arrival order).")] = 0,
+    min_shared: Annotated[int, typer.Option(help="Tokens a group's members share at least.")] = 16,
+    engine: Annotated[list[str] | None, typer.Option(help="server and/or scorer (default: both).")] = None,
+    n_threads: Annotated[int, typer.Option(help="llama.cpp threads of each engine.")] = 1,
+    concurrency: Annotated[int, typer.Option(help="Requests in flight to the server.")] = 1,
+    group_by: Annotated[str, typer.Option(help="Tokens the grouping uses: model or approx.")] = "model",
+    repeats: Annotated[int, typer.Option(help="Runs of the scheduler timing (median).")] = 5,
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-prefix.json"),
+) -> None:
+    """Prefix-sorted dispatch: arrival vs sorted vs grouped order, llama.cpp server and local scorer."""
+    from eval.bench.prefix import DATA, ENGINES, run
+
+    run(data=data or DATA, limit=limit, templates=templates, seed=seed, min_shared=min_shared,
+        engines=tuple(engine or ENGINES), n_threads=n_threads, concurrency=concurrency, group_by=group_by,
+        repeats=repeats, out=out)

@@ -1,0 +1,245 @@
+"""Runs the Batch API's jobs in the background: validate the input file, then dispatch the
+requests grouped by shared prefix, group by group, each group pinned to one replica.
+
+A job's state lives in :class:`gateway.batch_store.BatchStore`; this task can stop at any point
+(a restart, a crash) and pick up where the store says. Cancelling stops new requests; those in
+flight finish and count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import orjson
+import structlog
+
+from gateway import decide, typed
+from gateway.batch_store import BatchStore, Pending, new_id
+from gateway.dispatch import decide_route, dispatch
+from gateway.errors import InvalidRequest, TriageError
+from gateway.runtime import RuntimeHolder
+from gateway.schemas import ChatRequest, CompletionRequest, check
+from policies.routing import public_models
+from policies.schema import CascadeModel
+
+log = structlog.get_logger("triage.batches")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/decide")
+
+
+class BatchRunner:
+    def __init__(self, store: BatchStore, holder: RuntimeHolder) -> None:
+        self.store = store
+        self.holder = holder
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._cancelled: set[str] = set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def cancel(self, batch_id: str) -> dict[str, Any] | None:
+        """Stop starting the batch's requests; it ends ``cancelled`` with what finished."""
+        doc = await asyncio.to_thread(self.store.batch, batch_id)
+        if doc is None or doc["status"] not in ("validating", "in_progress"):
+            return doc
+        self._cancelled.add(batch_id)
+        doc = await self._update(batch_id, status="cancelling", cancelling_at=int(time.time()))
+        self.wake()
+        return doc
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()  # requests in flight stay pending: a restart runs them
+            await asyncio.gather(self._task, return_exceptions=True)
+        await asyncio.to_thread(self.store.close)
+
+    async def _loop(self) -> None:
+        while True:
+            self._wake.clear()
+            for doc in await asyncio.to_thread(self.store.active_batches):
+                try:
+                    await self._process(doc["id"])
+                except (OSError, ValueError) as exc:  # a job that cannot go on fails; the others go on
+                    log.error("batch_failed", batch_id=doc["id"], error=str(exc))
+                    await self._update(doc["id"], status="failed", failed_at=int(time.time()),
+                                       errors=_errors([{"code": "batch_failed", "message": str(exc)}]))
+            await self._wake.wait()
+
+    async def _update(self, batch_id: str, **fields: Any) -> dict[str, Any]:
+        doc = await asyncio.to_thread(self.store.batch, batch_id)
+        assert doc is not None
+        doc.update(fields)
+        await asyncio.to_thread(self.store.save_batch, doc)
+        return doc
+
+    async def _process(self, batch_id: str) -> None:
+        doc = await asyncio.to_thread(self.store.batch, batch_id)
+        if doc is None:
+            return
+        if doc["status"] == "cancelling":
+            self._cancelled.add(batch_id)  # cancelled before a restart
+        if doc["status"] == "validating":
+            doc = await self._validate(doc)
+        if doc["status"] == "in_progress":
+            await self._run(doc)
+        doc = await asyncio.to_thread(self.store.batch, batch_id)
+        if doc is not None and doc["status"] in ("in_progress", "finalizing", "cancelling"):
+            await self._finalize(doc)
+
+    async def _validate(self, doc: dict[str, Any]) -> dict[str, Any]:
+        rt = self.holder.current
+        raw = await asyncio.to_thread(self.store.file_path(doc["input_file_id"]).read_bytes)
+        rows = check_lines(raw, doc["endpoint"], set(public_models(rt.policy)), rt.policy.batches.max_requests)
+        doc.update(status="in_progress", in_progress_at=int(time.time()))
+        await asyncio.to_thread(self.store.add_requests, doc["id"], rows, doc)
+        doc["request_counts"] = await asyncio.to_thread(self.store.counts, doc["id"])
+        await asyncio.to_thread(self.store.save_batch, doc)
+        return doc
+
+    async def _run(self, doc: dict[str, Any]) -> None:
+        from backends.prefix import Item, approx_tokens, plan
+
+        batch_id, endpoint = doc["id"], doc["endpoint"]
+        pending = await asyncio.to_thread(self.store.pending, batch_id)
+        settings = self.holder.current.policy.batches
+        groups = plan([Item(i, approx_tokens(_prompt_text(p.body)), int(p.body.get("max_tokens") or 16))
+                       for i, p in enumerate(pending)], min_shared=settings.min_shared_tokens)
+        limit = asyncio.Semaphore(settings.concurrency)
+        for g, group in enumerate(groups):
+            if batch_id in self._cancelled:
+                return
+            affinity = f"{batch_id}/{g}"
+            await asyncio.gather(*(self._one(batch_id, endpoint, pending[k], affinity, limit) for k in group.keys))
+            counts = await asyncio.to_thread(self.store.counts, batch_id)
+            await self._update(batch_id, request_counts=counts)
+
+    async def _one(self, batch_id: str, endpoint: str, req: Pending, affinity: str, limit: asyncio.Semaphore) -> None:
+        async with limit:
+            if batch_id in self._cancelled:
+                return  # not started: it stays pending and out of the output
+            rid = new_id("batch_req_")
+            rt = self.holder.acquire()
+            try:
+                status, body = await serve(rt, endpoint, dict(req.body), rid, affinity)
+            finally:
+                await self.holder.release(rt)
+        result: dict[str, Any] = {"id": rid, "custom_id": req.custom_id,
+                                  "response": {"status_code": status, "request_id": rid, "body": body}, "error": None}
+        if status != 200:
+            err = body.get("error") or {}
+            result["error"] = {"code": err.get("code") or err.get("type"), "message": err.get("message")}
+        await asyncio.to_thread(self.store.finish_request, batch_id, req.line, status == 200, result)
+
+    async def _finalize(self, doc: dict[str, Any]) -> None:
+        batch_id, now = doc["id"], int(time.time())
+        cancelled = doc["status"] == "cancelling" or batch_id in self._cancelled
+        doc = await self._update(batch_id, status="finalizing", finalizing_at=now)
+        fields: dict[str, Any] = {"request_counts": await asyncio.to_thread(self.store.counts, batch_id)}
+        for state, key, purpose in (("done", "output_file_id", "batch_output"), ("error", "error_file_id",
+                                                                                  "batch_output")):
+            lines = await asyncio.to_thread(self.store.results, batch_id, state)
+            if lines:
+                content = ("\n".join(lines) + "\n").encode()
+                f = await asyncio.to_thread(self.store.add_file, content, f"{batch_id}_{state}.jsonl", purpose)
+                fields[key] = f["id"]
+        fields.update({"status": "cancelled", "cancelled_at": now} if cancelled else
+                      {"status": "completed", "completed_at": now})
+        await self._update(batch_id, **fields)
+        log.info("batch_finished", batch_id=batch_id, status=fields["status"], **fields["request_counts"])
+
+
+def _errors(items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"object": "list", "data": items}
+
+
+def _prompt_text(body: dict[str, Any]) -> str:
+    """What a request's prompt starts with, for grouping (messages' text in order, or the prompt)."""
+    if isinstance(body.get("messages"), list):
+        return "\n".join(str(m.get("content", "")) for m in body["messages"] if isinstance(m, dict))
+    if "question" in body:  # /v1/decide: the passage first, as the scorer sees it
+        return f"{body.get('context') or ''}\n{body.get('question', '')}"
+    prompt = body.get("prompt")
+    return prompt if isinstance(prompt, str) else str(prompt)
+
+
+def check_lines(raw: bytes, endpoint: str, models: set[str], max_requests: int,
+                ) -> list[tuple[int, str | None, dict | None, dict | None]]:
+    """Every line of an input file: (line, custom_id, body) to run, or an error result for the
+    error file naming the line. A malformed line never stops the others."""
+    rows: list[tuple[int, str | None, dict | None, dict | None]] = []
+    seen: set[str] = set()
+    lines = [(n, line) for n, line in enumerate(raw.split(b"\n"), 1) if line.strip()]
+    for n, line in lines:
+        cid = None
+        try:
+            doc = orjson.loads(line)
+            if not isinstance(doc, dict):
+                raise InvalidRequest("the line is not a JSON object")
+            cid = doc.get("custom_id") if isinstance(doc.get("custom_id"), str) else None
+            body = _check_line(doc, endpoint, models, seen)
+            if len(rows) >= max_requests:
+                raise InvalidRequest(f"over the limit of {max_requests} requests per batch")
+            seen.add(doc["custom_id"])
+            rows.append((n, cid, body, None))
+        except (orjson.JSONDecodeError, InvalidRequest) as exc:
+            message = exc.message if isinstance(exc, InvalidRequest) else f"not JSON: {exc}"
+            rows.append((n, cid, None, {"id": new_id("batch_req_"), "custom_id": cid, "response": None,
+                                        "error": {"code": "invalid_request", "message": f"line {n}: {message}"}}))
+    return rows
+
+
+def _check_line(doc: dict[str, Any], endpoint: str, models: set[str], seen: set[str]) -> dict[str, Any]:
+    cid = doc.get("custom_id")
+    if not isinstance(cid, str) or not cid:
+        raise InvalidRequest("custom_id must be a non-empty string")
+    if cid in seen:
+        raise InvalidRequest(f"custom_id {cid!r} is used twice")
+    if doc.get("method", "POST") != "POST":
+        raise InvalidRequest("method must be POST")
+    if doc.get("url") != endpoint:
+        raise InvalidRequest(f"url {doc.get('url')!r} is not the batch's endpoint {endpoint}")
+    body = doc.get("body")
+    if not isinstance(body, dict):
+        raise InvalidRequest("body must be a JSON object")
+    if endpoint != "/v1/decide" and body.get("model") not in models:
+        raise InvalidRequest(f"the model {body.get('model')!r} does not exist")
+    if body.get("stream"):
+        raise InvalidRequest("a batch request cannot stream")
+    return body
+
+
+async def serve(rt: Any, endpoint: str, body: dict[str, Any], request_id: str, affinity: str | None,
+                ) -> tuple[int, dict[str, Any]]:
+    """One batch request through the gateway's own paths; an error is a status and an OpenAI error body."""
+    attempts: list[Any] = []
+    try:
+        if endpoint == "/v1/decide":
+            spec = rt.policy.cascade
+            if spec is None:
+                raise InvalidRequest("this policy has no cascade: /v1/decide is not served")
+            tasks = set(rt.policy.classifier.tasks) if rt.policy.classifier is not None else set()
+            q, overrides = decide.parse(body, spec, tasks)
+            return 200, decide.body(await decide.decide(rt, q, overrides, request_id, attempts), request_id)
+        kind = "chat" if endpoint == "/v1/chat/completions" else "completion"
+        check(ChatRequest if kind == "chat" else CompletionRequest, body)
+        body["stream"] = False
+        vm = rt.policy.virtual_models.get(body["model"])
+        if isinstance(vm, CascadeModel):
+            ask = typed.typed_ask(body, rt.policy.cascade) if kind == "chat" and rt.policy.cascade else None
+            if ask is not None:
+                d = await decide.decide(rt, ask.question, None, request_id, attempts)
+                return 200, typed.completion(ask, d, body["model"], request_id, decide.body(d, request_id))
+            body["model"] = vm.open
+        route = await decide_route(rt, kind, body)
+        served = await dispatch(rt, kind, body, request_id, attempts, route, affinity)
+        assert served.completion is not None
+        answer = served.completion.body
+        answer["model"] = served.model
+        return 200, answer
+    except TriageError as exc:
+        return exc.status, exc.body()

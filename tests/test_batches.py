@@ -1,0 +1,181 @@
+"""The Batch API through the official client against a real uvicorn; a real llama.cpp server as
+the pool; a gateway process killed mid-batch and started again."""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import openai
+import pytest
+
+from gateway.batch_store import BatchStore, StoreBusy
+from tests.conftest import Gateway, LlamaServer, free_port, wait_http
+
+FEW_SHOT = "You answer in one word.\nQ: colour of the sky? A: blue\nQ: colour of grass? A: green\nQ: "
+
+
+def line(cid: str, content: str, model: str = "smollm2", url: str = "/v1/chat/completions") -> str:
+    return json.dumps({"custom_id": cid, "method": "POST", "url": url,
+                       "body": {"model": model, "max_tokens": 2, "temperature": 0,
+                                "messages": [{"role": "user", "content": content}]}})
+
+
+def pool_policy(api_base: str, batch_dir: Path, concurrency: int = 2) -> str:
+    return f"""version: 1
+backends:
+  pool: {{type: openai, replicas: [{{api_base: "{api_base}"}}], health: {{enabled: false}}}}
+models:
+  smollm2: {{backend: pool}}
+batches: {{dir: "{batch_dir}", concurrency: {concurrency}, max_file_bytes: 65536}}
+"""
+
+
+def wait_batch(client: openai.OpenAI, batch_id: str, done: tuple[str, ...] = ("completed", "failed", "cancelled"),
+               timeout: float = 120) -> openai.types.Batch:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in done:
+            return batch
+        time.sleep(0.1)
+    raise TimeoutError(f"batch {batch_id} still {batch.status}")
+
+
+def jsonl(client: openai.OpenAI, file_id: str | None) -> list[dict]:
+    assert file_id is not None
+    return [json.loads(x) for x in client.files.content(file_id).text.splitlines()]
+
+
+def test_a_batch_end_to_end_with_bad_lines(gateway: Callable[..., Gateway], llama_server: LlamaServer,
+                                           tmp_path: Path) -> None:
+    gw = gateway(pool_policy(llama_server.api_base, tmp_path / "batches"))
+    client = gw.client()
+    lines = [line(f"q{i}", FEW_SHOT + f"colour of thing {i}? A:") for i in range(8)]
+    lines.insert(3, "{not json")
+    lines.insert(5, line("ghost", "hi", model="no-such-model"))
+    lines.append(line("q1", "a second q1"))
+    lines.append(json.dumps({"custom_id": "wrong-url", "method": "POST", "url": "/v1/completions", "body": {}}))
+    uploaded = client.files.create(file=("in.jsonl", io.BytesIO("\n".join(lines).encode())), purpose="batch")
+    assert uploaded.purpose == "batch" and uploaded.bytes > 0
+    assert client.files.retrieve(uploaded.id).filename == "in.jsonl"
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h", metadata={"team": "qa"})
+    assert batch.status == "validating" and batch.metadata == {"team": "qa"}
+    batch = wait_batch(client, batch.id)
+    assert batch.status == "completed"
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (12, 8, 4)
+    out = jsonl(client, batch.output_file_id)
+    assert sorted(o["custom_id"] for o in out) == [f"q{i}" for i in range(8)]  # each once
+    assert all(o["response"]["status_code"] == 200 and o["response"]["body"]["choices"] for o in out)
+    errors = {e["error"]["message"].split(":")[0]: e for e in jsonl(client, batch.error_file_id)}
+    assert set(errors) == {"line 4", "line 6", "line 11", "line 12"}
+    assert errors["line 6"]["custom_id"] == "ghost" and "does not exist" in errors["line 6"]["error"]["message"]
+    assert "used twice" in errors["line 11"]["error"]["message"]
+    assert "not the batch's endpoint" in errors["line 12"]["error"]["message"]
+    listed = client.batches.list(limit=5)
+    assert [b.id for b in listed.data] == [batch.id]
+
+
+def test_bad_requests_to_the_batch_api(gateway: Callable[..., Gateway], tmp_path: Path) -> None:
+    gw = gateway(pool_policy("http://127.0.0.1:9/v1", tmp_path / "batches"))
+    client = gw.client()
+    with pytest.raises(openai.BadRequestError):
+        client.files.create(file=("x.jsonl", io.BytesIO(b"{}")), purpose="fine-tune")
+    with pytest.raises(openai.APIStatusError) as info:
+        client.files.create(file=("big.jsonl", io.BytesIO(b"x" * 70000)), purpose="batch")
+    assert info.value.status_code == 413
+    with pytest.raises(openai.NotFoundError):
+        client.batches.create(input_file_id="file-nope", endpoint="/v1/chat/completions", completion_window="24h")
+    f = client.files.create(file=("x.jsonl", io.BytesIO(line("a", "hi").encode())), purpose="batch")
+    with pytest.raises(openai.BadRequestError):
+        client.batches.create(input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h")  # type: ignore[arg-type]
+    with pytest.raises(openai.NotFoundError):
+        client.batches.retrieve("batch_nope")
+    with pytest.raises(openai.NotFoundError):
+        client.files.content("file-nope")
+    with gw.http() as http:
+        assert http.post("/v1/batches", content=b"{oops").status_code == 400
+        assert http.get("/v1/batches", params={"limit": 0}).status_code == 400
+        assert http.get("/health").status_code == 200
+
+
+def test_cancel_stops_new_requests(gateway: Callable[..., Gateway], tmp_path: Path) -> None:
+    gw = gateway(f"""version: 1
+backends: {{slow: {{type: scripted, text: ok, latency_s: 0.3}}}}
+models: {{m: {{backend: slow}}}}
+batches: {{dir: "{tmp_path / 'batches'}", concurrency: 1}}
+""")
+    client = gw.client()
+    data = "\n".join(line(f"c{i}", f"prompt {i}", model="m") for i in range(20)).encode()
+    f = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+    batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    wait_batch(client, batch.id, ("in_progress",))
+    time.sleep(0.7)
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status in ("cancelling", "cancelled")
+    batch = wait_batch(client, batch.id)
+    assert batch.status == "cancelled" and batch.cancelled_at is not None
+    done = batch.request_counts.completed
+    assert 1 <= done < 20 and batch.request_counts.failed == 0
+    assert len(jsonl(client, batch.output_file_id)) == done
+
+
+def test_a_restart_mid_batch_finishes_it_with_every_request_once(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("""version: 1
+backends: {slow: {type: scripted, text: ok, latency_s: 0.2}}
+models: {m: {backend: slow}}
+batches: {dir: batches, concurrency: 1}
+""")
+
+    def start() -> tuple[subprocess.Popen, str]:
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--policy", str(policy),
+                                 "--port", str(port), "--no-watch"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        base = f"http://127.0.0.1:{port}"
+        wait_http(base + "/health", 60, proc)
+        return proc, base
+
+    proc, base = start()
+    try:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
+        data = "\n".join(line(f"r{i}", f"prompt {i}", model="m") for i in range(15)).encode()
+        f = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+        batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        deadline = time.monotonic() + 30
+        while client.batches.retrieve(batch.id).request_counts.completed < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        client.close()
+        proc.send_signal(signal.SIGKILL)  # no clean shutdown
+        proc.wait(10)
+        proc, base = start()
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
+        done = wait_batch(client, batch.id)
+        assert done.status == "completed" and done.request_counts.completed == 15
+        out = jsonl(client, done.output_file_id)
+        assert sorted(o["custom_id"] for o in out) == sorted(f"r{i}" for i in range(15))  # each exactly once
+        client.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(15)
+
+
+def test_one_store_one_process_and_results_recorded_once(tmp_path: Path) -> None:
+    store = BatchStore(tmp_path)
+    with pytest.raises(StoreBusy):
+        BatchStore(tmp_path)
+    store.add_batch({"id": "b", "status": "in_progress", "created_at": 0})
+    store.add_requests("b", [(1, "x", {"model": "m"}, None)], {"id": "b", "status": "in_progress", "created_at": 0})
+    assert store.finish_request("b", 1, True, {"custom_id": "x"})
+    assert not store.finish_request("b", 1, True, {"custom_id": "x"})  # never twice
+    assert store.counts("b") == {"total": 1, "completed": 1, "failed": 0}
+    store.close()
+    BatchStore(tmp_path).close()  # the lock goes with the store
