@@ -9,6 +9,7 @@ flight finish and count.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from typing import Any
 
@@ -64,7 +65,7 @@ class BatchRunner:
             for doc in await asyncio.to_thread(self.store.active_batches):
                 try:
                     await self._process(doc["id"])
-                except (OSError, ValueError) as exc:  # a job that cannot go on fails; the others go on
+                except (OSError, ValueError, KeyError, sqlite3.Error) as exc:  # that job fails; the others go on
                     log.error("batch_failed", batch_id=doc["id"], error=str(exc))
                     await self._update(doc["id"], status="failed", failed_at=int(time.time()),
                                        errors=_errors([{"code": "batch_failed", "message": str(exc)}]))
