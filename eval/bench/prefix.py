@@ -1,0 +1,338 @@
+"""``triage bench prefix``: arrival order against sorted against grouped, on real engines, in one run.
+
+The batch is BIG-Bench-Hard few-shot prompts (27 templates), shuffled with a fixed seed: that is
+the arrival order. SORTED is a plain lexicographic sort of the prompt texts; GROUPED is
+:func:`backends.prefix.plan` over the model's own tokens. Each order goes, from a cold cache, to:
+
+- ``server``: a real llama.cpp server (``python -m llama_cpp.server``, SmolLM2-135M, one slot that
+  keeps the previous prompt), one ``/v1/completions`` request per prompt with ``max_tokens=1``.
+  The prompt tokens it really evaluated are llama.cpp's own count, read from its verbose log
+  (``llama_perf_context_print: prompt eval time = ... / N tokens``, one line per request);
+- ``scorer``: the in-process GGUF option scorer (:class:`backends.logprob.OptionScorer`) scoring
+  the row's answer as the continuation; evaluated = ``prompt_tokens - reused_tokens``.
+
+Reported per order: wall time, requests/s, prompt tokens, evaluated tokens, reuse achieved and as
+a share of the ideal (:func:`backends.prefix.ideal_reuse` over the batch), ratios against arrival;
+and the scheduler's own cost per request (tokenization + plan), with the model's tokenizer and
+with :func:`backends.prefix.approx_tokens`. The engines run one at a time, one thread each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import random
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from backends.gguf import smollm2_path
+from backends.prefix import Group, Item, approx_tokens, flatten, ideal_reuse, plan, reuse_in_order
+from eval.bench import meters
+from eval.bench.overhead import machine
+from eval.bench.procs import HOST, Fleet, Proc, free_port
+from eval.bench.report import goals_table
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "prefix" / "bbh_fewshot_direct.jsonl.gz"
+ORDERS = ("arrival", "sorted", "grouped")
+ENGINES = ("server", "scorer")
+RESET_PROMPT = "Hello."  # sent before each order: the cache then holds nothing the batch can use
+REUSE_SHARE_MIN = 0.9
+SPEEDUP_MIN = 3.0
+SCHEDULER_MAX_MS = 0.2
+_PROMPT_EVAL = re.compile(r"prompt eval time =\s*[\d.]+ ms /\s*(\d+) tokens")
+_PREFIX_HIT = re.compile(r"(\d+) prefix-match hit, remaining (\d+) prompt tokens to eval")
+
+
+@dataclass(frozen=True)
+class Options:
+    data: Path = DATA
+    limit: int = 300
+    templates: int = 0  # 0: every template; else rows of this many templates (drawn with the seed)
+    seed: int = 0
+    min_shared: int = 16
+    engines: tuple[str, ...] = ENGINES
+    n_threads: int = 1
+    concurrency: int = 1
+    group_by: str = "model"  # tokens the grouping uses: "model" (SmolLM2's tokenizer) or "approx"
+    repeats: int = 5  # timings of the scheduler: the median of this many runs
+    out: Path = Path("out/bench-prefix.json")
+
+
+def run(**kwargs: Any) -> dict[str, Any]:
+    """Run the benchmark, print its tables and write its JSON report; returns the report."""
+    opts = Options(**kwargs)
+    bad = set(opts.engines) - set(ENGINES)
+    if bad or opts.group_by not in ("model", "approx"):
+        raise ValueError(f"engines are {', '.join(ENGINES)}; group_by is model or approx")
+    console = Console()
+    rows = load(opts)
+    console.print(f"[bold]batch[/]: {len(rows)} prompts from {opts.data.name}, "
+                  f"{len({r['group'] for r in rows})} templates, seed {opts.seed}")
+    result: dict[str, Any] = {"machine": machine(), "settings": {**asdict(opts), "data": str(opts.data),
+                                                                  "out": str(opts.out)}}
+    sched = scheduler(rows, opts)
+    result["scheduler"] = sched.pop("summary")
+    tokens, orders = sched["tokens"], sched["orders"]
+    n_ctx = -(-(max(map(len, tokens)) + 16) // 256) * 256
+    result["batch"] = {"n": len(rows), "templates": len({r["group"] for r in rows}), "n_ctx": n_ctx,
+                       "prompt_tokens": sum(map(len, tokens)), "max_prompt_tokens": max(map(len, tokens)),
+                       "ideal_reuse": ideal_reuse(tokens),
+                       "predicted_reuse": {o: reuse_in_order([tokens[k] for k in orders[o]]) for o in ORDERS}}
+    result["engines"] = {}
+    with tempfile.TemporaryDirectory(prefix="triage-bench-prefix-") as tmp:
+        for engine in opts.engines:
+            console.print(f"[bold]{engine}[/]: {', '.join(ORDERS)}, {len(rows)} requests each")
+            measure = _server if engine == "server" else _scorer
+            result["engines"][engine] = measure(rows, orders, n_ctx, opts, Path(tmp), console)
+    _ratios(result)
+    result["goals"] = goals(result)
+    render(console, result)
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    opts.out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    console.print(f"report: {opts.out}")
+    return result
+
+
+def load(opts: Options) -> list[dict[str, Any]]:
+    with gzip.open(opts.data, "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    rng = random.Random(opts.seed)
+    if opts.templates:
+        groups = sorted({r["group"] for r in rows})
+        keep = set(rng.sample(groups, min(opts.templates, len(groups))))
+        rows = [r for r in rows if r["group"] in keep]
+    rng.shuffle(rows)
+    return rows[:opts.limit]
+
+
+def _median_ms(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    times, out = [], None
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times), out
+
+
+def scheduler(rows: list[dict[str, Any]], opts: Options) -> dict[str, Any]:
+    """Tokenize and plan with both tokenizers, timed; the three orders (GROUPED from ``group_by``)."""
+    import llama_cpp
+
+    prompts = [r["prompt"] for r in rows]
+    vocab = llama_cpp.Llama(model_path=str(smollm2_path()), vocab_only=True, verbose=False)
+    tokenizers: dict[str, Callable[[str], Sequence[int]]] = {
+        "model": lambda p: vocab.tokenize(p.encode("utf-8"), add_bos=True, special=False),
+        "approx": approx_tokens}
+    n, summary, groupings, model_tokens = len(rows), {}, {}, []
+    for name, tok in tokenizers.items():
+        tok_ms, toks = _median_ms(lambda tok=tok: [tuple(tok(p)) for p in prompts], opts.repeats)
+        plan_ms, groups = _median_ms(lambda toks=toks: _plan(toks, opts.min_shared), opts.repeats)
+        if name == "model":
+            model_tokens = toks
+        groupings[name] = flatten(groups)
+        summary[name] = {"tokenize_ms_per_req": tok_ms / n, "plan_ms_per_req": plan_ms / n,
+                         "total_ms_per_req": (tok_ms + plan_ms) / n, "groups": len(groups),
+                         "tokens_per_prompt": sum(map(len, toks)) / n, "own_ideal_reuse": ideal_reuse(toks)}
+    vocab.close()
+    for name, order in groupings.items():  # how good each grouping is, counted in the model's tokens
+        summary[name]["predicted_reuse"] = reuse_in_order([model_tokens[k] for k in order])
+    summary["model"]["tokenizer"] = f"llama_cpp.Llama(vocab_only=True) on {smollm2_path().name}"
+    summary["approx"]["tokenizer"] = "backends.prefix.approx_tokens"
+    summary["used"] = opts.group_by
+    orders = {"arrival": list(range(n)), "sorted": sorted(range(n), key=prompts.__getitem__),
+              "grouped": groupings[opts.group_by]}
+    return {"summary": summary, "tokens": model_tokens, "orders": orders}
+
+
+def _plan(tokens: list[tuple[int, ...]], min_shared: int) -> list[Group]:
+    items = [Item(i, t, decode=1) for i, t in enumerate(tokens)]  # max_tokens=1: every decode alike
+    return plan(items, min_shared=min_shared)
+
+
+def _server(rows: list[dict[str, Any]], orders: dict[str, list[int]], n_ctx: int, opts: Options, tmp: Path,
+            console: Console) -> dict[str, Any]:
+    return asyncio.run(_server_main(rows, orders, n_ctx, opts, tmp, console))
+
+
+async def _server_main(rows: list[dict[str, Any]], orders: dict[str, list[int]], n_ctx: int, opts: Options,
+                       tmp: Path, console: Console) -> dict[str, Any]:
+    port, threads = free_port(), str(opts.n_threads)
+    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_path()), "--model_alias", "smollm2",
+            "--host", HOST, "--port", str(port), "--n_threads", threads, "--n_threads_batch", threads,
+            "--n_ctx", str(n_ctx), "--interrupt_requests", "False", "--verbose", "True"]
+    out: dict[str, Any] = {"argv": argv[1:], "orders": {}}
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        with Fleet(tmp) as fleet:
+            proc = fleet.add(Proc("llama-server", argv, port, "/v1/models", tmp / "llama-server.log"))
+            await proc.wait_ready(http, 180)
+            for name in ORDERS:
+                others = meters.foreign({"llama-server": proc})
+                row = await _server_order(http, proc, [rows[k]["prompt"] for k in orders[name]], opts.concurrency)
+                row["other_cpu_cores"] = others()
+                out["orders"][name] = row
+                console.print(f"  {name}: {row['wall_s']:.1f} s, {row['evaluated_tokens']} tokens evaluated")
+    return out
+
+
+async def _complete(http: aiohttp.ClientSession, url: str, prompt: str) -> int:
+    body = {"model": "smollm2", "prompt": prompt, "max_tokens": 1, "temperature": 0.0}
+    async with http.post(url, json=body) as r:
+        data = await r.json(content_type=None)
+        if r.status != 200:
+            raise RuntimeError(f"llama.cpp server answered {r.status}: {str(data)[:300]}")
+    return int(data["usage"]["prompt_tokens"])
+
+
+async def _server_order(http: aiohttp.ClientSession, proc: Proc, prompts: list[str], concurrency: int
+                        ) -> dict[str, Any]:
+    url = proc.base + "/v1/completions"
+    await _complete(http, url, RESET_PROMPT)
+    start = proc.log_path.stat().st_size
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(p: str) -> int:
+        async with gate:
+            return await _complete(http, url, p)
+
+    t0 = time.perf_counter()
+    counts = await asyncio.gather(*(one(p) for p in prompts))
+    wall = time.perf_counter() - t0
+    evaluated, hits = await _parse_log(proc.log_path, start, len(prompts))
+    return {"wall_s": wall, "rps": len(prompts) / wall, "prompt_tokens": sum(counts), "evaluated_tokens": evaluated,
+            "prefix_hits": hits}
+
+
+async def _parse_log(path: Path, start: int, n: int) -> tuple[int | None, int]:
+    """llama.cpp's count of evaluated prompt tokens, one line per request, from ``start`` on."""
+    for _ in range(50):  # the server prints before it answers; wait a little for the file anyway
+        with path.open("rb") as f:
+            f.seek(start)
+            text = f.read().decode("utf-8", "replace")
+        evals = [int(m) for m in _PROMPT_EVAL.findall(text)]
+        if len(evals) >= n:
+            return sum(evals[:n]), len(_PREFIX_HIT.findall(text))
+        await asyncio.sleep(0.1)
+    return None, len(_PREFIX_HIT.findall(text))  # the log does not say: no number rather than a wrong one
+
+
+def _scorer(rows: list[dict[str, Any]], orders: dict[str, list[int]], n_ctx: int, opts: Options, tmp: Path,
+            console: Console) -> dict[str, Any]:
+    from backends.logprob import OptionScorer
+
+    scorer = OptionScorer(smollm2_path(), n_ctx=n_ctx, n_threads=opts.n_threads)
+    out: dict[str, Any] = {"continuation": "' ' + the row's answer", "orders": {}}
+    try:
+        for name in ORDERS:
+            scorer.score(RESET_PROMPT, [" A"])
+            others = meters.foreign({})
+            prompt_tokens = reused = 0
+            t0 = time.perf_counter()
+            for k in orders[name]:
+                s = scorer.score(rows[k]["prompt"], [" " + str(rows[k]["answer"])])
+                prompt_tokens += s.prompt_tokens
+                reused += s.reused_tokens
+            wall = time.perf_counter() - t0
+            out["orders"][name] = {"wall_s": wall, "rps": len(orders[name]) / wall, "prompt_tokens": prompt_tokens,
+                                   "evaluated_tokens": prompt_tokens - reused, "other_cpu_cores": others()}
+            console.print(f"  {name}: {wall:.1f} s, {prompt_tokens - reused} tokens evaluated")
+    finally:
+        scorer.close()
+    return out
+
+
+def _ratios(result: dict[str, Any]) -> None:
+    ideal = result["batch"]["ideal_reuse"]
+    for eng in result["engines"].values():
+        base = eng["orders"]["arrival"]
+        for row in eng["orders"].values():
+            ev = row["evaluated_tokens"]
+            row["reuse"] = None if ev is None else 1 - ev / row["prompt_tokens"]
+            row["share_of_ideal"] = None if row["reuse"] is None or ideal <= 0 else row["reuse"] / ideal
+            row["rps_x_arrival"] = row["rps"] / base["rps"]
+            row["evaluated_x_arrival"] = (None if ev is None or not base["evaluated_tokens"]
+                                          else ev / base["evaluated_tokens"])
+
+
+def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for name, eng in res["engines"].items():
+        g = eng["orders"]["grouped"]
+        share, speed = g["share_of_ideal"], g["rps_x_arrival"]
+        rows.append({"goal": f"{name}: grouped reuse >= {REUSE_SHARE_MIN:.0%} of the ideal", "value": share,
+                     "unit": "", "pass": None if share is None else share >= REUSE_SHARE_MIN})
+        rows.append({"goal": f"{name}: grouped throughput >= {SPEEDUP_MIN:g}x arrival", "value": speed,
+                     "unit": "x", "pass": speed >= SPEEDUP_MIN})
+    used = res["scheduler"]["used"]
+    for tok in ("model", "approx"):
+        ms = res["scheduler"][tok]["total_ms_per_req"]
+        tag = "" if tok == used else "(info) "
+        rows.append({"goal": f"{tag}scheduler ({tok} tokens + plan) <= {SCHEDULER_MAX_MS} ms/request", "value": ms,
+                     "unit": "ms", "pass": None if tag else ms <= SCHEDULER_MAX_MS})
+    return rows
+
+
+def _f(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _scheduler_table(res: dict[str, Any]) -> Table:
+    s, n = res["scheduler"], res["batch"]["n"]
+    t = Table(title=f"Scheduler cost ({n} prompts, median of {res['settings']['repeats']} runs; "
+                    f"GROUPED uses {s['used']} tokens)", title_justify="left")
+    for col in ("tokens", "per prompt", "tokenize ms/req", "plan ms/req", "total ms/req", "groups",
+                "grouping's reuse / ideal"):
+        t.add_column(col, justify="left" if col == "tokens" else "right")
+    ideal = res["batch"]["ideal_reuse"]
+    for name in ("model", "approx"):
+        r = s[name]
+        label = "SmolLM2 (GGUF vocab)" if name == "model" else "approx_tokens"
+        t.add_row(label, f"{r['tokens_per_prompt']:.0f}", f"{r['tokenize_ms_per_req']:.4f}",
+                  f"{r['plan_ms_per_req']:.4f}", f"{r['total_ms_per_req']:.4f}", str(r["groups"]),
+                  _f(r["predicted_reuse"] / ideal if ideal else None, ".1%"))
+    return t
+
+
+def _orders_table(res: dict[str, Any], name: str) -> Table:
+    eng, b = res["engines"][name], res["batch"]
+    what = "llama.cpp server, /v1/completions max_tokens=1" if name == "server" else "in-process OptionScorer"
+    t = Table(title=f"{name}: {what} (ideal reuse {b['ideal_reuse']:.1%})", title_justify="left")
+    for col in ("order", "wall s", "req/s", "x arrival", "prompt tok", "evaluated", "eval x arrival",
+                "predicted reuse", "reuse", "of ideal", "other cores"):
+        t.add_column(col, justify="left" if col == "order" else "right")
+    for order, r in eng["orders"].items():
+        t.add_row(order, f"{r['wall_s']:.1f}", f"{r['rps']:.2f}", f"{r['rps_x_arrival']:.2f}",
+                  f"{r['prompt_tokens']:,}", _f(r["evaluated_tokens"], ","), _f(r["evaluated_x_arrival"], ".3f"),
+                  f"{b['predicted_reuse'][order]:.1%}", _f(r["reuse"], ".1%"), _f(r["share_of_ideal"], ".1%"),
+                  f"{r['other_cpu_cores']:.2f}")
+    return t
+
+
+def render(console: Console, res: dict[str, Any]) -> None:
+    m, b = res["machine"], res["batch"]
+    console.print()
+    console.print(f"[bold]triage bench prefix[/]  {m['date']}  {m['platform']}  {m['nproc']} CPUs, load average "
+                  f"before the run {m['load_avg'][0]}; {b['n']} prompts, {b['templates']} templates, "
+                  f"{b['prompt_tokens']:,} prompt tokens (longest {b['max_prompt_tokens']}), n_ctx {b['n_ctx']}, "
+                  f"{res['settings']['n_threads']} engine thread(s)")
+    console.print("[yellow]note:[/] every request has max_tokens=1, so every decode is alike and decode_ratio "
+                  "ordering reduces to smaller prompt work first; 'predicted reuse' is a one-slot cache's reuse "
+                  "of that order, counted on SmolLM2 tokens; 'other cores': CPU used by processes outside the "
+                  "bench while the order ran.")
+    console.print(_scheduler_table(res))
+    for name in res["engines"]:
+        console.print(_orders_table(res, name))
+    console.print(goals_table(res["goals"], "Goals (from issue 6)"))
