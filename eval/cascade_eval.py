@@ -102,6 +102,28 @@ def fit_thresholds(tiers: Sequence[TierSpec], dev: Sequence[Row], slack: float =
                 tier.thresholds[qtype] = _lowest_safe(points, slack)
 
 
+def fit_for_cost(tiers: Sequence[TierSpec], dev: Sequence[Row], budget: float) -> None:
+    """``--target cost=X``: one threshold for every tier but the last (on each one's own scale),
+    the one with the best accuracy on dev rows at a mean cost per question of at most ``budget``
+    (the cheapest, when none is within it)."""
+    best: tuple[float, float, float] | None = None  # (accuracy, -cost, threshold)
+    cheapest: tuple[float, float] | None = None  # (cost, threshold)
+    for t in GRID:
+        for tier in tiers[:-1]:
+            tier.thresholds = {q: float(t) for q in ("choice", "yes_no", "score")}
+        reports = evaluate(tiers, dev, curves=False)
+        n = sum(r.n for r in reports) or 1
+        cost = sum(r.cost_per_question * r.n for r in reports) / n
+        accuracy = sum(r.cascade * r.n for r in reports) / n
+        if cheapest is None or cost < cheapest[0]:
+            cheapest = (cost, float(t))
+        if cost <= budget and (best is None or (accuracy, -cost) > best[:2]):
+            best = (accuracy, -cost, float(t))
+    chosen = best[2] if best is not None else (cheapest[1] if cheapest is not None else 1.0)
+    for tier in tiers[:-1]:
+        tier.thresholds = {q: chosen for q in ("choice", "yes_no", "score")}
+
+
 def _lowest_at_least(points: list[tuple[float, bool, bool]], accuracy: float, min_kept: int = 10) -> float:
     for t in GRID:
         kept = [m for c, m, _ in points if c >= t]
@@ -146,14 +168,15 @@ class SetReport:
     by_category: dict[str, dict[str, float]] = field(default_factory=dict)  # accuracy, past_first, n
 
 
-def evaluate(tiers: Sequence[TierSpec], rows: Sequence[Row]) -> list[SetReport]:
+def evaluate(tiers: Sequence[TierSpec], rows: Sequence[Row], curves: bool = True) -> list[SetReport]:
     groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
     for r in rows:
         groups[(r.source, r.question.type)].append(r)
-    return [_one_set(tiers, src, qtype, group) for (src, qtype), group in sorted(groups.items())]
+    return [_one_set(tiers, src, qtype, group, curves) for (src, qtype), group in sorted(groups.items())]
 
 
-def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[Row]) -> SetReport:
+def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[Row],
+             curves: bool = True) -> SetReport:
     tiers = [t for t in tiers if any(r.id in t.outputs for r in rows)]  # a recorded tier covers some sets only
     rows = [r for r in rows if all(r.id in t.outputs for t in tiers)]
     report = SetReport(source, qtype, len(rows), {}, {}, {})
@@ -188,7 +211,8 @@ def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[
     share = {t.name: answered_by[t.name] / n if n else 0.0 for t in tiers}
     report.cascade, report.share, report.failed = wins / n if n else math.nan, share, failed
     report.past_first, report.tiers = 1.0 - share[tiers[0].name], [t.name for t in tiers]
-    report.curve = curve(gates, [t.outputs for t in tiers], rows, right)
+    if curves:
+        report.curve = curve(gates, [t.outputs for t in tiers], rows, right)
     return report
 
 

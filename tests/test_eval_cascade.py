@@ -160,3 +160,17 @@ def test_threshold_targets() -> None:
     fit_thresholds([spread, top], rows, target=("escalation", 0.25))
     [report] = evaluate([spread, top], rows)
     assert report.past_first == pytest.approx(0.25, abs=1 / 40)
+
+
+def test_cost_target_picks_the_best_accuracy_within_budget() -> None:
+    from eval.cascade_eval import fit_for_cost
+
+    rows = [row(i, "yes") for i in range(10)] + [row(i, "no") for i in range(10, 20)]
+    cheap = TierSpec("cheap", "encoder", {r.id: yes(0.95 if r.answer == "yes" else 0.58) for r in rows}, per_call=1)
+    top = TierSpec("top", "recorded", {r.id: yes(0.99 if r.answer == "yes" else 0.01) for r in rows}, per_call=10)
+    fit_for_cost([cheap, top], rows, budget=6.0)  # 1 + half of 10: escalate exactly the unsure half
+    [report] = evaluate([cheap, top], rows)
+    assert report.cost_per_question == pytest.approx(6.0) and report.cascade == 1.0
+    fit_for_cost([cheap, top], rows, budget=0.5)  # nothing fits: the cheapest plan
+    [report] = evaluate([cheap, top], rows)
+    assert report.cost_per_question == pytest.approx(1.0) and report.past_first == 0.0

@@ -23,8 +23,9 @@ _TopPrice = Annotated[float, typer.Option(help="What one question to the recorde
 _DevCap = Annotated[int, typer.Option(help="Dev rows per set (a seeded sample).")]
 _TestCap = Annotated[int, typer.Option(help="Test rows per set (a seeded sample).")]
 _Target = Annotated[str | None, typer.Option(
-    help="accuracy=X (kept answers right X of the time) or escalation=X (at most X past the first tier); "
-         "default: a cheaper tier keeps what it answers as well as the last tier")]
+    help="accuracy=X (kept answers right X of the time), escalation=X (at most X past the first tier) or "
+         "cost=X (best accuracy at a mean cost per question of at most X); default: a cheaper tier keeps "
+         "what it answers as well as the last tier")]
 
 
 def evaluate(
@@ -88,11 +89,11 @@ def _target(spec: str | None) -> tuple[str, float] | None:
     if not spec:
         return None
     key, sep, value = spec.partition("=")
-    if not sep or key not in ("accuracy", "escalation"):
-        raise ValueError(f"'{spec}': expected accuracy=X or escalation=X")
+    if not sep or key not in ("accuracy", "escalation", "cost"):
+        raise ValueError(f"'{spec}': expected accuracy=X, escalation=X or cost=X")
     x = float(value)
-    if not 0 <= x <= 1:
-        raise ValueError(f"'{spec}': X must be within [0, 1]")
+    if not 0 <= x <= (float("inf") if key == "cost" else 1):
+        raise ValueError(f"'{spec}': X must be within [0, 1]" if key != "cost" else f"'{spec}': a cost is >= 0")
     return key, x
 
 
@@ -170,7 +171,10 @@ class _Run:
         for spec in self.specs:
             if spec.kind != "recorded":  # a recorded answer carries no probabilities to calibrate
                 cascade_eval.fit_temperatures(spec, self.dev)
-        cascade_eval.fit_thresholds(self.specs, self.dev, slack, goal)
+        if goal is not None and goal[0] == "cost":
+            cascade_eval.fit_for_cost(self.specs, self.dev, goal[1])
+        else:
+            cascade_eval.fit_thresholds(self.specs, self.dev, slack, goal)
         reports = cascade_eval.evaluate(self.specs, self.test)
         _print(self.console, self.specs, reports)
         if goal is not None:
@@ -218,10 +222,13 @@ def _pooled(reports: list, attr: str) -> float:
 
 def _check_target(goal: tuple[str, float], dev: list, test: list) -> str:
     """Whether the target held on test rows (within 2 points), and by how much it missed if not."""
-    attr = "cascade" if goal[0] == "accuracy" else "past_first"
+    attr = {"accuracy": "cascade", "escalation": "past_first", "cost": "cost_per_question"}[goal[0]]
     on_dev, on_test = _pooled(dev, attr), _pooled(test, attr)
     miss = (goal[1] - on_test) if goal[0] == "accuracy" else (on_test - goal[1])
-    verdict = "held" if miss <= 0.02 else f"[red]missed by {miss * 100:.1f} points[/red]"
+    if goal[0] == "cost":  # within 2% of the budget
+        verdict = "held" if miss <= 0.02 * goal[1] else f"[red]over budget by {miss / goal[1]:.1%}[/red]"
+    else:
+        verdict = "held" if miss <= 0.02 else f"[red]missed by {miss * 100:.1f} points[/red]"
     return f"target {goal[0]} {goal[1]}: dev {on_dev:.3f}, test {on_test:.3f}: {verdict}"
 
 
