@@ -23,9 +23,10 @@ from __future__ import annotations
 import sys
 import zlib
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
 
 ORDERS = ("decode_ratio", "none")
 
@@ -59,6 +60,17 @@ def approx_tokens(text: str) -> tuple[int, ...]:
     if not text:
         return ()
     return tuple(map(zlib.crc32, text.encode("utf-8", "surrogatepass").replace(b"\n", b" \n").split(b" ")))
+
+
+def prompt_text(body: Mapping[str, Any]) -> str:
+    """The text a request's prompt is made of, in order, for grouping and affinity: the messages'
+    contents, a completion's prompt, or a typed question's passage and question."""
+    if isinstance(body.get("messages"), list):
+        return "\n".join(str(m.get("content", "")) for m in body["messages"] if isinstance(m, dict))
+    if "question" in body:  # /v1/decide: the passage first, as the scorer sees it
+        return f"{body.get('context') or ''}\n{body.get('question', '')}"
+    prompt = body.get("prompt")
+    return prompt if isinstance(prompt, str) else str(prompt)
 
 
 def plan(items: Sequence[Item], *, min_shared: int = 16, order: str = "decode_ratio") -> list[Group]:

@@ -14,6 +14,7 @@ from typing import Any
 import structlog
 
 from backends.base import Attempt, Body, Call, Capabilities, ChunkStream, Completion, Stopwatch
+from backends.prefix import prompt_text
 from backends.replicas import ReplicaSet, ReplicaState
 from backends.secrets import resolve
 from gateway.errors import UpstreamError, UpstreamRejected, UpstreamTimeout
@@ -79,7 +80,7 @@ class RemoteBackend:
         tried: set[str] = set()
         last: UpstreamError | None = None
         for i in range(self.spec.retries.attempts):
-            replica = self._next(tried, call.affinity)
+            replica = self._next(tried, self._affinity(call))
             watch = Stopwatch()
             try:
                 async with asyncio.timeout(t.total_s):  # unstreamed: headers come with the last token
@@ -100,7 +101,7 @@ class RemoteBackend:
         tried: set[str] = set()
         last: UpstreamError | None = None
         for i in range(self.spec.retries.attempts):
-            replica = self._next(tried, call.affinity)
+            replica = self._next(tried, self._affinity(call))
             watch = Stopwatch()
             chunks: AsyncIterator[Body] | None = None
             try:
@@ -156,6 +157,13 @@ class RemoteBackend:
             await cleanup()
 
     # -- helpers --------------------------------------------------------------------------
+    def _affinity(self, call: Call) -> str | None:
+        """The call's own key (a batch group), else, with ``prefix_affinity_chars``, the start of
+        its prompt: requests that share it prefer one replica, whose prefix cache then hits."""
+        if call.affinity is not None or not self.spec.prefix_affinity_chars:
+            return call.affinity
+        return prompt_text(call.body)[: self.spec.prefix_affinity_chars]
+
     def _next(self, tried: set[str], affinity: str | None = None) -> ReplicaState:
         replica = self.replicas.pick(tried, affinity)
         tried.add(replica.api_base)

@@ -103,12 +103,12 @@ class BatchRunner:
         return doc
 
     async def _run(self, doc: dict[str, Any]) -> None:
-        from backends.prefix import Item, approx_tokens, plan
+        from backends.prefix import Item, approx_tokens, plan, prompt_text
 
         batch_id, endpoint = doc["id"], doc["endpoint"]
         pending = await asyncio.to_thread(self.store.pending, batch_id)
         settings = self.holder.current.policy.batches
-        groups = plan([Item(i, approx_tokens(_prompt_text(p.body)), int(p.body.get("max_tokens") or 16))
+        groups = plan([Item(i, approx_tokens(prompt_text(p.body)), int(p.body.get("max_tokens") or 16))
                        for i, p in enumerate(pending)], min_shared=settings.min_shared_tokens)
         limit = asyncio.Semaphore(settings.concurrency)
         for g, group in enumerate(groups):
@@ -156,16 +156,6 @@ class BatchRunner:
 
 def _errors(items: list[dict[str, Any]]) -> dict[str, Any]:
     return {"object": "list", "data": items}
-
-
-def _prompt_text(body: dict[str, Any]) -> str:
-    """What a request's prompt starts with, for grouping (messages' text in order, or the prompt)."""
-    if isinstance(body.get("messages"), list):
-        return "\n".join(str(m.get("content", "")) for m in body["messages"] if isinstance(m, dict))
-    if "question" in body:  # /v1/decide: the passage first, as the scorer sees it
-        return f"{body.get('context') or ''}\n{body.get('question', '')}"
-    prompt = body.get("prompt")
-    return prompt if isinstance(prompt, str) else str(prompt)
 
 
 def check_lines(raw: bytes, endpoint: str, models: set[str], max_requests: int,

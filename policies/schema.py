@@ -73,6 +73,9 @@ class _Remote(Strict):
     timeouts: Timeouts = Timeouts()
     retries: Retries = Retries()
     health: HealthCheck = HealthCheck()
+    prefix_affinity_chars: int = Field(
+        0, ge=0, description="online requests whose prompts share their first N characters go to the same replica "
+                             "(its prefix cache); 0: off. Batches always group by prefix")
 
 
 class OpenAIBackend(_Remote):

@@ -131,3 +131,19 @@ def test_engine_killed_mid_stream_ends_with_an_error_event(
     assert "stream" in str(info.value)
     with gw.http() as http:
         assert http.get("/health").status_code == 200
+
+
+def test_prefix_affinity_sends_a_shared_prompt_start_to_one_replica(
+    gateway: Callable[..., Gateway], llama_server: LlamaServer, spare_llama_server: LlamaServer
+) -> None:
+    policy = pool_policy(llama_server.api_base, spare_llama_server.api_base).replace(
+        "    retries:", "    prefix_affinity_chars: 40\n    retries:")
+    gw = gateway(policy)
+    client = gw.client()
+    template = "You are a terse assistant. Answer in one word. Question number "
+    for i in range(6):
+        client.chat.completions.create(model="smollm2", max_tokens=1, messages=[
+            {"role": "user", "content": f"{template}{i}?"}])
+    counts = [line for line in attempts_metric(gw).splitlines()
+              if line.startswith("triage_upstream_attempts_total") and 'outcome="ok"' in line]
+    assert len(counts) == 1 and counts[0].endswith(" 6.0")  # one replica took them all
