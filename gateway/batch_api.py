@@ -124,6 +124,8 @@ async def get_batch(request: Request, batch_id: str) -> Response:
         doc = await asyncio.to_thread(runner.store.batch, batch_id)
         if doc is None:
             raise NotFound(f"No such batch: {batch_id}", param="batch_id")
+        if doc["status"] in ("in_progress", "cancelling", "finalizing"):  # live progress, request by request
+            doc["request_counts"] = await asyncio.to_thread(runner.store.counts, batch_id)
         return _json(doc)
     except TriageError as exc:
         return _error(exc)

@@ -108,8 +108,8 @@ class BatchRunner:
         batch_id, endpoint = doc["id"], doc["endpoint"]
         pending = await asyncio.to_thread(self.store.pending, batch_id)
         settings = self.holder.current.policy.batches
-        groups = plan([Item(i, approx_tokens(prompt_text(p.body)), int(p.body.get("max_tokens") or 16))
-                       for i, p in enumerate(pending)], min_shared=settings.min_shared_tokens)
+        groups = plan([Item(i, approx_tokens(prompt_text(p.body)), _decode(p.body)) for i, p in enumerate(pending)],
+                      min_shared=settings.min_shared_tokens)
         limit = asyncio.Semaphore(settings.concurrency)
         for g, group in enumerate(groups):
             if batch_id in self._cancelled:
@@ -152,6 +152,14 @@ class BatchRunner:
                       {"status": "completed", "completed_at": now})
         await self._update(batch_id, **fields)
         log.info("batch_finished", batch_id=batch_id, status=fields["status"], **fields["request_counts"])
+
+
+def _decode(body: dict[str, Any]) -> int:
+    """Expected decode tokens, for the order: the request's own limit, else a guess."""
+    for key in ("max_tokens", "max_completion_tokens"):
+        if isinstance(body.get(key), int) and body[key] > 0:
+            return body[key]
+    return 16
 
 
 def _errors(items: list[dict[str, Any]]) -> dict[str, Any]:
