@@ -77,3 +77,24 @@ def prefix(
     run(data=data or DATA, limit=limit, templates=templates, seed=seed, min_shared=min_shared,
         engines=tuple(engine or ENGINES), n_threads=n_threads, concurrency=concurrency, group_by=group_by,
         repeats=repeats, out=out)
+
+
+@app.command("affinity")
+def affinity(
+    data: Annotated[Path | None, typer.Option(help="JSONL.gz of prompts (default: BBH few-shot direct).")] = None,
+    limit: Annotated[int, typer.Option(help="Prompts sent (after the seeded shuffle); 48 in 3 rounds take about "
+                                            "12 min on two cores.")] = 48,
+    templates: Annotated[int, typer.Option(help="Only rows of this many templates (0: all).")] = 4,
+    seed: Annotated[int, typer.Option(help="Seed of the shuffle (the arrival order).")] = 0,
+    concurrency: Annotated[int, typer.Option(help="Requests in flight through the gateway.")] = 2,
+    chars: Annotated[int, typer.Option(help="prefix_affinity_chars of the affinity run.")] = 200,
+    n_threads: Annotated[int, typer.Option(help="llama.cpp threads of each server.")] = 1,
+    rounds: Annotated[int, typer.Option(help="Rounds of both modes, each on fresh servers (a new affinity split).")
+                      ] = 3,
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-affinity.json"),
+) -> None:
+    """Online prefix affinity: two llama.cpp replicas behind triage, round robin vs affinity, in one run."""
+    from eval.bench.affinity import DATA, run
+
+    run(data=data or DATA, limit=limit, templates=templates, seed=seed, concurrency=concurrency, chars=chars,
+        n_threads=n_threads, rounds=rounds, out=out)

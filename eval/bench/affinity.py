@@ -1,0 +1,419 @@
+"""``triage bench affinity``: does online prefix affinity help? Round robin against affinity, in one run.
+
+Two real llama.cpp servers (``python -m llama_cpp.server``, SmolLM2-135M, one slot each that keeps
+its previous prompt, one thread each) are the replicas of one ``openai`` backend behind a real
+triage gateway (``strategy: round_robin``, health checks off, one attempt). Each mode starts its
+own servers and gateway, so both start cold:
+
+- ``round_robin``: ``prefix_affinity_chars: 0``, the baseline;
+- ``affinity``: ``prefix_affinity_chars: N`` (``--chars``): a request's replica is chosen by
+  rendezvous hashing of its prompt's first N characters.
+
+The workload is BIG-Bench-Hard few-shot prompts (a few templates, shuffled with a fixed seed: the
+arrival order), sent as ``/v1/completions`` with ``max_tokens=1`` through the gateway with the
+official ``openai`` client, in arrival order, ``--concurrency`` in flight. Reported per mode: wall
+time, requests/s, latency, requests per replica (the gateway's ``triage_upstream_attempts``),
+prompt tokens each server evaluated (llama.cpp's own count from its verbose log, as in
+``triage bench prefix``), reuse achieved against the ideal (:func:`backends.prefix.ideal_reuse` on
+SmolLM2's own tokens), the reuse a one-slot cache per replica would reach with the mode's
+assignment, and the ratios affinity / round robin. Rendezvous hashing depends on the replicas'
+addresses (free ports, so each run differs): the report also gives the odds of each split over
+random addresses, for this batch's affinity keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+import openai
+import orjson
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+from rich.table import Table
+
+from backends.gguf import smollm2_path
+from backends.prefix import ideal_reuse, reuse_in_order
+from backends.replicas import ReplicaSet, ReplicaState
+from eval.bench import meters, prefix
+from eval.bench.overhead import machine
+from eval.bench.procs import HOST, Fleet, Proc, free_port
+
+DATA = prefix.DATA
+MODES = ("round_robin", "affinity")
+MODEL = "smollm2"
+ODDS_DRAWS = 2000  # random replica address pairs for the split odds
+# llama.cpp's time for one completion (timings reset when it starts, printed when it ends): a server's busy time
+_TOTAL_TIME = re.compile(r"llama_perf_context_print:\s+total time =\s*([\d.]+) ms")
+
+
+@dataclass(frozen=True)
+class Options:
+    data: Path = DATA
+    limit: int = 48
+    templates: int = 4
+    seed: int = 0
+    concurrency: int = 2
+    chars: int = 200
+    n_threads: int = 1
+    rounds: int = 3  # each round starts fresh servers on new ports: a new draw of the affinity split
+    out: Path = Path("out/bench-affinity.json")
+
+
+def run(**kwargs: Any) -> dict[str, Any]:
+    """Run the benchmark, print its table and write its JSON report; returns the report."""
+    opts = Options(**kwargs)
+    if min(opts.chars, opts.concurrency, opts.rounds) < 1:
+        raise ValueError("chars, concurrency and rounds must be at least 1")
+    console = Console()
+    popts = prefix.Options(data=opts.data, limit=opts.limit, templates=opts.templates, seed=opts.seed, repeats=1)
+    rows = prefix.load(popts)
+    prompts = [r["prompt"] for r in rows]
+    tokens = prefix.scheduler(rows, popts)["tokens"]  # SmolLM2's own tokens (GGUF vocab)
+    n_ctx = -(-(max(map(len, tokens)) + 16) // 256) * 256
+    keys = [p[:opts.chars] for p in prompts]
+    groups = [r["group"] for r in rows]
+    result: dict[str, Any] = {
+        "machine": machine(), "settings": {**asdict(opts), "data": str(opts.data), "out": str(opts.out)},
+        "batch": {"n": len(rows), "templates": len({r["group"] for r in rows}), "n_ctx": n_ctx,
+                  "prompt_tokens": sum(map(len, tokens)), "max_prompt_tokens": max(map(len, tokens)),
+                  "affinity_keys": len(set(keys)), "ideal_reuse": ideal_reuse(tokens),
+                  "ideal_tokens": "SmolLM2's own tokens (llama_cpp.Llama vocab_only)",
+                  "per_template": _per_template(rows, tokens)},
+        "split_odds": split_odds(keys, tokens, ODDS_DRAWS, opts.seed)}
+    b = result["batch"]
+    console.print(f"[bold]batch[/]: {b['n']} prompts from {opts.data.name}, {b['templates']} templates, seed "
+                  f"{opts.seed}, {b['prompt_tokens']:,} prompt tokens, ideal reuse {b['ideal_reuse']:.1%}; "
+                  f"{b['affinity_keys']} distinct affinity keys at {opts.chars} characters")
+    with tempfile.TemporaryDirectory(prefix="triage-bench-affinity-") as tmp:
+        result["rounds"] = asyncio.run(_main(prompts, tokens, keys, groups, n_ctx, opts, Path(tmp), console))
+    _ratios(result)
+    result["summary"] = summary(result)
+    result["verdict"] = verdict(result)
+    render(console, result)
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    opts.out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    console.print(f"report: {opts.out}")
+    return result
+
+
+def _per_template(rows: list[dict[str, Any]], tokens: list[tuple[int, ...]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for r, t in zip(rows, tokens, strict=True):
+        row = out.setdefault(r["group"], {"n": 0, "prompt_tokens": 0})
+        row["n"] += 1
+        row["prompt_tokens"] += len(t)
+    return out
+
+
+def assign(keys: list[str], bases: list[str], chars: int) -> list[int]:
+    """The replica (index into ``bases``) of each request, in arrival order, as the gateway picks
+    it: rendezvous hashing of the key with ``chars`` > 0, else round robin (in arrival order)."""
+    rs = ReplicaSet([ReplicaState(b, None) for b in bases], "round_robin", 0.0)
+    index = {b: i for i, b in enumerate(bases)}
+    return [index[rs.pick(set(), k if chars else None).api_base] for k in keys]
+
+
+def predicted_reuse(tokens: list[tuple[int, ...]], where: list[int], replicas: int) -> float:
+    """Reuse of one-slot caches (each replica keeps its previous prompt) for this assignment."""
+    total = sum(map(len, tokens))
+    shared = 0.0
+    for r in range(replicas):
+        mine = [t for t, w in zip(tokens, where, strict=True) if w == r]
+        shared += reuse_in_order(mine) * sum(map(len, mine))
+    return shared / total if total else 0.0
+
+
+def split_odds(keys: list[str], tokens: list[tuple[int, ...]], draws: int, seed: int) -> dict[str, Any]:
+    """Over ``draws`` random pairs of replica addresses: how the batch's affinity keys split.
+    ``busier_share``: the busier replica's share of requests (and of prompt tokens)."""
+    rng = random.Random(seed)
+    uniq = sorted(set(keys))
+    n_by = dict.fromkeys(uniq, 0)
+    tok_by = dict.fromkeys(uniq, 0)
+    for k, t in zip(keys, tokens, strict=True):
+        n_by[k] += 1
+        tok_by[k] += len(t)
+    total_n, total_t = len(keys), sum(tok_by.values())
+    req_shares, tok_shares = [], []
+    for _ in range(draws):
+        a, b = rng.sample(range(1024, 65536), 2)
+        where = assign(uniq, [f"http://{HOST}:{a}/v1", f"http://{HOST}:{b}/v1"], 1)
+        n0 = sum(n_by[k] for k, w in zip(uniq, where, strict=True) if w == 0)
+        t0 = sum(tok_by[k] for k, w in zip(uniq, where, strict=True) if w == 0)
+        req_shares.append(max(n0, total_n - n0) / total_n)
+        tok_shares.append(max(t0, total_t - t0) / total_t)
+    return {"draws": draws, "keys": len(uniq),
+            "busier_share_requests_mean": statistics.fmean(req_shares),
+            "busier_share_tokens_mean": statistics.fmean(tok_shares),
+            "p_all_on_one": sum(s == 1.0 for s in req_shares) / draws,
+            "p_busier_over_75pct_requests": sum(s > 0.75 for s in req_shares) / draws}
+
+
+async def _main(prompts: list[str], tokens: list[tuple[int, ...]], keys: list[str], groups: list[str], n_ctx: int,
+                opts: Options, tmp: Path, console: Console) -> list[dict[str, Any]]:
+    """``rounds`` rounds of both modes, each from cold servers; the order of the modes alternates."""
+    rounds: list[dict[str, Any]] = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+        for k in range(opts.rounds):
+            rounds.append({})
+            for mode in MODES if k % 2 == 0 else MODES[::-1]:
+                chars = opts.chars if mode == "affinity" else 0
+                console.print(f"[bold]round {k + 1}, {mode}[/] (prefix_affinity_chars: {chars}): {len(prompts)} "
+                              f"requests, concurrency {opts.concurrency}")
+                work = tmp / f"{k}-{mode}"
+                work.mkdir()
+                row = await _mode(http, prompts, tokens, keys, groups, chars, n_ctx, opts, work)
+                rounds[-1][mode] = row
+                console.print(f"  {row['wall_s']:.1f} s, requests {row['requests']}, "
+                              f"evaluated {row['evaluated_per_server']}")
+    return [{m: r[m] for m in MODES} for r in rounds]
+
+
+def _server_argv(port: int, n_ctx: int, threads: int) -> list[str]:
+    t = str(threads)
+    return [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_path()), "--model_alias", MODEL,
+            "--host", HOST, "--port", str(port), "--n_threads", t, "--n_threads_batch", t, "--n_ctx", str(n_ctx),
+            "--interrupt_requests", "False", "--verbose", "True"]
+
+
+def policy(bases: list[str], chars: int) -> str:
+    replicas = "\n".join(f'      - {{api_base: "{b}"}}' for b in bases)
+    return f"""version: 1
+backends:
+  pool:
+    type: openai
+    replicas:
+{replicas}
+    strategy: round_robin
+    prefix_affinity_chars: {chars}
+    health: {{enabled: false}}
+    retries: {{attempts: 1}}
+    timeouts: {{total_s: 600}}
+models:
+  {MODEL}:
+    backend: pool
+limits:
+  max_concurrency: 256
+logging:
+  level: warning
+  format: json
+"""
+
+
+async def _mode(http: aiohttp.ClientSession, prompts: list[str], tokens: list[tuple[int, ...]], keys: list[str],
+                groups: list[str], chars: int, n_ctx: int, opts: Options, work: Path) -> dict[str, Any]:
+    with Fleet(work) as fleet:
+        servers = []
+        for i in range(2):
+            port = free_port()
+            servers.append(fleet.add(Proc(f"llama-{i}", _server_argv(port, n_ctx, opts.n_threads), port,
+                                          "/v1/models", work / f"llama-{i}.log")))
+        await asyncio.gather(*(s.wait_ready(http, 180) for s in servers))
+        for s in servers:  # the first request's one-off costs stay out of the measurement
+            await prefix._complete(http, s.base + "/v1/completions", prefix.RESET_PROMPT)
+        bases = [s.base + "/v1" for s in servers]
+        (work / "policy.yaml").write_text(policy(bases, chars))
+        port = free_port()
+        gw = fleet.add(Proc("triage", [sys.executable, "-m", "gateway.cli", "serve", "--policy",
+                                       str(work / "policy.yaml"), "--host", HOST, "--port", str(port), "--no-watch"],
+                            port, "/v1/models", work / "triage.log"))
+        await gw.wait_ready(http, 120)
+        starts = [s.log_path.stat().st_size for s in servers]
+        others = meters.foreign({p.name: p for p in fleet.procs})
+        wall, latencies, counts = await _send(gw.base + "/v1", prompts, opts.concurrency)
+        other_cores = others()
+        per_replica = await _attempts(http, gw.base)
+        requests = [per_replica.get(b, 0) for b in bases]
+        parsed = [await prefix._parse_log(s.log_path, st, n) for s, st, n in zip(servers, starts, requests,
+                                                                                  strict=True)]
+        texts = [_read_from(s.log_path, st) for s, st in zip(servers, starts, strict=True)]
+    logged = [len(prefix._PROMPT_EVAL.findall(t)) for t in texts]
+    busy = [sum(map(float, _TOTAL_TIME.findall(t))) / 1000 for t in texts]
+    evaluated = [ev for ev, _ in parsed]
+    where = assign(keys, bases, chars)
+    lat = sorted(latencies)
+    placed = {g: sorted({w for w, gg in zip(where, groups, strict=True) if gg == g}) for g in sorted(set(groups))}
+    total_ev = None if None in evaluated else sum(e for e in evaluated if e is not None)
+    return {"prefix_affinity_chars": chars, "replicas": bases, "wall_s": wall, "rps": len(prompts) / wall,
+            "latency_p50_s": statistics.median(lat), "latency_p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))],
+            "prompt_tokens": sum(counts), "requests": requests, "requests_in_logs": logged,
+            "evaluated_per_server": evaluated, "evaluated_tokens": total_ev, "busy_s_per_server": busy,
+            "utilization": sum(busy) / (len(servers) * wall),
+            "prefix_hits_per_server": [hits for _, hits in parsed],
+            "predicted_requests": [where.count(r) for r in range(2)],
+            "predicted_reuse": predicted_reuse(tokens, where, 2), "other_cpu_cores": other_cores,
+            "template_replicas": placed, "latencies_s": [round(x, 4) for x in latencies]}
+
+
+async def _send(base_url: str, prompts: list[str], concurrency: int) -> tuple[float, list[float], list[int]]:
+    """Every prompt through the gateway, in arrival order, ``concurrency`` in flight."""
+    gate = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(trust_env=False, timeout=600) as hc:
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, http_client=hc)
+
+        async def one(p: str) -> tuple[float, int]:
+            async with gate:
+                t = time.perf_counter()
+                r = await client.completions.create(model=MODEL, prompt=p, max_tokens=1, temperature=0.0)
+                return time.perf_counter() - t, r.usage.prompt_tokens if r.usage else 0
+
+        t0 = time.perf_counter()
+        done = await asyncio.gather(*(one(p) for p in prompts))
+        wall = time.perf_counter() - t0
+    return wall, [d[0] for d in done], [d[1] for d in done]
+
+
+async def _attempts(http: aiohttp.ClientSession, base: str) -> dict[str, int]:
+    """Tries per replica, from the gateway's own ``triage_upstream_attempts`` counter."""
+    async with http.get(base + "/metrics") as r:
+        text = await r.text()
+    out: dict[str, int] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "triage_upstream_attempts":
+            for s in fam.samples:
+                if s.name.endswith("_total"):
+                    out[s.labels["replica"]] = out.get(s.labels["replica"], 0) + int(s.value)
+    return out
+
+
+def _read_from(path: Path, start: int) -> str:
+    with path.open("rb") as f:
+        f.seek(start)
+        return f.read().decode("utf-8", "replace")
+
+
+def _ratios(res: dict[str, Any]) -> None:
+    """Per round: reuse, ratios against that round's round robin, the busier replica's shares."""
+    ideal = res["batch"]["ideal_reuse"]
+    for rnd in res["rounds"]:
+        base = rnd["round_robin"]
+        for row in rnd.values():
+            ev, n = row["evaluated_tokens"], sum(row["requests"])
+            row["reuse"] = None if ev is None else 1 - ev / row["prompt_tokens"]
+            row["share_of_ideal"] = None if row["reuse"] is None or ideal <= 0 else row["reuse"] / ideal
+            row["rps_x_baseline"] = row["rps"] / base["rps"]
+            row["evaluated_x_baseline"] = None if ev is None or not base["evaluated_tokens"] else ev / base[
+                "evaluated_tokens"]
+            row["busier_share_requests"] = max(row["requests"]) / n if n else None
+            evs = row["evaluated_per_server"]
+            row["busier_share_evaluated"] = None if None in evs or not ev else max(e or 0 for e in evs) / ev
+
+
+def summary(res: dict[str, Any]) -> dict[str, Any]:
+    """Each mode over all rounds: requests over total wall time, evaluated tokens summed, ratios of
+    those, and the spread of the per-round ratios."""
+    rounds, ideal = res["rounds"], res["batch"]["ideal_reuse"]
+    out: dict[str, Any] = {}
+    for mode in MODES:
+        rows = [r[mode] for r in rounds]
+        evs = [r["evaluated_tokens"] for r in rows]
+        lat = sorted(x for r in rows for x in r["latencies_s"])
+        ev = None if None in evs else sum(e for e in evs if e is not None)
+        prompt = sum(r["prompt_tokens"] for r in rows)
+        reuse = None if ev is None else 1 - ev / prompt
+        out[mode] = {"wall_s": sum(r["wall_s"] for r in rows), "rps": sum(map(sum, (r["requests"] for r in rows)))
+                     / sum(r["wall_s"] for r in rows), "evaluated_tokens": ev, "prompt_tokens": prompt,
+                     "reuse": reuse, "share_of_ideal": None if reuse is None or ideal <= 0 else reuse / ideal,
+                     "predicted_reuse": statistics.fmean(r["predicted_reuse"] for r in rows),
+                     "latency_p50_s": statistics.median(lat), "latency_p95_s": lat[min(len(lat) - 1,
+                                                                                      int(0.95 * len(lat)))],
+                     "busier_share_requests_mean": statistics.fmean(r["busier_share_requests"] for r in rows),
+                     "other_cpu_cores_mean": statistics.fmean(r["other_cpu_cores"] for r in rows),
+                     "utilization_mean": statistics.fmean(r["utilization"] for r in rows),
+                     "rps_x_baseline_per_round": [r["rps_x_baseline"] for r in rows],
+                     "evaluated_x_baseline_per_round": [r["evaluated_x_baseline"] for r in rows]}
+    base = out["round_robin"]
+    for row in out.values():
+        row["rps_x_baseline"] = row["rps"] / base["rps"]
+        row["evaluated_x_baseline"] = (None if row["evaluated_tokens"] is None or not base["evaluated_tokens"]
+                                       else row["evaluated_tokens"] / base["evaluated_tokens"])
+    return out
+
+
+def verdict(res: dict[str, Any]) -> dict[str, Any]:
+    a = res["summary"]["affinity"]
+    speed, ev = a["rps_x_baseline"], a["evaluated_x_baseline"]
+    per_round = a["rps_x_baseline_per_round"]
+    helps = speed > 1.05 and min(per_round) >= 1.0 and (ev is None or ev < 1.0)
+    odds = res["split_odds"]
+    splits = ", ".join(f"{r['affinity']['requests'][0]}/{r['affinity']['requests'][1]} requests "
+                       f"({_f(r['affinity']['busier_share_evaluated'], '.0%')} of evaluated tokens on the busier)"
+                       for r in res["rounds"])
+    text = (f"affinity {'helps' if helps else 'does not help'} here: {speed:.2f}x the requests/s of round robin "
+            f"over {len(per_round)} round(s) (per round {', '.join(f'{x:.2f}x' for x in per_round)}), "
+            f"{'-' if ev is None else f'{ev:.2f}x'} the prompt tokens evaluated. Cost: load imbalance; the affinity "
+            f"splits were {splits}; over random replica addresses, {res['batch']['affinity_keys']} keys put "
+            f"{odds['busier_share_requests_mean']:.0%} of the requests on the busier replica on average, all of them "
+            f"on one in {odds['p_all_on_one']:.0%} of draws.")
+    return {"helps": helps, "rps_x_baseline": speed, "evaluated_x_baseline": ev, "text": text}
+
+
+def _f(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _split(xs: list[int | None]) -> str:
+    return " / ".join(_f(x, ",") for x in xs)
+
+
+_COLUMNS = ("mode", "wall s", "req/s", "x base", "p50 / p95 s", "requests A / B", "evaluated A / B", "evaluated",
+            "eval x base", "reuse (predicted)", "of ideal", "busy s A / B (use)", "other cores")
+
+
+def _table(res: dict[str, Any]) -> Table:
+    b = res["batch"]
+    t = Table(title=f"Two llama.cpp replicas behind triage, /v1/completions max_tokens=1, concurrency "
+                    f"{res['settings']['concurrency']} (ideal reuse {b['ideal_reuse']:.1%}, SmolLM2 tokens)",
+              title_justify="left")
+    for col in _COLUMNS:
+        t.add_column(col, justify="left" if col == "mode" else "right")
+    for k, rnd in enumerate(res["rounds"]):
+        for mode, r in rnd.items():
+            label = f"{k + 1}: {mode}" + (f" ({r['prefix_affinity_chars']})" if r["prefix_affinity_chars"] else "")
+            t.add_row(label, f"{r['wall_s']:.1f}", f"{r['rps']:.3f}", f"{r['rps_x_baseline']:.2f}",
+                      f"{r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f}",
+                      f"{_split(r['requests'])} ({_f(r['busier_share_requests'], '.0%')})",
+                      _split(r["evaluated_per_server"]), _f(r["evaluated_tokens"], ","),
+                      _f(r["evaluated_x_baseline"], ".3f"), f"{_f(r['reuse'], '.1%')} ({r['predicted_reuse']:.1%})",
+                      _f(r["share_of_ideal"], ".1%"),
+                      f"{r['busy_s_per_server'][0]:.0f} / {r['busy_s_per_server'][1]:.0f} ({r['utilization']:.0%})",
+                      f"{r['other_cpu_cores']:.2f}")
+        t.add_section()
+    for mode, r in res["summary"].items():
+        t.add_row(f"all: {mode}", f"{r['wall_s']:.1f}", f"{r['rps']:.3f}", f"{r['rps_x_baseline']:.2f}",
+                  f"{r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f}",
+                  f"busier {r['busier_share_requests_mean']:.0%}", "", _f(r["evaluated_tokens"], ","),
+                  _f(r["evaluated_x_baseline"], ".3f"), f"{_f(r['reuse'], '.1%')} ({r['predicted_reuse']:.1%})",
+                  _f(r["share_of_ideal"], ".1%"), f"({r['utilization_mean']:.0%})", f"{r['other_cpu_cores_mean']:.2f}")
+    return t
+
+
+def render(console: Console, res: dict[str, Any]) -> None:
+    m, b, o = res["machine"], res["batch"], res["split_odds"]
+    console.print()
+    console.print(f"[bold]triage bench affinity[/]  {m['date']}  {m['platform']}  {m['nproc']} CPUs, load average "
+                  f"before the run {m['load_avg'][0]}; {b['n']} prompts, {b['templates']} templates, "
+                  f"{b['prompt_tokens']:,} prompt tokens (longest {b['max_prompt_tokens']}), n_ctx {b['n_ctx']}, "
+                  f"{res['settings']['n_threads']} thread(s) per server, {len(res['rounds'])} round(s)")
+    console.print("[yellow]note:[/] requests A / B from the gateway's triage_upstream_attempts; evaluated from each "
+                  "server's llama.cpp log; reuse '(predicted)': one-slot caches with the mode's assignment in arrival "
+                  "order; 'busy': llama.cpp's own time for the requests, 'use' = busy / (2 x wall); 'other cores': CPU "
+                  "used outside the bench while the mode ran; each round starts cold servers on new ports (a new "
+                  "affinity split); 'all': requests over summed wall time, tokens summed.")
+    console.print(_table(res))
+    console.print(f"split odds over {o['draws']} random replica address pairs ({o['keys']} affinity keys): busier "
+                  f"replica {o['busier_share_requests_mean']:.0%} of requests and {o['busier_share_tokens_mean']:.0%} "
+                  f"of prompt tokens on average; all on one replica {o['p_all_on_one']:.0%}; over 75% of requests "
+                  f"on one {o['p_busier_over_75pct_requests']:.0%}")
+    console.print(f"[bold]verdict:[/] {res['verdict']['text']}")
