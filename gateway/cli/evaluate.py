@@ -13,8 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from gateway.errors import PolicyInvalid
-from policies import loader
+from gateway.cli.policy_arg import load_or_exit
 
 _Policy = Annotated[Path, typer.Option(help="Policy YAML with a `cascade` section.")]
 _Data = Annotated[list[Path], typer.Option(help="Typed JSONL files (dev rows fit, test rows report).")]
@@ -115,7 +114,7 @@ class _Run:
                 dev_cap: int, test_cap: int) -> _Run:
         from eval.tier_outputs import typed_rows
 
-        pol = _policy(policy)
+        pol = load_or_exit(policy, "cascade")
         missing = [str(p) for p in data if not p.is_file()]
         if missing:
             typer.echo(f"no such file: {', '.join(missing)}", err=True)
@@ -200,19 +199,6 @@ class _Run:
             draw.reliability(self.specs, self.test, self.out / "reliability.png")
         self.console.print(f"wrote {self.out / 'report.json'}, report.md"
                            + (", curves.png, reliability.png" if plots else ""))
-
-
-def _policy(path: Path) -> Any:
-    try:
-        pol = loader.load(path)
-    except PolicyInvalid as exc:
-        for problem in exc.problems:
-            typer.echo(problem, err=True)
-        raise typer.Exit(2) from None
-    if pol.cascade is None:
-        typer.echo(f"{path}: the policy has no `cascade` section", err=True)
-        raise typer.Exit(2)
-    return pol
 
 
 def _pooled(reports: list, attr: str) -> float:

@@ -11,8 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gateway.errors import PolicyInvalid
-from policies import loader
+from gateway.cli.policy_arg import load_or_exit
 
 
 def train(
@@ -26,15 +25,8 @@ def train(
     from classifiers.train_all import train as run
 
     console = Console(highlight=False)
-    try:
-        pol = loader.load(policy)
-    except PolicyInvalid as exc:
-        for problem in exc.problems:
-            typer.echo(problem, err=True)
-        raise typer.Exit(2) from None
-    if pol.classifier is None:
-        typer.echo(f"{policy}: the policy has no `classifier` section: nothing to train", err=True)
-        raise typer.Exit(2)
+    pol = load_or_exit(policy, "classifier", ": nothing to train")
+    assert pol.classifier is not None
     art, built = ensure_exported()
     console.print(f"encoder: {'exported to' if built else 'cached at'} {art.root}")
     result = run(pol.classifier, policy.resolve().parent, threads=threads, say=console.print, limit=limit)
