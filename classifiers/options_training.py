@@ -24,7 +24,7 @@ from classifiers import datasets
 from classifiers.calibration import ece, fit_temperature
 from classifiers.heads import softmax
 from classifiers.options import DEFAULT_FEATURES, OptionHead, pair_features, question_text
-from classifiers.training import held_back
+from classifiers.training import FitReport, held_back
 
 QUESTION_TYPES = ("choice", "yes_no")
 FIT_SETS = {"choice": ("mmlu_pro",), "yes_no": ("boolq", "strategyqa")}  # the typed sets with dev rows
@@ -143,14 +143,10 @@ def stacked_logits(head: OptionHead, qtype: str, emb: Embedded) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class TypeFit:
+class TypeFit(FitReport):
+    """A linear head's fit report, for one question type."""
+
     qtype: str
-    n_fit: int
-    n_calibration: int
-    calibration_accuracy: float
-    ece_before: float
-    ece_after: float
-    temperature: float
 
 
 def fit_type(qtype: str, emb: Embedded, *, c: float, features: tuple[str, ...] = DEFAULT_FEATURES,
@@ -170,8 +166,8 @@ def fit_type(qtype: str, emb: Embedded, *, c: float, features: tuple[str, ...] =
     t = fit_temperature(logits, y)
     before, after = softmax(logits), softmax(logits / t)
     correct = before.argmax(1) == y
-    return w, TypeFit(qtype, len(fit.items), len(held.items), float(correct.mean()),
-                      ece(before.max(1), correct), ece(after.max(1), correct), t), calib
+    return w, TypeFit(len(fit.items), len(held.items), float(correct.mean()),
+                      ece(before.max(1), correct), ece(after.max(1), correct), t, qtype), calib
 
 
 @dataclass

@@ -1,4 +1,6 @@
-"""The OpenAI Batch API: ``/v1/files`` and ``/v1/batches``, as the official client calls them."""
+"""The OpenAI Batch API: ``/v1/files`` and ``/v1/batches``, as the official client calls them.
+
+Errors are raised: the app's one ``TriageError`` handler turns them into OpenAI-shaped bodies."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Request, Response
 
+from gateway.api import read_body
 from gateway.batch_runner import ENDPOINTS, BatchRunner
 from gateway.batch_store import new_id
-from gateway.errors import InvalidRequest, NotFound, NotReady, PayloadTooLarge, TriageError, Unauthorized
+from gateway.errors import InvalidRequest, NotFound, NotReady, PayloadTooLarge, Unauthorized
+from gateway.schemas import parse_json
 
 router = APIRouter()
 _OVERHEAD = 64 * 1024  # multipart framing and the other fields, over the file's own bytes
@@ -19,10 +23,6 @@ _OVERHEAD = 64 * 1024  # multipart framing and the other fields, over the file's
 
 def _json(body: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
-
-
-def _error(exc: TriageError) -> Response:
-    return _json(exc.body(), exc.status)
 
 
 def _runner(request: Request) -> BatchRunner:
@@ -36,44 +36,35 @@ def _runner(request: Request) -> BatchRunner:
 
 @router.post("/v1/files")
 async def upload(request: Request) -> Response:
-    try:
-        runner = _runner(request)
-        limit = runner.holder.current.policy.batches.max_file_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit + _OVERHEAD:
-            raise PayloadTooLarge(f"the file is over the limit of {limit} bytes")
-        async with request.form() as form:  # closes the spooled upload however this ends
-            purpose, upload_ = form.get("purpose"), form.get("file")
-            if purpose != "batch":
-                raise InvalidRequest("purpose must be 'batch'", param="purpose")
-            if upload_ is None or isinstance(upload_, str):
-                raise InvalidRequest("a file is required", param="file")
-            content = await upload_.read()
-            name = upload_.filename or "input.jsonl"
-        if len(content) > limit:
-            raise PayloadTooLarge(f"the file is over the limit of {limit} bytes")
-        return _json(await asyncio.to_thread(runner.store.add_file, content, name, "batch"))
-    except TriageError as exc:
-        return _error(exc)
+    runner = _runner(request)
+    limit = runner.holder.current.policy.batches.max_file_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit + _OVERHEAD:
+        raise PayloadTooLarge(f"the file is over the limit of {limit} bytes")
+    async with request.form() as form:  # closes the spooled upload however this ends
+        purpose, upload_ = form.get("purpose"), form.get("file")
+        if purpose != "batch":
+            raise InvalidRequest("purpose must be 'batch'", param="purpose")
+        if upload_ is None or isinstance(upload_, str):
+            raise InvalidRequest("a file is required", param="file")
+        content = await upload_.read()
+        name = upload_.filename or "input.jsonl"
+    if len(content) > limit:
+        raise PayloadTooLarge(f"the file is over the limit of {limit} bytes")
+    return _json(await asyncio.to_thread(runner.store.add_file, content, name, "batch"))
 
 
 @router.get("/v1/files/{file_id}")
 async def get_file(request: Request, file_id: str) -> Response:
-    try:
-        return _json(await _file(_runner(request), file_id))
-    except TriageError as exc:
-        return _error(exc)
+    return _json(await _file(_runner(request), file_id))
 
 
 @router.get("/v1/files/{file_id}/content")
 async def file_content(request: Request, file_id: str) -> Response:
-    try:
-        runner = _runner(request)
-        await _file(runner, file_id)
-        content = await asyncio.to_thread(runner.store.file_path(file_id).read_bytes)
-        return Response(content, media_type="application/jsonl")
-    except TriageError as exc:
-        return _error(exc)
+    runner = _runner(request)
+    await _file(runner, file_id)
+    content = await asyncio.to_thread(runner.store.file_path(file_id).read_bytes)
+    return Response(content, media_type="application/jsonl")
 
 
 async def _file(runner: BatchRunner, file_id: str) -> dict[str, Any]:
@@ -85,74 +76,57 @@ async def _file(runner: BatchRunner, file_id: str) -> dict[str, Any]:
 
 @router.post("/v1/batches")
 async def create_batch(request: Request) -> Response:
-    try:
-        runner = _runner(request)
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError as exc:
-            raise InvalidRequest(f"We could not parse the JSON body of your request: {exc}") from None
-        if not isinstance(body, dict):
-            raise InvalidRequest("The request body must be a JSON object")
-        file_id, endpoint = body.get("input_file_id"), body.get("endpoint")
-        if not isinstance(file_id, str) or (f := await asyncio.to_thread(runner.store.file, file_id)) is None:
-            raise NotFound(f"No such file: {file_id}", param="input_file_id")
-        if f["purpose"] != "batch":
-            raise InvalidRequest("the input file's purpose is not 'batch'", param="input_file_id")
-        if endpoint not in ENDPOINTS:
-            raise InvalidRequest(f"endpoint must be one of {', '.join(ENDPOINTS)}", param="endpoint")
-        if body.get("completion_window", "24h") != "24h":
-            raise InvalidRequest("completion_window must be '24h'", param="completion_window")
-        now = int(time.time())
-        doc = {"id": new_id("batch_"), "object": "batch", "endpoint": endpoint, "errors": None,
-               "input_file_id": file_id, "completion_window": "24h", "status": "validating",
-               "output_file_id": None, "error_file_id": None, "created_at": now, "in_progress_at": None,
-               "expires_at": now + 86400, "finalizing_at": None, "completed_at": None, "failed_at": None,
-               "expired_at": None, "cancelling_at": None, "cancelled_at": None,
-               "request_counts": {"total": 0, "completed": 0, "failed": 0},
-               "metadata": body.get("metadata") if isinstance(body.get("metadata"), dict) else None}
-        await asyncio.to_thread(runner.store.add_batch, doc)
-        runner.wake()
-        return _json(doc)
-    except TriageError as exc:
-        return _error(exc)
+    runner = _runner(request)
+    body = parse_json(await read_body(request, runner.holder.current.policy.limits.max_body_bytes))
+    file_id, endpoint = body.get("input_file_id"), body.get("endpoint")
+    if not isinstance(file_id, str) or (f := await asyncio.to_thread(runner.store.file, file_id)) is None:
+        raise NotFound(f"No such file: {file_id}", param="input_file_id")
+    if f["purpose"] != "batch":
+        raise InvalidRequest("the input file's purpose is not 'batch'", param="input_file_id")
+    if endpoint not in ENDPOINTS:
+        raise InvalidRequest(f"endpoint must be one of {', '.join(ENDPOINTS)}", param="endpoint")
+    if body.get("completion_window", "24h") != "24h":
+        raise InvalidRequest("completion_window must be '24h'", param="completion_window")
+    now = int(time.time())
+    doc = {"id": new_id("batch_"), "object": "batch", "endpoint": endpoint, "errors": None,
+           "input_file_id": file_id, "completion_window": "24h", "status": "validating",
+           "output_file_id": None, "error_file_id": None, "created_at": now, "in_progress_at": None,
+           "expires_at": now + 86400, "finalizing_at": None, "completed_at": None, "failed_at": None,
+           "expired_at": None, "cancelling_at": None, "cancelled_at": None,
+           "request_counts": {"total": 0, "completed": 0, "failed": 0},
+           "metadata": body.get("metadata") if isinstance(body.get("metadata"), dict) else None}
+    await asyncio.to_thread(runner.store.add_batch, doc)
+    runner.wake()
+    return _json(doc)
 
 
 @router.get("/v1/batches/{batch_id}")
 async def get_batch(request: Request, batch_id: str) -> Response:
-    try:
-        runner = _runner(request)
-        doc = await asyncio.to_thread(runner.store.batch, batch_id)
-        if doc is None:
-            raise NotFound(f"No such batch: {batch_id}", param="batch_id")
-        if doc["status"] in ("in_progress", "cancelling", "finalizing"):  # live progress, request by request
-            doc["request_counts"] = await asyncio.to_thread(runner.store.counts, batch_id)
-        return _json(doc)
-    except TriageError as exc:
-        return _error(exc)
+    runner = _runner(request)
+    doc = await asyncio.to_thread(runner.store.batch, batch_id)
+    if doc is None:
+        raise NotFound(f"No such batch: {batch_id}", param="batch_id")
+    if doc["status"] in ("in_progress", "cancelling", "finalizing"):  # live progress, request by request
+        doc["request_counts"] = await asyncio.to_thread(runner.store.counts, batch_id)
+    return _json(doc)
 
 
 @router.get("/v1/batches")
 async def list_batches(request: Request) -> Response:
-    try:
-        runner = _runner(request)
-        raw_limit = request.query_params.get("limit", "20")
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 100:
-            raise InvalidRequest("limit must be between 1 and 100", param="limit")
-        limit, after = int(raw_limit), request.query_params.get("after")
-        docs = await asyncio.to_thread(runner.store.batches, limit + 1, after)
-        page = docs[:limit]
-        return _json({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                      "last_id": page[-1]["id"] if page else None, "has_more": len(docs) > limit})
-    except TriageError as exc:
-        return _error(exc)
+    runner = _runner(request)
+    raw_limit = request.query_params.get("limit", "20")
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 100:
+        raise InvalidRequest("limit must be between 1 and 100", param="limit")
+    limit, after = int(raw_limit), request.query_params.get("after")
+    docs = await asyncio.to_thread(runner.store.batches, limit + 1, after)
+    page = docs[:limit]
+    return _json({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                  "last_id": page[-1]["id"] if page else None, "has_more": len(docs) > limit})
 
 
 @router.post("/v1/batches/{batch_id}/cancel")
 async def cancel_batch(request: Request, batch_id: str) -> Response:
-    try:
-        doc = await _runner(request).cancel(batch_id)
-        if doc is None:
-            raise NotFound(f"No such batch: {batch_id}", param="batch_id")
-        return _json(doc)
-    except TriageError as exc:
-        return _error(exc)
+    doc = await _runner(request).cancel(batch_id)
+    if doc is None:
+        raise NotFound(f"No such batch: {batch_id}", param="batch_id")
+    return _json(doc)
