@@ -123,6 +123,16 @@ def flatten(groups: Iterable[Group]) -> list[int]:
     return [k for g in groups for k in g.keys]
 
 
+def sort_key(tokens: Sequence[int]) -> bytes:
+    """Tokens as bytes whose order is the tokens' order and whose shared prefix is theirs."""
+    return _key(tokens)
+
+
+def shared_tokens(a: bytes, b: bytes) -> int:
+    """Tokens two :func:`sort_key` keys share at the start."""
+    return _lcp(a, b)
+
+
 # -- the tree ------------------------------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import structlog
 
+from backends.admission import Admission, Slot
 from backends.base import Attempt, Body, Call, Capabilities, ChunkStream, Completion, Stopwatch
 from backends.prefix import prompt_text
 from backends.replicas import ReplicaSet, ReplicaState
@@ -30,6 +31,10 @@ class RemoteBackend:
         self.spec = spec
         states = [ReplicaState(r.api_base, resolve(r.api_key), r.weight) for r in spec.replicas]
         self.replicas = ReplicaSet(states, spec.strategy, spec.health.cooldown_s)
+        a = spec.admission
+        self.admission = None if a is None else Admission(
+            self.replicas, slots=a.slots, window_ms=a.window_ms, cached_prompts=a.cached_prompts or a.slots,
+            min_shared_tokens=a.min_shared_tokens)
         self._health_task: asyncio.Task[None] | None = None
 
     # -- transport primitives ------------------------------------------------------------
@@ -76,11 +81,19 @@ class RemoteBackend:
 
     # -- calls ----------------------------------------------------------------------------
     async def complete(self, call: Call) -> Completion:
+        slot = await self._admit(call)
+        try:
+            return await self._complete(call, slot)
+        finally:
+            if slot is not None:
+                slot.release()
+
+    async def _complete(self, call: Call, slot: Slot | None) -> Completion:
         t = self.spec.timeouts
         tried: set[str] = set()
         last: UpstreamError | None = None
         for i in range(self.spec.retries.attempts):
-            replica = self._next(tried, self._affinity(call))
+            replica = self._next(tried, self._affinity(call), slot)
             watch = Stopwatch()
             try:
                 async with asyncio.timeout(t.total_s):  # unstreamed: headers come with the last token
@@ -97,11 +110,20 @@ class RemoteBackend:
         raise last
 
     async def open_stream(self, call: Call) -> ChunkStream:
+        slot = await self._admit(call)
+        try:
+            return await self._open_stream(call, slot)
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            raise
+
+    async def _open_stream(self, call: Call, slot: Slot | None) -> ChunkStream:
         t = self.spec.timeouts
         tried: set[str] = set()
         last: UpstreamError | None = None
         for i in range(self.spec.retries.attempts):
-            replica = self._next(tried, self._affinity(call))
+            replica = self._next(tried, self._affinity(call), slot)
             watch = Stopwatch()
             chunks: AsyncIterator[Body] | None = None
             try:
@@ -122,7 +144,7 @@ class RemoteBackend:
                 await self._backoff(i)
                 continue
             self._record(call, replica, "ok", watch)
-            cleanup = _once(replica, chunks)
+            cleanup = _once(replica, chunks, slot)
             return ChunkStream(first, self._rest(call, replica, chunks, watch, cleanup), replica.api_base, cleanup)
         assert last is not None
         raise last
@@ -164,8 +186,15 @@ class RemoteBackend:
             return call.affinity
         return prompt_text(call.body)[: self.spec.prefix_affinity_chars]
 
-    def _next(self, tried: set[str], affinity: str | None = None) -> ReplicaState:
-        replica = self.replicas.pick(tried, affinity)
+    async def _admit(self, call: Call) -> Slot | None:
+        """With ``admission``: wait for the replica slot the waiting room gives this call."""
+        if self.admission is None:
+            return None
+        return await self.admission.acquire(prompt_text(call.body), self.spec.timeouts.total_s)
+
+    def _next(self, tried: set[str], affinity: str | None = None, slot: Slot | None = None) -> ReplicaState:
+        """The first try goes to the admitted slot's replica; any other by the strategy."""
+        replica = slot.replica if slot is not None and not tried else self.replicas.pick(tried, affinity)
         tried.add(replica.api_base)
         replica.outstanding += 1
         return replica
@@ -198,7 +227,7 @@ class RemoteBackend:
         call.attempts.append(Attempt(self.name, replica.api_base, outcome, watch.elapsed()))
 
 
-def _once(replica: ReplicaState, chunks: AsyncIterator[Body]) -> Callable[[], Awaitable[None]]:
+def _once(replica: ReplicaState, chunks: AsyncIterator[Body], slot: Slot | None) -> Callable[[], Awaitable[None]]:
     """Release a stream's replica slot and connection exactly once, started or not."""
     done = False
 
@@ -207,6 +236,8 @@ def _once(replica: ReplicaState, chunks: AsyncIterator[Body]) -> Callable[[], Aw
         if not done:
             done = True
             replica.outstanding -= 1
+            if slot is not None:
+                slot.release()
             await _aclose(chunks)
 
     return cleanup

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 import orjson
 import structlog
@@ -26,6 +27,7 @@ from policies.routing import public_models
 from policies.schema import CascadeModel
 
 log = structlog.get_logger("triage.batches")
+T = TypeVar("T")
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/decide")
 
 
@@ -36,6 +38,7 @@ class BatchRunner:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._cancelled: set[str] = set()
+        self._writing = asyncio.Lock()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop())
@@ -72,11 +75,12 @@ class BatchRunner:
             await self._wake.wait()
 
     async def _update(self, batch_id: str, **fields: Any) -> dict[str, Any]:
-        doc = await asyncio.to_thread(self.store.batch, batch_id)
-        assert doc is not None
-        doc.update(fields)
-        await asyncio.to_thread(self.store.save_batch, doc)
-        return doc
+        async with self._writing:  # read-modify-write: a progress tick must not undo a cancel
+            doc = await asyncio.to_thread(self.store.batch, batch_id)
+            assert doc is not None
+            doc.update(fields)
+            await asyncio.to_thread(self.store.save_batch, doc)
+            return doc
 
     async def _process(self, batch_id: str) -> None:
         doc = await asyncio.to_thread(self.store.batch, batch_id)
@@ -103,6 +107,9 @@ class BatchRunner:
         return doc
 
     async def _run(self, doc: dict[str, Any]) -> None:
+        """Dispatch the pending requests in the plan's order, ``concurrency`` in flight: each worker
+        takes the next request when its last one ends (no barrier between groups), and a group's
+        requests carry one affinity key, so they go to one replica."""
         from backends.prefix import Item, approx_tokens, plan, prompt_text
 
         batch_id, endpoint = doc["id"], doc["endpoint"]
@@ -110,25 +117,26 @@ class BatchRunner:
         settings = self.holder.current.policy.batches
         groups = plan([Item(i, approx_tokens(prompt_text(p.body)), _decode(p.body)) for i, p in enumerate(pending)],
                       min_shared=settings.min_shared_tokens)
-        limit = asyncio.Semaphore(settings.concurrency)
-        for g, group in enumerate(groups):
-            if batch_id in self._cancelled:
-                return
-            affinity = f"{batch_id}/{g}"
-            await asyncio.gather(*(self._one(batch_id, endpoint, pending[k], affinity, limit) for k in group.keys))
-            counts = await asyncio.to_thread(self.store.counts, batch_id)
-            await self._update(batch_id, request_counts=counts)
+        todo = [(pending[k], f"{batch_id}/{g}") for g, group in enumerate(groups) for k in group.keys]
+        progress = _Progress(self, batch_id)
 
-    async def _one(self, batch_id: str, endpoint: str, req: Pending, affinity: str, limit: asyncio.Semaphore) -> None:
-        async with limit:
+        async def one(item: tuple[Pending, str]) -> bool:
             if batch_id in self._cancelled:
-                return  # not started: it stays pending and out of the output
-            rid = new_id("batch_req_")
-            rt = self.holder.acquire()
-            try:
-                status, body = await serve(rt, endpoint, dict(req.body), rid, affinity)
-            finally:
-                await self.holder.release(rt)
+                return False  # not started: it stays pending and out of the output
+            await self._one(batch_id, endpoint, *item)
+            await progress.tick()
+            return True
+
+        await in_order(todo, settings.concurrency, one)
+        await progress.tick(force=True)
+
+    async def _one(self, batch_id: str, endpoint: str, req: Pending, affinity: str) -> None:
+        rid = new_id("batch_req_")
+        rt = self.holder.acquire()
+        try:
+            status, body = await serve(rt, endpoint, dict(req.body), rid, affinity)
+        finally:
+            await self.holder.release(rt)
         result: dict[str, Any] = {"id": rid, "custom_id": req.custom_id,
                                   "response": {"status_code": status, "request_id": rid, "body": body}, "error": None}
         if status != 200:
@@ -152,6 +160,33 @@ class BatchRunner:
                       {"status": "completed", "completed_at": now})
         await self._update(batch_id, **fields)
         log.info("batch_finished", batch_id=batch_id, status=fields["status"], **fields["request_counts"])
+
+
+async def in_order(items: Iterable[T], workers: int, fn: Callable[[T], Awaitable[bool]]) -> None:
+    """``fn`` over ``items`` in their order, ``workers`` at a time: a worker takes the next item as
+    soon as its last one ends (no barrier anywhere); ``fn`` returning False stops that worker."""
+    todo = iter(items)  # one iterator shared by the workers: the order is kept
+
+    async def worker() -> None:
+        for item in todo:
+            if not await fn(item):
+                return
+
+    await asyncio.gather(*(worker() for _ in range(workers)))
+
+
+class _Progress:
+    """Writes a running batch's ``request_counts`` at most once a second."""
+
+    def __init__(self, runner: BatchRunner, batch_id: str, every_s: float = 1.0) -> None:
+        self.runner, self.batch_id, self.every_s = runner, batch_id, every_s
+        self.last = time.monotonic()
+
+    async def tick(self, force: bool = False) -> None:
+        if force or time.monotonic() - self.last >= self.every_s:
+            self.last = time.monotonic()
+            counts = await asyncio.to_thread(self.runner.store.counts, self.batch_id)
+            await self.runner._update(self.batch_id, request_counts=counts)
 
 
 def _decode(body: dict[str, Any]) -> int:

@@ -67,6 +67,18 @@ class Replica(Strict):
         return v.rstrip("/")
 
 
+class Admission(Strict):
+    """Online requests wait in the gateway for a replica slot; a freed slot takes the waiting
+    request whose prompt its cache holds (``backends/admission.py``)."""
+
+    slots: int = Field(1, ge=1, le=4096, description="requests in flight per replica (the engine's parallel slots)")
+    window_ms: float = Field(2000.0, ge=0, description="the longest a request is passed over for ones that hit a "
+                                                      "replica's cache, or held for a busy replica holding its prefix")
+    cached_prompts: int | None = Field(None, ge=1, description="prompts a replica's cache is assumed to hold "
+                                                               "(default: slots)")
+    min_shared_tokens: int = Field(16, ge=1, description="shared prompt pieces (approx_tokens) that count as a hit")
+
+
 class _Remote(Strict):
     replicas: list[Replica] = Field(min_length=1)
     strategy: Literal["round_robin", "least_outstanding"] = "round_robin"
@@ -76,6 +88,14 @@ class _Remote(Strict):
     prefix_affinity_chars: int = Field(
         0, ge=0, description="online requests whose prompts share their first N characters go to the same replica "
                              "(its prefix cache); 0: off. Batches always group by prefix")
+    admission: Admission | None = Field(None, description="a waiting room that orders online requests by the "
+                                                         "replicas' caches; off when absent")
+
+    @model_validator(mode="after")
+    def _one_prefix_rule(self) -> _Remote:
+        if self.admission is not None and self.prefix_affinity_chars:
+            raise ValueError("admission and prefix_affinity_chars both choose replicas by prefix: set one")
+        return self
 
 
 class OpenAIBackend(_Remote):
@@ -160,6 +180,9 @@ class ModelSpec(Strict):
     reasoning_switch: ReasoningSwitch = Field("auto", description="how reasoning is turned on/off; auto: by family")
     prices: Prices = Prices()
     fallbacks: list[str] = Field(default_factory=list)
+    tokenizer: str | None = Field(
+        None, description="a HuggingFace tokenizer.json of the model, relative to the policy file: batches group "
+                          "its prompts by its tokens (a model on a GGUF backend uses the file's own)")
 
 
 class AliasModel(Strict):
@@ -247,6 +270,9 @@ class BatchSettings(Strict):
     max_file_bytes: int = Field(100 * 1024 * 1024, ge=1024)
     max_requests: int = Field(50_000, ge=1)
     min_shared_tokens: int = Field(16, ge=1, description="prefix tokens that make requests one group")
+    tokens: Literal["model", "approx"] = Field(
+        "model", description="tokens the grouping counts: model: the target model's tokenizer where one is known "
+                             "(its GGUF, or models.NAME.tokenizer), approx_tokens otherwise; approx: always approx")
 
 
 class Limits(Strict):

@@ -179,3 +179,30 @@ def test_one_store_one_process_and_results_recorded_once(tmp_path: Path) -> None
     assert store.counts("b") == {"total": 1, "completed": 1, "failed": 0}
     store.close()
     BatchStore(tmp_path).close()  # the lock goes with the store
+
+
+def test_dispatch_keeps_the_order_and_never_waits_for_a_group_to_end() -> None:
+    """A slow first request holds one worker; the other takes every later request meanwhile (a
+    barrier between groups would deadlock here: the slow one ends only after the last)."""
+    import asyncio
+
+    from gateway.batch_runner import in_order
+
+    async def main() -> list[str]:
+        last_done = asyncio.Event()
+        started: list[str] = []
+
+        async def fn(item: str) -> bool:
+            if "stop" in started:  # as a cancel: every worker stops before its next request
+                return False
+            started.append(item)
+            if item == "slow":
+                await asyncio.wait_for(last_done.wait(), 5)
+            if item == "c":
+                last_done.set()
+            return True
+
+        await in_order(["slow", "a", "b", "c", "stop", "never"], 2, fn)
+        return started
+
+    assert asyncio.run(main()) == ["slow", "a", "b", "c", "stop"]

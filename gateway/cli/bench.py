@@ -88,13 +88,18 @@ def affinity(
     seed: Annotated[int, typer.Option(help="Seed of the shuffle (the arrival order).")] = 0,
     concurrency: Annotated[int, typer.Option(help="Requests in flight through the gateway.")] = 2,
     chars: Annotated[int, typer.Option(help="prefix_affinity_chars of the affinity run.")] = 200,
+    window_ms: Annotated[float, typer.Option(help="admission window_ms of the admission run.")] = 2000.0,
+    mode: Annotated[list[str] | None, typer.Option(help="Modes to run (repeat; default all): round_robin, "
+                                                        "affinity, admission.")] = None,
     n_threads: Annotated[int, typer.Option(help="llama.cpp threads of each server.")] = 1,
-    rounds: Annotated[int, typer.Option(help="Rounds of both modes, each on fresh servers (a new affinity split).")
+    rounds: Annotated[int, typer.Option(help="Rounds of every mode, each on fresh servers (a new affinity split).")
                       ] = 3,
     out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-affinity.json"),
 ) -> None:
-    """Online prefix affinity: two llama.cpp replicas behind triage, round robin vs affinity, in one run."""
-    from eval.bench.affinity import DATA, run
+    """Online requests by prefix: two llama.cpp replicas behind triage, round robin vs prefix affinity vs the
+    admission window, in one run."""
+    from eval.bench.affinity import DATA, MODES, run
 
+    modes = tuple(m for m in MODES if m in set(mode or MODES) | {"round_robin"})
     run(data=data or DATA, limit=limit, templates=templates, seed=seed, concurrency=concurrency, chars=chars,
-        n_threads=n_threads, rounds=rounds, out=out)
+        window_ms=window_ms, modes=modes, n_threads=n_threads, rounds=rounds, out=out)

@@ -1,0 +1,151 @@
+"""Online prefix admission: the pure choice, the waiting room's slots and timeouts, and two real
+llama.cpp replicas behind the gateway each serving one template back to back."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+import pytest
+import structlog
+
+from backends.admission import Admission, View, Waiting, choose
+from backends.prefix import approx_tokens, sort_key
+from backends.replicas import ReplicaSet, ReplicaState
+from gateway.errors import PolicyInvalid, UpstreamTimeout
+from policies.loader import parse
+from tests.conftest import Gateway, LlamaServer
+from tests.test_openai_surface import pool_policy
+
+A = "You are a careful assistant. Read the question, think about the facts, and answer with a single word only. "
+B = "Translate the sentence into French, keeping the names unchanged and the punctuation as it is in the original. "
+
+
+def key(text: str) -> bytes:
+    return sort_key(approx_tokens(text))
+
+
+def test_a_freed_replica_takes_the_request_its_cache_holds() -> None:
+    waiting = [Waiting(key(B + "one"), 0.0), Waiting(key(A + "two"), 0.1)]
+    replicas = [View(1, (key(A + "zero"),)), View(0, (key(B + "zero"),))]
+    # the A request is younger, but replica 0 holds A: it goes first; B waits for busy replica 1
+    assert choose(waiting, replicas, 0.2, window_s=2.0, min_shared=8) == [(1, 0)]
+
+
+def test_a_request_past_its_window_goes_first_and_cold() -> None:
+    waiting = [Waiting(key(B + "one"), 0.0), Waiting(key(A + "two"), 0.1)]
+    replicas = [View(1, (key(A + "zero"),)), View(0, (key(B + "zero"),))]
+    assert choose(waiting, replicas, 2.5, window_s=2.0, min_shared=8) == [(0, 0)]
+
+
+def test_a_request_no_replica_holds_goes_to_the_least_wanted_free_replica() -> None:
+    waiting = [Waiting(key("something else entirely"), 0.0), Waiting(key(A + "x"), 0.0)]
+    replicas = [View(1, (key(A + "zero"),)), View(1, ())]
+    # A goes to replica 0 (warm); the cold one to replica 1, which no waiting request wants
+    assert sorted(choose(waiting, replicas, 0.0, window_s=2.0, min_shared=8)) == [(0, 1), (1, 0)]
+
+
+def test_choice_respects_free_slots_and_gives_each_request_once() -> None:
+    waiting = [Waiting(key(A + str(i)), i / 10) for i in range(5)]
+    replicas = [View(2, (key(A),)), View(1, (key(B),)), View(3, (key(A),), up=False)]
+    picks = choose(waiting, replicas, 10.0, window_s=2.0, min_shared=8)
+    assert len(picks) == 3 and len({w for w, _ in picks}) == 3
+    assert sorted(r for _, r in picks) == [0, 0, 1]  # the replica that is down gets none
+
+
+def _room(slots: int = 1, replicas: int = 1, window_ms: float = 2000) -> Admission:
+    states = [ReplicaState(f"http://r{i}/v1", None) for i in range(replicas)]
+    return Admission(ReplicaSet(states, "round_robin", 1.0), slots=slots, window_ms=window_ms, cached_prompts=slots,
+                     min_shared_tokens=8)
+
+
+def test_the_waiting_room_queues_past_the_slots_and_times_out() -> None:
+    async def main() -> None:
+        room = _room()
+        first = await room.acquire(A + "one", 1.0)
+        waiter = asyncio.create_task(room.acquire(A + "two", 5.0))
+        await asyncio.sleep(0.01)
+        assert room.waiting == 1 and not waiter.done()
+        with pytest.raises(UpstreamTimeout, match="no replica slot"):
+            await room.acquire(B + "three", 0.05)
+        assert room.waiting == 1  # the timed-out request left the queue
+        first.release()
+        first.release()  # idempotent
+        second = await asyncio.wait_for(waiter, 1.0)
+        assert second.replica is first.replica and room.replicas[0].in_flight == 1
+        second.release()
+        assert room.replicas[0].in_flight == 0
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_waiter_leaves_no_slot_behind() -> None:
+    async def main() -> None:
+        room = _room()
+        first = await room.acquire(A, 1.0)
+        waiter = asyncio.create_task(room.acquire(A + "two", 5.0))
+        await asyncio.sleep(0.01)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        first.release()
+        assert room.waiting == 0 and room.replicas[0].in_flight == 0
+
+    asyncio.run(main())
+
+
+def test_a_held_request_goes_cold_when_its_window_ends() -> None:
+    async def main() -> None:
+        room = _room(replicas=2, window_ms=50)
+        first = await room.acquire(A + "one", 1.0)  # replica X holds A and is busy
+        held = asyncio.create_task(room.acquire(A + "two", 5.0))  # waits for X ...
+        await asyncio.sleep(0.01)
+        assert not held.done()
+        second = await asyncio.wait_for(held, 1.0)  # ... until its window ends: the other replica
+        assert second.replica is not first.replica
+        first.release()
+        second.release()
+
+    asyncio.run(main())
+
+
+def test_admission_and_prefix_affinity_are_one_or_the_other() -> None:
+    text = pool_policy("http://127.0.0.1:9/v1").replace(
+        "    retries:", "    prefix_affinity_chars: 40\n    admission: {slots: 1}\n    retries:")
+    with pytest.raises(PolicyInvalid, match="set one"):
+        parse(text)
+
+
+def test_two_replicas_each_serve_one_template_back_to_back(
+    gateway: Callable[..., Gateway], llama_server: LlamaServer, spare_llama_server: LlamaServer
+) -> None:
+    policy = pool_policy(llama_server.api_base, spare_llama_server.api_base).replace(
+        "    retries:", "    admission: {slots: 1, window_ms: 60000, min_shared_tokens: 8}\n    retries:")
+    gw = gateway(policy)
+    client = gw.client()
+    prompts = {f"req-{i}": (A if i % 2 else B) + f"Item {i}." for i in range(8)}
+    errors: list[BaseException] = []
+
+    def send(rid: str, prompt: str) -> None:
+        try:
+            client.chat.completions.create(model="smollm2", max_tokens=1, extra_headers={"x-request-id": rid},
+                                           messages=[{"role": "user", "content": prompt}])
+        except BaseException as exc:
+            errors.append(exc)
+
+    with structlog.testing.capture_logs() as logs:
+        threads = [threading.Thread(target=send, args=item) for item in prompts.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors
+    replica_of = {e["request_id"]: e["replica"] for e in logs if e.get("event") == "request"}
+    assert set(replica_of) == set(prompts)
+    by_template: dict[str, set[str]] = {}
+    for rid, prompt in prompts.items():
+        by_template.setdefault(prompt[:20], set()).add(replica_of[rid])
+    # each template on one replica, and the two templates on different replicas
+    assert all(len(r) == 1 for r in by_template.values())
+    assert len(set.union(*by_template.values())) == 2
