@@ -8,13 +8,14 @@ template, and each evaluates the template again. With ``admission`` a remote bac
 most ``slots`` requests per replica through (the engine's parallel slots) and keeps the rest.
 When a slot frees, :func:`choose` hands out the waiting requests:
 
-1. a request that has waited ``window_ms`` goes first (oldest first), to the free replica whose
-   recent prompts share most with it: the window bounds how long any request is passed over;
+1. a request that younger requests have overtaken ``max_skips`` times goes first (oldest first),
+   to the free replica whose recent prompts share most with it: no request starves;
 2. then the (request, free replica) pair sharing the most prompt tokens, if at least
    ``min_shared_tokens``: requests of one template run back to back on the replica that holds it;
-3. then, oldest first, a request that no busy replica holds either goes to the free replica whose
-   cache the waiting requests want least; one that a busy replica holds waits for it, within the
-   window (never more: then rule 1 takes it).
+3. then, oldest first, a request that no busy replica holds goes to the free replica whose cache
+   the waiting requests want least; one that a busy replica holds waits for it while it is
+   younger than ``window_ms`` (0, the default: never; a replica then idles while work waits,
+   which did not pay on one-slot engines: see the README).
 
 A replica's cache, as far as the gateway can tell, is the last ``cached_prompts`` prompts it was
 given. Prompts are compared as :func:`backends.prefix.approx_tokens` (no tokenizer on the hot path).
@@ -39,6 +40,7 @@ from gateway.errors import UpstreamTimeout
 class Waiting:
     key: bytes  # the prompt as a sort key (backends.prefix.sort_key)
     arrived: float
+    skipped: int = 0  # times a younger request was given a slot first
 
 
 @dataclass(frozen=True)
@@ -48,12 +50,13 @@ class View:
     up: bool = True  # available (a replica that is down is neither free nor worth waiting for)
 
 
-def choose(waiting: Sequence[Waiting], replicas: Sequence[View], now: float, *, window_s: float,
+def choose(waiting: Sequence[Waiting], replicas: Sequence[View], now: float, *, max_skips: int, window_s: float,
            min_shared: int) -> list[tuple[int, int]]:
     """Which waiting requests (indices, in arrival order) go to which replicas now, by the rules
     in the module's docstring. Each replica gets at most its free slots; a request at most once."""
     free = {r: v.free for r, v in enumerate(replicas) if v.up and v.free > 0}
     left = list(range(len(waiting)))
+    skipped = [w.skipped for w in waiting]
     out: list[tuple[int, int]] = []
 
     def warmth(w: int, r: int) -> int:
@@ -62,23 +65,26 @@ def choose(waiting: Sequence[Waiting], replicas: Sequence[View], now: float, *, 
     def give(w: int, r: int) -> None:
         out.append((w, r))
         left.remove(w)
+        for older in left:
+            if older < w:
+                skipped[older] += 1
         free[r] -= 1
         if not free[r]:
             del free[r]
 
     while free and left:
-        late = [w for w in left if now - waiting[w].arrived >= window_s]
-        if late:  # rule 1
-            w = late[0]
-            give(w, max(free, key=lambda r: (warmth(w, r), free[r], -r)))
+        late = next((w for w in left if skipped[w] >= max_skips), None)
+        if late is not None:  # rule 1
+            give(late, max(free, key=lambda r: (warmth(late, r), free[r], -r)))
             continue
         score, w, r = max(((warmth(w, r), w, r) for w in left for r in free), key=lambda t: (t[0], -t[1], -t[2]))
         if score >= min_shared:  # rule 2
             give(w, r)
             continue
         busy = [r for r, v in enumerate(replicas) if v.up and r not in free]
-        cold = next((w for w in left if all(warmth(w, r) < min_shared for r in busy)), None)
-        if cold is None:  # rule 3: everyone left waits for a busy replica that holds their prefix
+        cold = next((w for w in left if now - waiting[w].arrived >= window_s
+                     or all(warmth(w, r) < min_shared for r in busy)), None)
+        if cold is None:  # rule 3: every request left waits, within its window, for a busy replica holding its prefix
             break
         give(cold, min(free, key=lambda r: (sum(warmth(w, r) >= min_shared for w in left), -free[r], r)))
     return out
@@ -86,8 +92,10 @@ def choose(waiting: Sequence[Waiting], replicas: Sequence[View], now: float, *, 
 
 @dataclass(eq=False)
 class _Entry:
-    item: Waiting
+    key: bytes
+    arrived: float
     future: asyncio.Future[int]
+    skipped: int = 0
 
 
 @dataclass(eq=False)
@@ -115,11 +123,12 @@ class Slot:
 class Admission:
     """The waiting room in front of one remote backend's replicas."""
 
-    def __init__(self, replicas: ReplicaSet, *, slots: int, window_ms: float, cached_prompts: int,
+    def __init__(self, replicas: ReplicaSet, *, slots: int, max_skips: int, window_ms: float, cached_prompts: int,
                  min_shared_tokens: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.replicas = [_Replica(r) for r in replicas.replicas]
         self._set = replicas
         self.slots = slots
+        self.max_skips = max_skips
         self.window_s = window_ms / 1000
         self.cached = cached_prompts
         self.min_shared = min_shared_tokens
@@ -133,8 +142,7 @@ class Admission:
 
     async def acquire(self, prompt: str, timeout_s: float) -> Slot:
         """Wait (at most ``timeout_s``) for a slot on the replica :func:`choose` gives this prompt."""
-        entry = _Entry(Waiting(sort_key(approx_tokens(prompt)), self.clock()),
-                       asyncio.get_running_loop().create_future())
+        entry = _Entry(sort_key(approx_tokens(prompt)), self.clock(), asyncio.get_running_loop().create_future())
         self._queue.append(entry)
         self._pump()
         try:
@@ -163,12 +171,15 @@ class Admission:
             up = [True] * len(self.replicas)
         views = [View(max(0, self.slots - r.in_flight), tuple(reversed(r.recent)), ok)
                  for r, ok in zip(self.replicas, up, strict=True)]
-        picks = choose([e.item for e in self._queue], views, now, window_s=self.window_s, min_shared=self.min_shared)
+        picks = choose([Waiting(e.key, e.arrived, e.skipped) for e in self._queue], views, now,
+                       max_skips=self.max_skips, window_s=self.window_s, min_shared=self.min_shared)
+        for i, entry in enumerate(self._queue):
+            entry.skipped += sum(w > i for w, _ in picks)
         given = [self._queue[w] for w, _ in picks]
         for (_, r), entry in zip(picks, given, strict=True):
             rep = self.replicas[r]
             rep.in_flight += 1
-            rep.recent.append(entry.item.key)
+            rep.recent.append(entry.key)
             while len(rep.recent) > self.cached:
                 rep.recent.popleft()
             entry.future.set_result(r)
@@ -182,5 +193,5 @@ class Admission:
             self._timer.cancel()
             self._timer = None
         if self._queue and any(r.in_flight < self.slots for r in self.replicas):
-            due = min(e.item.arrived for e in self._queue) + self.window_s
+            due = min(e.arrived for e in self._queue) + self.window_s
             self._timer = asyncio.get_running_loop().call_later(max(0.0, due - now), self._pump)

@@ -154,11 +154,11 @@ def _key(tokens: Sequence[int]) -> bytes:
     return a.tobytes()
 
 
-def _lcp(a: bytes, b: bytes) -> int:
-    """Tokens two keys share at the start: bisect on slices (each comparison a memcmp)."""
+def common_prefix_len(a: str | bytes, b: str | bytes) -> int:
+    """Characters (or bytes) two strings share at the start: bisect on slices (each comparison a memcmp)."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
-        return n // _WIDTH
+        return n
     lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -166,7 +166,12 @@ def _lcp(a: bytes, b: bytes) -> int:
             lo = mid
         else:
             hi = mid
-    return lo // _WIDTH
+    return lo
+
+
+def _lcp(a: bytes, b: bytes) -> int:
+    """Tokens two keys share at the start."""
+    return common_prefix_len(a, b) // _WIDTH
 
 
 def _tree(keys: list[bytes]) -> _Node:

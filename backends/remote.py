@@ -33,8 +33,8 @@ class RemoteBackend:
         self.replicas = ReplicaSet(states, spec.strategy, spec.health.cooldown_s)
         a = spec.admission
         self.admission = None if a is None else Admission(
-            self.replicas, slots=a.slots, window_ms=a.window_ms, cached_prompts=a.cached_prompts or a.slots,
-            min_shared_tokens=a.min_shared_tokens)
+            self.replicas, slots=a.slots, max_skips=a.max_skips, window_ms=a.window_ms,
+            cached_prompts=a.cached_prompts or a.slots, min_shared_tokens=a.min_shared_tokens)
         self._health_task: asyncio.Task[None] | None = None
 
     # -- transport primitives ------------------------------------------------------------

@@ -46,7 +46,7 @@ async def _batch_runner(policy: Policy, settings: Settings, holder: RuntimeHolde
     except StoreBusy as exc:
         log.warning("batches_unavailable", reason=str(exc))
         return None
-    runner = BatchRunner(store, holder)
+    runner = BatchRunner(store, holder, base_dir=path.parent)
     runner.start()
     return runner
 

@@ -12,6 +12,7 @@ import asyncio
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
@@ -20,11 +21,11 @@ import structlog
 from gateway import decide, typed
 from gateway.batch_store import BatchStore, Pending, new_id
 from gateway.dispatch import decide_route, dispatch
-from gateway.errors import InvalidRequest, TriageError
+from gateway.errors import InvalidRequest, PolicyInvalid, TriageError
 from gateway.runtime import RuntimeHolder
 from gateway.schemas import ChatRequest, CompletionRequest, check
 from policies.routing import public_models
-from policies.schema import CascadeModel
+from policies.schema import CascadeModel, Policy
 
 log = structlog.get_logger("triage.batches")
 T = TypeVar("T")
@@ -32,9 +33,10 @@ ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/decide")
 
 
 class BatchRunner:
-    def __init__(self, store: BatchStore, holder: RuntimeHolder) -> None:
+    def __init__(self, store: BatchStore, holder: RuntimeHolder, base_dir: Path = Path(".")) -> None:
         self.store = store
         self.holder = holder
+        self.base_dir = base_dir  # the policy file's folder: relative tokenizer paths
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._cancelled: set[str] = set()
@@ -110,13 +112,16 @@ class BatchRunner:
         """Dispatch the pending requests in the plan's order, ``concurrency`` in flight: each worker
         takes the next request when its last one ends (no barrier between groups), and a group's
         requests carry one affinity key, so they go to one replica."""
-        from backends.prefix import Item, approx_tokens, plan, prompt_text
+        from backends.prefix import Item, plan
 
         batch_id, endpoint = doc["id"], doc["endpoint"]
         pending = await asyncio.to_thread(self.store.pending, batch_id)
-        settings = self.holder.current.policy.batches
-        groups = plan([Item(i, approx_tokens(prompt_text(p.body)), _decode(p.body)) for i, p in enumerate(pending)],
-                      min_shared=settings.min_shared_tokens)
+        policy = self.holder.current.policy
+        settings = policy.batches
+        tokens = await asyncio.to_thread(self._tokens, policy, batch_id, [p.body for p in pending])
+        groups = plan([Item(i, t, _decode(p.body)) for i, (t, p) in enumerate(zip(tokens, pending, strict=True))],
+                      min_shared=settings.min_shared_tokens, order=settings.order)
+        log.info("batch_planned", batch_id=batch_id, requests=len(pending), groups=len(groups))
         todo = [(pending[k], f"{batch_id}/{g}") for g, group in enumerate(groups) for k in group.keys]
         progress = _Progress(self, batch_id)
 
@@ -129,6 +134,19 @@ class BatchRunner:
 
         await in_order(todo, settings.concurrency, one)
         await progress.tick(force=True)
+
+    def _tokens(self, policy: Policy, batch_id: str, bodies: list[dict[str, Any]]) -> list[tuple[int, ...]]:
+        """The prompts' tokens for grouping (``batches.tokens``); a tokenizer the policy names that
+        cannot be loaded is logged, and the batch is grouped by approx_tokens instead."""
+        from backends.tokens import batch_tokens
+
+        try:
+            tokens, used = batch_tokens(policy, bodies, self.base_dir)
+        except PolicyInvalid as exc:
+            log.warning("batch_tokenizer_failed", batch_id=batch_id, problems=exc.problems)
+            tokens, used = batch_tokens(policy, bodies, self.base_dir, tokens="approx")
+        log.info("batch_tokens", batch_id=batch_id, tokenizers=used)
+        return tokens
 
     async def _one(self, batch_id: str, endpoint: str, req: Pending, affinity: str) -> None:
         rid = new_id("batch_req_")

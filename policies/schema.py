@@ -72,8 +72,10 @@ class Admission(Strict):
     request whose prompt its cache holds (``backends/admission.py``)."""
 
     slots: int = Field(1, ge=1, le=4096, description="requests in flight per replica (the engine's parallel slots)")
-    window_ms: float = Field(2000.0, ge=0, description="the longest a request is passed over for ones that hit a "
-                                                      "replica's cache, or held for a busy replica holding its prefix")
+    max_skips: int = Field(8, ge=0, description="times younger requests that hit a replica's cache may go before a "
+                                               "waiting request; then it goes first. 0: first come, first served")
+    window_ms: float = Field(0.0, ge=0, description="how long a request may wait for a busy replica that holds its "
+                                                   "prefix while another replica is free (0: never)")
     cached_prompts: int | None = Field(None, ge=1, description="prompts a replica's cache is assumed to hold "
                                                                "(default: slots)")
     min_shared_tokens: int = Field(16, ge=1, description="shared prompt pieces (approx_tokens) that count as a hit")
@@ -270,6 +272,9 @@ class BatchSettings(Strict):
     max_file_bytes: int = Field(100 * 1024 * 1024, ge=1024)
     max_requests: int = Field(50_000, ge=1)
     min_shared_tokens: int = Field(16, ge=1, description="prefix tokens that make requests one group")
+    order: Literal["decode_ratio", "none"] = Field(
+        "decode_ratio", description="order at every branch of the prefix tree: decode_ratio (BatchLLM's: more decode "
+                                    "per prompt token first) or none (token order)")
     tokens: Literal["model", "approx"] = Field(
         "model", description="tokens the grouping counts: model: the target model's tokenizer where one is known "
                              "(its GGUF, or models.NAME.tokenizer), approx_tokens otherwise; approx: always approx")

@@ -26,38 +26,59 @@ def key(text: str) -> bytes:
     return sort_key(approx_tokens(text))
 
 
+RULES = {"max_skips": 2, "window_s": 2.0, "min_shared": 8}
+
+
 def test_a_freed_replica_takes_the_request_its_cache_holds() -> None:
     waiting = [Waiting(key(B + "one"), 0.0), Waiting(key(A + "two"), 0.1)]
     replicas = [View(1, (key(A + "zero"),)), View(0, (key(B + "zero"),))]
     # the A request is younger, but replica 0 holds A: it goes first; B waits for busy replica 1
-    assert choose(waiting, replicas, 0.2, window_s=2.0, min_shared=8) == [(1, 0)]
+    assert choose(waiting, replicas, 0.2, **RULES) == [(1, 0)]
 
 
-def test_a_request_past_its_window_goes_first_and_cold() -> None:
-    waiting = [Waiting(key(B + "one"), 0.0), Waiting(key(A + "two"), 0.1)]
+def test_a_request_passed_over_max_skips_times_goes_first() -> None:
+    waiting = [Waiting(key(B + "one"), 0.0, skipped=2), Waiting(key(A + "two"), 0.1)]
     replicas = [View(1, (key(A + "zero"),)), View(0, (key(B + "zero"),))]
-    assert choose(waiting, replicas, 2.5, window_s=2.0, min_shared=8) == [(0, 0)]
+    assert choose(waiting, replicas, 0.2, **RULES) == [(0, 0)]
+    # first come, first served with max_skips 0
+    fresh = [Waiting(key(B + "one"), 0.0), Waiting(key(A + "two"), 0.1)]
+    assert choose(fresh, replicas, 0.2, **{**RULES, "max_skips": 0}) == [(0, 0)]
+
+
+def test_skips_count_within_one_choice() -> None:
+    waiting = [Waiting(key(B + "old"), 0.0, skipped=1)] + [Waiting(key(A + str(i)), 0.1) for i in range(3)]
+    replicas = [View(3, (key(A + "zero"),)), View(0, (key(B + "zero"),))]
+    # one A request overtakes the B request (its second skip), then B goes before the other As
+    assert choose(waiting, replicas, 0.2, **RULES)[:2] == [(1, 0), (0, 0)]
+
+
+def test_a_held_request_waits_for_its_replica_only_within_the_window() -> None:
+    waiting = [Waiting(key(B + "one"), 0.0)]
+    replicas = [View(1, (key(A + "zero"),)), View(0, (key(B + "zero"),))]
+    assert choose(waiting, replicas, 1.0, **RULES) == []  # replica 1 holds B and is busy: wait
+    assert choose(waiting, replicas, 2.5, **RULES) == [(0, 0)]  # its window is over: the free one
+    assert choose(waiting, replicas, 0.0, **{**RULES, "window_s": 0.0}) == [(0, 0)]
 
 
 def test_a_request_no_replica_holds_goes_to_the_least_wanted_free_replica() -> None:
     waiting = [Waiting(key("something else entirely"), 0.0), Waiting(key(A + "x"), 0.0)]
     replicas = [View(1, (key(A + "zero"),)), View(1, ())]
     # A goes to replica 0 (warm); the cold one to replica 1, which no waiting request wants
-    assert sorted(choose(waiting, replicas, 0.0, window_s=2.0, min_shared=8)) == [(0, 1), (1, 0)]
+    assert sorted(choose(waiting, replicas, 0.0, **RULES)) == [(0, 1), (1, 0)]
 
 
 def test_choice_respects_free_slots_and_gives_each_request_once() -> None:
     waiting = [Waiting(key(A + str(i)), i / 10) for i in range(5)]
     replicas = [View(2, (key(A),)), View(1, (key(B),)), View(3, (key(A),), up=False)]
-    picks = choose(waiting, replicas, 10.0, window_s=2.0, min_shared=8)
+    picks = choose(waiting, replicas, 10.0, **RULES)
     assert len(picks) == 3 and len({w for w, _ in picks}) == 3
     assert sorted(r for _, r in picks) == [0, 0, 1]  # the replica that is down gets none
 
 
 def _room(slots: int = 1, replicas: int = 1, window_ms: float = 2000) -> Admission:
     states = [ReplicaState(f"http://r{i}/v1", None) for i in range(replicas)]
-    return Admission(ReplicaSet(states, "round_robin", 1.0), slots=slots, window_ms=window_ms, cached_prompts=slots,
-                     min_shared_tokens=8)
+    return Admission(ReplicaSet(states, "round_robin", 1.0), slots=slots, max_skips=8, window_ms=window_ms,
+                     cached_prompts=slots, min_shared_tokens=8)
 
 
 def test_the_waiting_room_queues_past_the_slots_and_times_out() -> None:
@@ -120,8 +141,10 @@ def test_admission_and_prefix_affinity_are_one_or_the_other() -> None:
 def test_two_replicas_each_serve_one_template_back_to_back(
     gateway: Callable[..., Gateway], llama_server: LlamaServer, spare_llama_server: LlamaServer
 ) -> None:
-    policy = pool_policy(llama_server.api_base, spare_llama_server.api_base).replace(
-        "    retries:", "    admission: {slots: 1, window_ms: 60000, min_shared_tokens: 8}\n    retries:")
+    admission = "    admission: {window_ms: 60000, max_skips: 100, min_shared_tokens: 8}\n    retries:"
+    # health probes off: one that times out on a busy one-slot server takes it out, and its work moves
+    policy = pool_policy(llama_server.api_base, spare_llama_server.api_base).replace("    retries:", admission).replace(
+        "interval_s: 0.5", "enabled: false")
     gw = gateway(policy)
     client = gw.client()
     prompts = {f"req-{i}": (A if i % 2 else B) + f"Item {i}." for i in range(8)}
@@ -149,3 +172,18 @@ def test_two_replicas_each_serve_one_template_back_to_back(
     # each template on one replica, and the two templates on different replicas
     assert all(len(r) == 1 for r in by_template.values())
     assert len(set.union(*by_template.values())) == 2
+
+
+def test_streams_and_failures_give_their_slot_back(gateway: Callable[..., Gateway], llama_server: LlamaServer) -> None:
+    """One replica, one slot: a leaked slot would make the next request wait out total_s (a 504)."""
+    dead = "http://127.0.0.1:9/v1"  # nothing listens: the first try fails, the retry goes to the live one
+    policy = pool_policy(dead, llama_server.api_base).replace(
+        "    retries:", "    admission: {slots: 1}\n    retries:").replace(
+        "first_byte_s: 60", "first_byte_s: 60, total_s: 20").replace("interval_s: 0.5", "enabled: false")
+    gw = gateway(policy)
+    client = gw.client()
+    msg = [{"role": "user", "content": "Say yes."}]
+    for _ in range(3):
+        chunks = list(client.chat.completions.create(model="smollm2", max_tokens=2, messages=msg, stream=True))
+        assert chunks
+        assert client.chat.completions.create(model="smollm2", max_tokens=2, messages=msg).choices

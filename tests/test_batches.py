@@ -206,3 +206,32 @@ def test_dispatch_keeps_the_order_and_never_waits_for_a_group_to_end() -> None:
         return started
 
     assert asyncio.run(main()) == ["slow", "a", "b", "c", "stop"]
+
+
+def test_a_batch_groups_by_the_models_tokenizer_or_falls_back_to_approx(
+        gateway: Callable[..., Gateway], llama_server: LlamaServer, tmp_path: Path) -> None:
+    import structlog
+
+    from classifiers.artifacts import source_dir
+
+    (tmp_path / "tok.json").symlink_to(source_dir() / "tokenizer.json")  # a real tokenizer.json (MiniLM's)
+    lines = "\n".join(line(f"q{i}", FEW_SHOT + f"colour of thing {i}? A:") for i in range(4)).encode()
+    for tokenizer, event, used in (("tok.json", "batch_tokens", "smollm2=json:tok.json"),
+                                   ("missing.json", "batch_tokenizer_failed", None)):
+        policy = pool_policy(llama_server.api_base, tmp_path / f"batches-{tokenizer}").replace(
+            "smollm2: {backend: pool}", f"smollm2: {{backend: pool, tokenizer: {tokenizer}}}")
+        gw = gateway(policy)
+        client = gw.client()
+        with structlog.testing.capture_logs() as logs:
+            uploaded = client.files.create(file=("in.jsonl", io.BytesIO(lines)), purpose="batch")
+            batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                          completion_window="24h")
+            batch = wait_batch(client, batch.id)
+        assert batch.status == "completed" and batch.request_counts.completed == 4
+        [hit] = [e for e in logs if e["event"] == event]
+        if used is not None:
+            assert hit["tokenizers"] == used
+        else:
+            assert "missing.json" in hit["problems"][0]
+            [fallback] = [e for e in logs if e["event"] == "batch_tokens"]
+            assert fallback["tokenizers"] == "smollm2=approx"

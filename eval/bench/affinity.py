@@ -9,8 +9,8 @@ own servers and gateway, so both start cold:
 - ``round_robin``: ``prefix_affinity_chars: 0``, the baseline;
 - ``affinity``: ``prefix_affinity_chars: N`` (``--chars``): a request's replica is chosen by
   rendezvous hashing of its prompt's first N characters;
-- ``admission``: ``admission: {slots: 1, window_ms: W}`` (``--window-ms``): requests wait in the
-  gateway for a free replica slot, and a freed replica takes the waiting request its cache holds
+- ``admission``: ``admission: {slots: 1, ...}`` (``--admission``): requests wait in the gateway
+  for a free replica slot, and a freed replica takes the waiting request its cache holds
   (``backends/admission.py``).
 
 The workload is BIG-Bench-Hard few-shot prompts (a few templates, shuffled with a fixed seed: the
@@ -34,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,7 @@ class Options:
     seed: int = 0
     concurrency: int = 2
     chars: int = 200
-    window_ms: float = 2000.0
+    admission: str = "slots: 1, max_skips: 8, window_ms: 0"  # the admission mode's settings (YAML flow mapping)
     modes: tuple[str, ...] = MODES
     n_threads: int = 1
     rounds: int = 3  # each round starts fresh servers on new ports: a new draw of the affinity split
@@ -177,9 +178,9 @@ async def _main(prompts: list[str], tokens: list[tuple[int, ...]], keys: list[st
             rounds.append({})
             for mode in opts.modes if k % 2 == 0 else opts.modes[::-1]:
                 chars = opts.chars if mode == "affinity" else 0
-                window = opts.window_ms if mode == "admission" else None
-                console.print(f"[bold]round {k + 1}, {mode}[/] (prefix_affinity_chars: {chars}, admission window "
-                              f"{window} ms): {len(prompts)} requests, concurrency {opts.concurrency}")
+                window = opts.admission if mode == "admission" else None
+                console.print(f"[bold]round {k + 1}, {mode}[/] (prefix_affinity_chars: {chars}, admission: "
+                              f"{window}): {len(prompts)} requests, concurrency {opts.concurrency}")
                 work = tmp / f"{k}-{mode}"
                 work.mkdir()
                 row = await _mode(http, prompts, tokens, keys, groups, (chars, window), n_ctx, opts, work)
@@ -196,9 +197,9 @@ def _server_argv(port: int, n_ctx: int, threads: int) -> list[str]:
             "--interrupt_requests", "False", "--verbose", "True"]
 
 
-def policy(bases: list[str], chars: int, window_ms: float | None = None) -> str:
+def policy(bases: list[str], chars: int, admission: str | None = None) -> str:
     replicas = "\n".join(f'      - {{api_base: "{b}"}}' for b in bases)
-    admission = "" if window_ms is None else f"\n    admission: {{slots: 1, window_ms: {window_ms}}}"
+    admission = "" if admission is None else f"\n    admission: {{{admission}}}"
     return f"""version: 1
 backends:
   pool:
@@ -221,26 +222,35 @@ logging:
 """
 
 
+async def start_pool(fleet: Fleet, http: aiohttp.ClientSession, n_ctx: int, threads: int, work: Path,
+                     policy_text: Callable[[list[str]], str]) -> tuple[list[Proc], Proc]:
+    """Two llama.cpp servers (warmed up: the first request's one-off costs stay out of the
+    measurement) and a triage gateway whose policy ``policy_text`` writes for their ``/v1`` bases."""
+    servers = []
+    for i in range(2):
+        port = free_port()
+        servers.append(fleet.add(Proc(f"llama-{i}", _server_argv(port, n_ctx, threads), port, "/v1/models",
+                                      work / f"llama-{i}.log")))
+    await asyncio.gather(*(s.wait_ready(http, 180) for s in servers))
+    for s in servers:
+        await prefix._complete(http, s.base + "/v1/completions", prefix.RESET_PROMPT)
+    (work / "policy.yaml").write_text(policy_text([s.base + "/v1" for s in servers]))
+    port = free_port()
+    gw = fleet.add(Proc("triage", [sys.executable, "-m", "gateway.cli", "serve", "--policy", str(work / "policy.yaml"),
+                                   "--host", HOST, "--port", str(port), "--no-watch"],
+                        port, "/v1/models", work / "triage.log"))
+    await gw.wait_ready(http, 120)
+    return servers, gw
+
+
 async def _mode(http: aiohttp.ClientSession, prompts: list[str], tokens: list[tuple[int, ...]], keys: list[str],
-                groups: list[str], rule: tuple[int, float | None], n_ctx: int, opts: Options, work: Path,
+                groups: list[str], rule: tuple[int, str | None], n_ctx: int, opts: Options, work: Path,
                 ) -> dict[str, Any]:
     chars, window = rule
     with Fleet(work) as fleet:
-        servers = []
-        for i in range(2):
-            port = free_port()
-            servers.append(fleet.add(Proc(f"llama-{i}", _server_argv(port, n_ctx, opts.n_threads), port,
-                                          "/v1/models", work / f"llama-{i}.log")))
-        await asyncio.gather(*(s.wait_ready(http, 180) for s in servers))
-        for s in servers:  # the first request's one-off costs stay out of the measurement
-            await prefix._complete(http, s.base + "/v1/completions", prefix.RESET_PROMPT)
+        servers, gw = await start_pool(fleet, http, n_ctx, opts.n_threads, work,
+                                       lambda bases: policy(bases, chars, window))
         bases = [s.base + "/v1" for s in servers]
-        (work / "policy.yaml").write_text(policy(bases, chars, window))
-        port = free_port()
-        gw = fleet.add(Proc("triage", [sys.executable, "-m", "gateway.cli", "serve", "--policy",
-                                       str(work / "policy.yaml"), "--host", HOST, "--port", str(port), "--no-watch"],
-                            port, "/v1/models", work / "triage.log"))
-        await gw.wait_ready(http, 120)
         starts = [s.log_path.stat().st_size for s in servers]
         others = meters.foreign({p.name: p for p in fleet.procs})
         wall, latencies, counts = await _send(gw.base + "/v1", prompts, opts.concurrency)
@@ -258,7 +268,7 @@ async def _mode(http: aiohttp.ClientSession, prompts: list[str], tokens: list[tu
     placed = None if where is None else {g: sorted({w for w, gg in zip(where, groups, strict=True) if gg == g})
                                          for g in sorted(set(groups))}
     total_ev = None if None in evaluated else sum(e for e in evaluated if e is not None)
-    return {"prefix_affinity_chars": chars, "admission_window_ms": window, "replicas": bases, "wall_s": wall,
+    return {"prefix_affinity_chars": chars, "admission": window, "replicas": bases, "wall_s": wall,
             "rps": len(prompts) / wall,
             "latency_p50_s": statistics.median(lat), "latency_p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))],
             "prompt_tokens": sum(counts), "requests": requests, "requests_in_logs": logged,
@@ -409,7 +419,7 @@ def _table(res: dict[str, Any]) -> Table:
     for k, rnd in enumerate(res["rounds"]):
         for mode, r in rnd.items():
             label = f"{k + 1}: {mode}" + (f" ({r['prefix_affinity_chars']})" if r["prefix_affinity_chars"] else "") + (
-                f" ({r['admission_window_ms']:g} ms)" if r.get("admission_window_ms") is not None else "")
+                f" ({r['admission']})" if r.get("admission") else "")
             t.add_row(label, f"{r['wall_s']:.1f}", f"{r['rps']:.3f}", f"{r['rps_x_baseline']:.2f}",
                       f"{r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f}",
                       f"{_split(r['requests'])} ({_f(r['busier_share_requests'], '.0%')})",

@@ -13,8 +13,11 @@ the arrival order. SORTED is a plain lexicographic sort of the prompt texts; GRO
 
 Reported per order: wall time, requests/s, prompt tokens, evaluated tokens, reuse achieved and as
 a share of the ideal (:func:`backends.prefix.ideal_reuse` over the batch), ratios against arrival;
-and the scheduler's own cost per request (tokenization + plan), with the model's tokenizer and
-with :func:`backends.prefix.approx_tokens`. The engines run one at a time, one thread each.
+and the scheduler's own cost per request (tokenization + plan) with the tokens the Batch API can
+group by: SmolLM2's GGUF vocabulary on every prompt whole, the same with the shared prefixes
+tokenized once (:func:`backends.tokens.tokenize_batch`, what the Batch API does), and
+:func:`backends.prefix.approx_tokens`. The engines run one at a time, one thread each;
+``engines=()`` measures the scheduler alone.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from backends import tokens as tokens_mod
 from backends.gguf import smollm2_path
 from backends.prefix import Group, Item, approx_tokens, flatten, ideal_reuse, plan, reuse_in_order
 from eval.bench import meters
@@ -48,6 +52,7 @@ from eval.bench.report import goals_table
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "prefix" / "bbh_fewshot_direct.jsonl.gz"
 ORDERS = ("arrival", "sorted", "grouped")
 ENGINES = ("server", "scorer")
+TOKENS = ("model", "cached", "approx")  # SmolLM2's vocabulary whole, the same prefix-cached, approx_tokens
 RESET_PROMPT = "Hello."  # sent before each order: the cache then holds nothing the batch can use
 REUSE_SHARE_MIN = 0.9
 SPEEDUP_MIN = 3.0
@@ -66,7 +71,7 @@ class Options:
     engines: tuple[str, ...] = ENGINES
     n_threads: int = 1
     concurrency: int = 1
-    group_by: str = "model"  # tokens the grouping uses: "model" (SmolLM2's tokenizer) or "approx"
+    group_by: str = "model"  # tokens the grouping uses: one of TOKENS
     repeats: int = 5  # timings of the scheduler: the median of this many runs
     out: Path = Path("out/bench-prefix.json")
 
@@ -75,8 +80,8 @@ def run(**kwargs: Any) -> dict[str, Any]:
     """Run the benchmark, print its tables and write its JSON report; returns the report."""
     opts = Options(**kwargs)
     bad = set(opts.engines) - set(ENGINES)
-    if bad or opts.group_by not in ("model", "approx"):
-        raise ValueError(f"engines are {', '.join(ENGINES)}; group_by is model or approx")
+    if bad or opts.group_by not in TOKENS:
+        raise ValueError(f"engines are {', '.join(ENGINES)}; group_by is one of {', '.join(TOKENS)}")
     console = Console()
     rows = load(opts)
     console.print(f"[bold]batch[/]: {len(rows)} prompts from {opts.data.name}, "
@@ -86,7 +91,7 @@ def run(**kwargs: Any) -> dict[str, Any]:
     sched = scheduler(rows, opts)
     result["scheduler"] = sched.pop("summary")
     tokens, orders = sched["tokens"], sched["orders"]
-    n_ctx = -(-(max(map(len, tokens)) + 16) // 256) * 256
+    n_ctx = -(-(max(map(len, tokens)) + 16) // 256) * 256  # tokens: with the BOS the engines add
     result["batch"] = {"n": len(rows), "templates": len({r["group"] for r in rows}), "n_ctx": n_ctx,
                        "prompt_tokens": sum(map(len, tokens)), "max_prompt_tokens": max(map(len, tokens)),
                        "ideal_reuse": ideal_reuse(tokens),
@@ -128,32 +133,39 @@ def _median_ms(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
 
 
 def scheduler(rows: list[dict[str, Any]], opts: Options) -> dict[str, Any]:
-    """Tokenize and plan with both tokenizers, timed; the three orders (GROUPED from ``group_by``)."""
+    """Tokenize and plan with each of TOKENS, timed; the three orders (GROUPED from ``group_by``).
+    Every grouping is judged on SmolLM2's tokens as the engines see them (a BOS first)."""
     import llama_cpp
 
-    prompts = [r["prompt"] for r in rows]
-    vocab = llama_cpp.Llama(model_path=str(smollm2_path()), vocab_only=True, verbose=False)
-    tokenizers: dict[str, Callable[[str], Sequence[int]]] = {
-        "model": lambda p: vocab.tokenize(p.encode("utf-8"), add_bos=True, special=False),
-        "approx": approx_tokens}
-    n, summary, groupings, model_tokens = len(rows), {}, {}, []
+    prompts, path = [r["prompt"] for r in rows], smollm2_path()
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    model_tokens = [tuple(llm.tokenize(p.encode("utf-8"), add_bos=True, special=False)) for p in prompts]
+    llm.close()
+    vocab = tokens_mod.load(path)  # the Batch API's tokenizer of SmolLM2
+    tokenizers: dict[str, Callable[[], list[tuple[int, ...]]]] = {
+        "model": lambda: tokens_mod.tokenize_batch(prompts, vocab.tokenize, prefix_cache=False),
+        "cached": lambda: tokens_mod.tokenize_batch(prompts, vocab.tokenize, prefix_cache=vocab.splits_at_spaces),
+        "approx": lambda: [approx_tokens(p) for p in prompts]}
+    n, summary, groupings, lists = len(rows), {}, {}, {}
     for name, tok in tokenizers.items():
-        tok_ms, toks = _median_ms(lambda tok=tok: [tuple(tok(p)) for p in prompts], opts.repeats)
+        tok_ms, toks = _median_ms(tok, opts.repeats)
         plan_ms, groups = _median_ms(lambda toks=toks: _plan(toks, opts.min_shared), opts.repeats)
-        if name == "model":
-            model_tokens = toks
-        groupings[name] = flatten(groups)
+        lists[name], groupings[name] = toks, groups
         summary[name] = {"tokenize_ms_per_req": tok_ms / n, "plan_ms_per_req": plan_ms / n,
                          "total_ms_per_req": (tok_ms + plan_ms) / n, "groups": len(groups),
                          "tokens_per_prompt": sum(map(len, toks)) / n, "own_ideal_reuse": ideal_reuse(toks)}
-    vocab.close()
-    for name, order in groupings.items():  # how good each grouping is, counted in the model's tokens
-        summary[name]["predicted_reuse"] = reuse_in_order([model_tokens[k] for k in order])
-    summary["model"]["tokenizer"] = f"llama_cpp.Llama(vocab_only=True) on {smollm2_path().name}"
+    for name, groups in groupings.items():  # how good each grouping is, counted in the engines' tokens
+        summary[name]["predicted_reuse"] = reuse_in_order([model_tokens[k] for k in flatten(groups)])
+        same = sum(a == b for a, b in zip(lists[name], lists["model"], strict=True))
+        summary[name]["same_tokens_as_model"] = same / n
+        summary[name]["same_groups_as_model"] = ([g.keys for g in groups] == [g.keys for g in groupings["model"]])
+    summary["model"]["tokenizer"] = f"backends.tokens (llama.cpp vocab_only) on {path.name}, each prompt whole"
+    summary["cached"]["tokenizer"] = f"backends.tokens.tokenize_batch on {path.name}, shared prefixes once" + (
+        "" if vocab.splits_at_spaces else " (off: the vocabulary does not split at spaces)")
     summary["approx"]["tokenizer"] = "backends.prefix.approx_tokens"
     summary["used"] = opts.group_by
     orders = {"arrival": list(range(n)), "sorted": sorted(range(n), key=prompts.__getitem__),
-              "grouped": groupings[opts.group_by]}
+              "grouped": flatten(groupings[opts.group_by])}
     return {"summary": summary, "tokens": model_tokens, "orders": orders}
 
 
@@ -277,7 +289,7 @@ def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append({"goal": f"{name}: grouped throughput >= {SPEEDUP_MIN:g}x arrival", "value": speed,
                      "unit": "x", "pass": speed >= SPEEDUP_MIN})
     used = res["scheduler"]["used"]
-    for tok in ("model", "approx"):
+    for tok in TOKENS:
         ms = res["scheduler"][tok]["total_ms_per_req"]
         tag = "" if tok == used else "(info) "
         rows.append({"goal": f"{tag}scheduler ({tok} tokens + plan) <= {SCHEDULER_MAX_MS} ms/request", "value": ms,
@@ -294,15 +306,16 @@ def _scheduler_table(res: dict[str, Any]) -> Table:
     t = Table(title=f"Scheduler cost ({n} prompts, median of {res['settings']['repeats']} runs; "
                     f"GROUPED uses {s['used']} tokens)", title_justify="left")
     for col in ("tokens", "per prompt", "tokenize ms/req", "plan ms/req", "total ms/req", "groups",
-                "grouping's reuse / ideal"):
+                "reuse / ideal", "tokens = whole", "groups = whole"):
         t.add_column(col, justify="left" if col == "tokens" else "right")
     ideal = res["batch"]["ideal_reuse"]
-    for name in ("model", "approx"):
+    labels = {"model": "SmolLM2, whole", "cached": "SmolLM2, cached", "approx": "approx_tokens"}
+    for name in TOKENS:
         r = s[name]
-        label = "SmolLM2 (GGUF vocab)" if name == "model" else "approx_tokens"
-        t.add_row(label, f"{r['tokens_per_prompt']:.0f}", f"{r['tokenize_ms_per_req']:.4f}",
+        t.add_row(labels[name], f"{r['tokens_per_prompt']:.0f}", f"{r['tokenize_ms_per_req']:.4f}",
                   f"{r['plan_ms_per_req']:.4f}", f"{r['total_ms_per_req']:.4f}", str(r["groups"]),
-                  _f(r["predicted_reuse"] / ideal if ideal else None, ".1%"))
+                  _f(r["predicted_reuse"] / ideal if ideal else None, ".2%"), f"{r['same_tokens_as_model']:.1%}",
+                  "yes" if r["same_groups_as_model"] else "no")
     return t
 
 

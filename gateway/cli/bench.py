@@ -64,10 +64,12 @@ def prefix(
     templates: Annotated[int, typer.Option(help="Only rows of this many templates (0: all).")] = 6,
     seed: Annotated[int, typer.Option(help="Seed of the shuffle (the arrival order).")] = 0,
     min_shared: Annotated[int, typer.Option(help="Tokens a group's members share at least.")] = 16,
-    engine: Annotated[list[str] | None, typer.Option(help="server and/or scorer (default: both).")] = None,
+    engine: Annotated[list[str] | None, typer.Option(help="server and/or scorer (default: both); none: the "
+                                                          "scheduler's cost alone.")] = None,
     n_threads: Annotated[int, typer.Option(help="llama.cpp threads of each engine.")] = 1,
     concurrency: Annotated[int, typer.Option(help="Requests in flight to the server.")] = 1,
-    group_by: Annotated[str, typer.Option(help="Tokens the grouping uses: model or approx.")] = "model",
+    group_by: Annotated[str, typer.Option(help="Tokens the grouping uses: model (SmolLM2's, each prompt whole), "
+                                               "cached (the same, shared prefixes once) or approx.")] = "model",
     repeats: Annotated[int, typer.Option(help="Runs of the scheduler timing (median).")] = 5,
     out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-prefix.json"),
 ) -> None:
@@ -75,8 +77,30 @@ def prefix(
     from eval.bench.prefix import DATA, ENGINES, run
 
     run(data=data or DATA, limit=limit, templates=templates, seed=seed, min_shared=min_shared,
-        engines=tuple(engine or ENGINES), n_threads=n_threads, concurrency=concurrency, group_by=group_by,
+        engines=() if engine == ["none"] else tuple(engine or ENGINES), n_threads=n_threads,
+        concurrency=concurrency, group_by=group_by,
         repeats=repeats, out=out)
+
+
+@app.command("order")
+def order(
+    data: Annotated[Path | None, typer.Option(help="JSONL.gz of prompts (default: BBH few-shot direct).")] = None,
+    limit: Annotated[int, typer.Option(help="Requests in the batch (after the seeded shuffle).")] = 40,
+    templates: Annotated[int, typer.Option(help="Only rows of this many templates (0: all).")] = 4,
+    seed: Annotated[int, typer.Option(help="Seed of the shuffle and of the max_tokens draw.")] = 0,
+    decode: Annotated[list[int] | None, typer.Option(help="max_tokens values drawn per request (repeat; default "
+                                                          "1 and 48).")] = None,
+    concurrency: Annotated[int, typer.Option(help="batches.concurrency.")] = 2,
+    n_threads: Annotated[int, typer.Option(help="llama.cpp threads of each server.")] = 1,
+    rounds: Annotated[int, typer.Option(help="Rounds of both orders, each on fresh servers.")] = 2,
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-order.json"),
+) -> None:
+    """BatchLLM's decode-first order against token order: one batch through the Batch API, two llama.cpp replicas."""
+    from eval.bench.order import run
+    from eval.bench.prefix import DATA
+
+    run(data=data or DATA, limit=limit, templates=templates, seed=seed, decode=tuple(decode or (1, 48)),
+        concurrency=concurrency, n_threads=n_threads, rounds=rounds, out=out)
 
 
 @app.command("affinity")
@@ -88,7 +112,8 @@ def affinity(
     seed: Annotated[int, typer.Option(help="Seed of the shuffle (the arrival order).")] = 0,
     concurrency: Annotated[int, typer.Option(help="Requests in flight through the gateway.")] = 2,
     chars: Annotated[int, typer.Option(help="prefix_affinity_chars of the affinity run.")] = 200,
-    window_ms: Annotated[float, typer.Option(help="admission window_ms of the admission run.")] = 2000.0,
+    admission: Annotated[str, typer.Option(help="The admission run's settings, a YAML flow mapping.")
+                         ] = "slots: 1, max_skips: 8, window_ms: 0",
     mode: Annotated[list[str] | None, typer.Option(help="Modes to run (repeat; default all): round_robin, "
                                                         "affinity, admission.")] = None,
     n_threads: Annotated[int, typer.Option(help="llama.cpp threads of each server.")] = 1,
@@ -102,4 +127,4 @@ def affinity(
 
     modes = tuple(m for m in MODES if m in set(mode or MODES) | {"round_robin"})
     run(data=data or DATA, limit=limit, templates=templates, seed=seed, concurrency=concurrency, chars=chars,
-        window_ms=window_ms, modes=modes, n_threads=n_threads, rounds=rounds, out=out)
+        admission=admission, modes=modes, n_threads=n_threads, rounds=rounds, out=out)
