@@ -95,7 +95,7 @@ class Classifier:
         reference = Reference.load(root, hint)
         e = cfg.encoder
         encoder = Encoder.load(EncoderSettings(precision=e.precision, intra_op_threads=e.threads,
-                                               provider=e.provider, max_tokens=e.max_tokens))
+                                               provider=e.provider, max_tokens=e.max_tokens, rows=e.rows))
         for name, head in heads.items():
             if head.dim != encoder.dim:
                 raise NotReady(f"head {name} expects {head.dim}-d embeddings, the encoder gives {encoder.dim}: "

@@ -108,9 +108,11 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
     root, out = data_dir(cfg, policy_dir), artifacts_dir(cfg, policy_dir)
     e = cfg.encoder
     art = locate()
-    encoder = Encoder.load(EncoderSettings(precision=e.precision, intra_op_threads=threads,
-                                           provider=e.provider, max_tokens=e.max_tokens), artifacts=art)
-    cache = EmbeddingCache(encoder, cache_dir() / "embeddings" / f"{art.key}-{e.precision}-{e.max_tokens}.npz")
+    settings = EncoderSettings(precision=e.precision, intra_op_threads=threads, provider=e.provider,
+                               max_tokens=e.max_tokens, rows=e.rows)
+    encoder = Encoder.load(settings, artifacts=art)
+    tag = f"{art.key}-{e.precision}-{e.max_tokens}" + ("-apart" if settings.apart else "")  # batched int8 rows differ
+    cache = EmbeddingCache(encoder, cache_dir() / "embeddings" / f"{tag}.npz")
     results, refs, held = [], [], []
     for name in [name for name in [*cfg.heads, *cfg.tasks] if name != OPTIONS]:
         fit_split, test_split = _splits(name, cfg)

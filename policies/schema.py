@@ -241,6 +241,9 @@ class EncoderConfig(Strict):
     max_tokens: int = Field(256, ge=3, le=512, description="longer prompts keep their head and tail")
     batch_max_size: int = Field(16, ge=1, description="micro-batch: prompts per forward")
     batch_max_wait_ms: float = Field(2.0, ge=0, description="micro-batch: longest wait for company")
+    rows: Literal["auto", "apart", "together"] = Field(
+        "auto", description="apart: each prompt of a micro-batch its own forward, so an int8 embedding does not "
+                            "depend on its batch-mates; together: one padded forward; auto: apart for int8")
 
 
 class TaskHead(Strict):

@@ -167,16 +167,27 @@ def test_settings_are_checked(exported: Artifacts) -> None:
         EncoderSettings(precision="fp16")  # type: ignore[arg-type]
     with pytest.raises(InvalidRequest):
         EncoderSettings(intra_op_threads=0)
+    with pytest.raises(InvalidRequest, match="rows"):
+        EncoderSettings(rows="sideways")  # type: ignore[arg-type]
     with pytest.raises(NotReady, match="provider"):
         Encoder.load(EncoderSettings(provider="NoSuchExecutionProvider"), artifacts=exported)
 
 
-def test_batch_equals_single_calls(fp32: Encoder, int8: Encoder) -> None:
+def test_batch_equals_single_calls(fp32: Encoder, int8: Encoder, exported: Artifacts) -> None:
     singles = np.stack([fp32.embed_one(t) for t in TEXTS])
     np.testing.assert_allclose(fp32.embed(TEXTS), singles, atol=1e-5)
-    # int8 activations are quantized per tensor, so a row depends (a little) on its neighbours
-    cos = cosines(int8.embed(TEXTS), np.stack([int8.embed_one(t) for t in TEXTS]))
-    assert cos.min() > INT8_MIN_COSINE
+    # int8 keeps rows apart by default: a prompt's embedding is exactly the same whatever its batch
+    assert int8.settings.apart
+    alone = np.stack([int8.embed_one(t) for t in TEXTS])
+    np.testing.assert_array_equal(int8.embed(TEXTS), alone)
+    np.testing.assert_array_equal(int8.embed([TEXTS[3], TEXTS[0]])[1], alone[0])
+    # on two threads the rows are spread over two 1-thread sessions: still each prompt alone
+    lanes = Encoder.load(EncoderSettings(precision="int8", intra_op_threads=2), artifacts=exported)
+    np.testing.assert_array_equal(lanes.embed(TEXTS), alone)
+    # one padded forward: activations quantized per tensor, so a row depends (a little) on its neighbours
+    together = Encoder.load(EncoderSettings(precision="int8", rows="together"), artifacts=exported)
+    cos = cosines(together.embed(TEXTS), alone)
+    assert cos.min() > INT8_MIN_COSINE and not np.array_equal(together.embed(TEXTS), alone)
 
 
 def test_micro_batcher_matches_single_calls_in_order(fp32: Encoder) -> None:

@@ -1,7 +1,8 @@
 """``triage bench encoder``: the encoder's latency and throughput, ONNX int8 / fp32 against PyTorch.
 
-All three contestants run in this process, in interleaved rounds whose contestant order rotates,
-so that machine noise falls on each alike:
+The contestants (ONNX int8 with each row its own forward, the default; int8 with a batch's rows in
+one padded forward; ONNX fp32; sentence-transformers on PyTorch) run in this process, in
+interleaved rounds whose contestant order rotates, so that machine noise falls on each alike:
 1. latency one prompt at a time, intra-op threads 1, for prompts of 16, 32, 128 and 512 tokens
    ([CLS]/[SEP] included; 512 is over the model's 256 and is truncated: head + tail for ONNX,
    head only for sentence-transformers);
@@ -9,7 +10,8 @@ so that machine noise falls on each alike:
    :class:`~classifiers.batching.MicroBatcher` (submit-to-result per request), threads 1;
 3. decisions per second, micro-batched, at ``throughput_tokens`` tokens: on one core (intra-op
    1), on two cores (intra-op 2), and (info) two 1-thread ONNX sessions side by side;
-4. agreement: cosine of int8 to fp32, of fp32 to PyTorch, and of int8 batched to int8 alone.
+4. agreement: cosine of int8 to fp32, of fp32 to PyTorch, and of int8 batched (rows apart and
+   together) to int8 alone.
 The CPU that other processes used during the run is reported: a busy machine slows every row.
 """
 
@@ -35,6 +37,7 @@ from classifiers.export import ensure_exported
 from eval.bench.encoder_backends import (
     ONNX_FP32,
     ONNX_INT8,
+    ONNX_INT8_TOGETHER,
     PYTORCH,
     Contestant,
     Forward,
@@ -72,7 +75,8 @@ def run(**kwargs: Any) -> dict[str, Any]:
     console = Console()
     console.print("exporting (or reusing) the ONNX models ...")
     art, built = ensure_exported()
-    contestants = [onnx_contestant(ONNX_INT8, art, "int8", (1, 2)), onnx_contestant(ONNX_FP32, art, "fp32", (1, 2))]
+    contestants = [onnx_contestant(ONNX_INT8, art, "int8", (1, 2)), onnx_contestant(ONNX_FP32, art, "fp32", (1, 2)),
+                   onnx_contestant(ONNX_INT8_TOGETHER, art, "int8", (1, 2), rows="together")]
     if opts.torch_baseline:
         contestants.append(torch_contestant((1, 2)))
     int8_alone = onnx_contestant("onnx-int8-b", art, "int8", (1,))
@@ -230,7 +234,9 @@ def _agreement(contestants: list[Contestant], prompts: dict[int, list[str]]) -> 
 
     pair("int8_vs_fp32", one[ONNX_INT8], one[ONNX_FP32])
     batched = np.concatenate([by[ONNX_INT8].forwards[1](prompts[n]) for n in sorted(prompts)])
-    pair("int8_batched_vs_int8_alone", batched, one[ONNX_INT8])
+    pair("int8_batched_vs_int8_alone", batched, one[ONNX_INT8])  # rows apart: 1.0
+    together = np.concatenate([by[ONNX_INT8_TOGETHER].forwards[1](prompts[n]) for n in sorted(prompts)])
+    pair("int8_together_batched_vs_int8_alone", together, one[ONNX_INT8])
     short = [i for i, t in enumerate(texts) if len(t.split()) + 2 <= 256]
     if PYTORCH in one:  # the 512-token prompts are truncated differently (head+tail vs head)
         pair("fp32_vs_pytorch", one[ONNX_FP32][short], one[PYTORCH][short])
