@@ -50,17 +50,24 @@ class View:
     up: bool = True  # available (a replica that is down is neither free nor worth waiting for)
 
 
+SCAN = 64  # waiting requests (the oldest) considered in one choice: bounds its cost on the event loop
+
+
 def choose(waiting: Sequence[Waiting], replicas: Sequence[View], now: float, *, max_skips: int, window_s: float,
            min_shared: int) -> list[tuple[int, int]]:
     """Which waiting requests (indices, in arrival order) go to which replicas now, by the rules
-    in the module's docstring. Each replica gets at most its free slots; a request at most once."""
+    in the module's docstring. Each replica gets at most its free slots; a request at most once.
+    Only the oldest :data:`SCAN` waiting requests are considered."""
     free = {r: v.free for r, v in enumerate(replicas) if v.up and v.free > 0}
-    left = list(range(len(waiting)))
+    left = list(range(min(len(waiting), SCAN)))
     skipped = [w.skipped for w in waiting]
     out: list[tuple[int, int]] = []
+    memo: dict[tuple[int, int], int] = {}
 
     def warmth(w: int, r: int) -> int:
-        return max((shared_tokens(waiting[w].key, k) for k in replicas[r].recent), default=0)
+        if (w, r) not in memo:
+            memo[w, r] = max((shared_tokens(waiting[w].key, k) for k in replicas[r].recent), default=0)
+        return memo[w, r]
 
     def give(w: int, r: int) -> None:
         out.append((w, r))
@@ -135,6 +142,7 @@ class Admission:
         self.clock = clock
         self._queue: list[_Entry] = []
         self._timer: asyncio.TimerHandle | None = None
+        self._views: list[View] = []
 
     @property
     def waiting(self) -> int:
@@ -171,6 +179,7 @@ class Admission:
             up = [True] * len(self.replicas)
         views = [View(max(0, self.slots - r.in_flight), tuple(reversed(r.recent)), ok)
                  for r, ok in zip(self.replicas, up, strict=True)]
+        self._views = views
         picks = choose([Waiting(e.key, e.arrived, e.skipped) for e in self._queue], views, now,
                        max_skips=self.max_skips, window_s=self.window_s, min_shared=self.min_shared)
         for i, entry in enumerate(self._queue):
@@ -188,10 +197,13 @@ class Admission:
         self._arm(now)
 
     def _arm(self, now: float) -> None:
-        """Wake up when the oldest held request's window ends."""
+        """Wake up when the oldest held request's window ends, if a replica that is up has a free
+        slot then (otherwise a release wakes the queue; a timer due now would only spin)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._queue and any(r.in_flight < self.slots for r in self.replicas):
-            due = min(e.arrived for e in self._queue) + self.window_s
-            self._timer = asyncio.get_running_loop().call_later(max(0.0, due - now), self._pump)
+        if not self._queue or not any(v.up and v.free for v in self._views):
+            return
+        due = min(e.arrived for e in self._queue[:SCAN]) + self.window_s
+        if due > now:
+            self._timer = asyncio.get_running_loop().call_later(due - now, self._pump)

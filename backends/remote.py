@@ -34,7 +34,7 @@ class RemoteBackend:
         a = spec.admission
         self.admission = None if a is None else Admission(
             self.replicas, slots=a.slots, max_skips=a.max_skips, window_ms=a.window_ms,
-            cached_prompts=a.cached_prompts or a.slots, min_shared_tokens=a.min_shared_tokens)
+            cached_prompts=a.cached_prompts or min(a.slots, 64), min_shared_tokens=a.min_shared_tokens)
         self._health_task: asyncio.Task[None] | None = None
 
     # -- transport primitives ------------------------------------------------------------
@@ -190,7 +190,12 @@ class RemoteBackend:
         """With ``admission``: wait for the replica slot the waiting room gives this call."""
         if self.admission is None:
             return None
-        return await self.admission.acquire(prompt_text(call.body), self.spec.timeouts.total_s)
+        try:
+            return await self.admission.acquire(prompt_text(call.body), self.spec.timeouts.total_s)
+        except UpstreamTimeout:
+            log.warning("admission_timeout", backend=self.name, request_id=call.request_id,
+                        waiting=self.admission.waiting, waited_s=self.spec.timeouts.total_s)
+            raise
 
     def _next(self, tried: set[str], affinity: str | None = None, slot: Slot | None = None) -> ReplicaState:
         """The first try goes to the admitted slot's replica; any other by the strategy."""

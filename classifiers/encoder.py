@@ -24,10 +24,10 @@ Rows. int8 activations are quantized at run time with one scale per tensor, so a
 run in a batch depends slightly on the other rows and on their padding (cosine to the same
 prompt alone 0.98-0.99): a decision would move with concurrent traffic. ``rows="apart"`` (the
 default for int8, ``rows="auto"``) runs every row of a call as its own forward, unpadded, so a
-prompt's embedding is the same whatever arrives with it. On one core that costs 15% of the
-batched throughput at 32 tokens and 32% at 16, and gains 10% at 128 (no padding, no attention
-over it); ``rows="together"`` (the default for fp32, whose rows do not depend on each other:
-differences ~1e-7) runs one padded forward.
+prompt's embedding is the same whatever arrives with it. On one core that costs about a fifth
+of the batched throughput on equal 32-token prompts (``triage bench encoder``) and gains on long
+or unequal ones (no padding, no attention over it); ``rows="together"`` (the default for fp32,
+whose rows do not depend on each other: differences ~1e-7) runs one padded forward.
 """
 
 from __future__ import annotations
@@ -98,14 +98,13 @@ class Encoder:
         self._cls, self._sep, self._pad = (self._special(t) for t in ("[CLS]", "[SEP]", "[PAD]"))
         self._session = ort.InferenceSession(str(model), _session_options(self.settings),
                                              providers=[self.settings.provider])
-        # rows apart on several CPU threads: one 1-thread session per thread, rows spread over them
-        # (one row is too small to split well over threads)
+        # rows apart on several CPU threads: a batch's rows spread over one 1-thread session per
+        # thread (a row is too small to split well over threads); a single prompt keeps the N-thread one
         self._lanes, self._pool = [self._session], None
         n = self.settings.intra_op_threads
         if self.settings.apart and n > 1 and self.settings.provider == CPU:
             one = _session_options(dataclasses.replace(self.settings, intra_op_threads=1))
             self._lanes = [ort.InferenceSession(str(model), one, providers=[CPU]) for _ in range(n)]
-            self._session = self._lanes[0]
             self._pool = ThreadPoolExecutor(n, thread_name_prefix="triage-encoder-lane")
         self._output = self._session.get_outputs()[0].name
         self.dim = int(self._session.get_outputs()[0].shape[-1])

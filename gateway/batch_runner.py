@@ -9,7 +9,6 @@ flight finish and count.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
@@ -49,12 +48,15 @@ class BatchRunner:
         self._wake.set()
 
     async def cancel(self, batch_id: str) -> dict[str, Any] | None:
-        """Stop starting the batch's requests; it ends ``cancelled`` with what finished."""
-        doc = await asyncio.to_thread(self.store.batch, batch_id)
-        if doc is None or doc["status"] not in ("validating", "in_progress"):
-            return doc
-        self._cancelled.add(batch_id)
-        doc = await self._update(batch_id, status="cancelling", cancelling_at=int(time.time()))
+        """Stop starting the batch's requests; it ends ``cancelled`` with what finished. A batch
+        already finalizing (or done) is not cancelled: the check and the write hold the lock."""
+        async with self._writing:
+            doc = await asyncio.to_thread(self.store.batch, batch_id)
+            if doc is None or doc["status"] not in ("validating", "in_progress"):
+                return doc
+            self._cancelled.add(batch_id)
+            doc.update(status="cancelling", cancelling_at=int(time.time()))
+            await asyncio.to_thread(self.store.save_batch, doc)
         self.wake()
         return doc
 
@@ -70,16 +72,20 @@ class BatchRunner:
             for doc in await asyncio.to_thread(self.store.active_batches):
                 try:
                     await self._process(doc["id"])
-                except (OSError, ValueError, KeyError, sqlite3.Error) as exc:  # that job fails; the others go on
-                    log.error("batch_failed", batch_id=doc["id"], error=str(exc))
+                except Exception as exc:  # that job fails (a disk, the store, a bug); the others go on
+                    log.error("batch_failed", batch_id=doc["id"], error=f"{type(exc).__name__}: {exc}")
                     await self._update(doc["id"], status="failed", failed_at=int(time.time()),
                                        errors=_errors([{"code": "batch_failed", "message": str(exc)}]))
             await self._wake.wait()
 
-    async def _update(self, batch_id: str, **fields: Any) -> dict[str, Any]:
-        async with self._writing:  # read-modify-write: a progress tick must not undo a cancel
+    async def _update(self, batch_id: str, counts: bool = False, **fields: Any) -> dict[str, Any]:
+        """Read-modify-write of a batch under the lock (a progress tick must not undo a cancel);
+        ``counts``: its request counts, read inside the lock too."""
+        async with self._writing:
             doc = await asyncio.to_thread(self.store.batch, batch_id)
             assert doc is not None
+            if counts:
+                fields["request_counts"] = await asyncio.to_thread(self.store.counts, batch_id)
             doc.update(fields)
             await asyncio.to_thread(self.store.save_batch, doc)
             return doc
@@ -145,6 +151,9 @@ class BatchRunner:
         except PolicyInvalid as exc:
             log.warning("batch_tokenizer_failed", batch_id=batch_id, problems=exc.problems)
             tokens, used = batch_tokens(policy, bodies, self.base_dir, tokens="approx")
+        except Exception as exc:  # a tokenizer library's own failure: order by approx instead
+            log.warning("batch_tokenizer_failed", batch_id=batch_id, problems=[f"{type(exc).__name__}: {exc}"])
+            tokens, used = batch_tokens(policy, bodies, self.base_dir, tokens="approx")
         log.info("batch_tokens", batch_id=batch_id, tokenizers=used)
         return tokens
 
@@ -164,8 +173,8 @@ class BatchRunner:
 
     async def _finalize(self, doc: dict[str, Any]) -> None:
         batch_id, now = doc["id"], int(time.time())
-        cancelled = doc["status"] == "cancelling" or batch_id in self._cancelled
         doc = await self._update(batch_id, status="finalizing", finalizing_at=now)
+        cancelled = batch_id in self._cancelled  # a cancel lands before that write, or sees "finalizing"
         fields: dict[str, Any] = {"request_counts": await asyncio.to_thread(self.store.counts, batch_id)}
         for state, key, purpose in (("done", "output_file_id", "batch_output"), ("error", "error_file_id",
                                                                                   "batch_output")):
@@ -190,7 +199,12 @@ async def in_order(items: Iterable[T], workers: int, fn: Callable[[T], Awaitable
             if not await fn(item):
                 return
 
-    await asyncio.gather(*(worker() for _ in range(workers)))
+    try:
+        async with asyncio.TaskGroup() as tg:  # one worker failing stops the others
+            for _ in range(workers):
+                tg.create_task(worker())
+    except ExceptionGroup as group:
+        raise group.exceptions[0] from None
 
 
 class _Progress:
@@ -203,8 +217,7 @@ class _Progress:
     async def tick(self, force: bool = False) -> None:
         if force or time.monotonic() - self.last >= self.every_s:
             self.last = time.monotonic()
-            counts = await asyncio.to_thread(self.runner.store.counts, self.batch_id)
-            await self.runner._update(self.batch_id, request_counts=counts)
+            await self.runner._update(self.batch_id, counts=True)
 
 
 def _decode(body: dict[str, Any]) -> int:

@@ -76,8 +76,8 @@ class Admission(Strict):
                                                "waiting request; then it goes first. 0: first come, first served")
     window_ms: float = Field(0.0, ge=0, description="how long a request may wait for a busy replica that holds its "
                                                    "prefix while another replica is free (0: never)")
-    cached_prompts: int | None = Field(None, ge=1, description="prompts a replica's cache is assumed to hold "
-                                                               "(default: slots)")
+    cached_prompts: int | None = Field(None, ge=1, le=64, description="prompts a replica's cache is assumed to "
+                                                                      "hold (default: slots, at most 64)")
     min_shared_tokens: int = Field(16, ge=1, description="shared prompt pieces (approx_tokens) that count as a hit")
 
 

@@ -187,3 +187,19 @@ def test_streams_and_failures_give_their_slot_back(gateway: Callable[..., Gatewa
         chunks = list(client.chat.completions.create(model="smollm2", max_tokens=2, messages=msg, stream=True))
         assert chunks
         assert client.chat.completions.create(model="smollm2", max_tokens=2, messages=msg).choices
+
+
+def test_no_timer_spins_when_only_a_replica_that_is_down_has_room() -> None:
+    async def main() -> None:
+        room = _room(replicas=2, window_ms=0)
+        room.replicas[1].state.ejected_until = room.clock() + 60  # down
+        first = await room.acquire(A + "one", 1.0)
+        waiter = asyncio.create_task(room.acquire(A + "two", 5.0))
+        await asyncio.sleep(0.01)
+        assert not waiter.done() and room._timer is None  # a release wakes it, not a timer due now
+        first.release()
+        second = await asyncio.wait_for(waiter, 1.0)
+        assert second.replica is first.replica
+        second.release()
+
+    asyncio.run(main())
