@@ -61,6 +61,7 @@ def create_app(settings: Settings) -> FastAPI:
         holder = RuntimeHolder(await runtime.build(policy, base_dir=settings.policy_path.parent))
         batches = await _batch_runner(policy, settings, holder)
         app.state.triage = GatewayState(holder, metrics, batches=batches)
+        metrics.watch_backends(lambda: holder.current.backends.items())
         reloader = Reloader(settings.policy_path, holder, metrics)
         app.state.reloader = reloader
         sighup = settings.handle_sighup and reloader.install_sighup()

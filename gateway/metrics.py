@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from backends.base import Attempt
 
@@ -36,5 +41,30 @@ class Metrics:
             if isinstance(count, int) and count >= 0:
                 self.tokens.labels(model, kind).inc(count)
 
+    def watch_backends(self, backends: Callable[[], Iterable[tuple[str, Any]]]) -> None:
+        """Gauges read at scrape time from the current backends: each admission waiting room's
+        queue and its requests in flight per replica."""
+        self.registry.register(_AdmissionCollector(backends))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _AdmissionCollector(Collector):
+    def __init__(self, backends: Callable[[], Iterable[tuple[str, Any]]]) -> None:
+        self.backends = backends
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        waiting = GaugeMetricFamily("triage_admission_waiting", "Requests waiting for a replica slot",
+                                    labels=["backend"])
+        busy = GaugeMetricFamily("triage_admission_in_flight", "Requests holding a replica slot",
+                                 labels=["backend", "replica"])
+        for name, backend in self.backends():
+            room = getattr(backend, "admission", None)
+            if room is None:
+                continue
+            waiting.add_metric([name], room.waiting)
+            for r in room.replicas:
+                busy.add_metric([name, r.state.api_base], r.in_flight)
+        yield waiting
+        yield busy

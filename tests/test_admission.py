@@ -187,6 +187,11 @@ def test_streams_and_failures_give_their_slot_back(gateway: Callable[..., Gatewa
         chunks = list(client.chat.completions.create(model="smollm2", max_tokens=2, messages=msg, stream=True))
         assert chunks
         assert client.chat.completions.create(model="smollm2", max_tokens=2, messages=msg).choices
+    with gw.http() as http:  # every slot handed back, nothing waiting
+        metrics = http.get("/metrics").text
+    assert 'triage_admission_waiting{backend="pool"} 0.0' in metrics
+    assert f'triage_admission_in_flight{{backend="pool",replica="{llama_server.api_base}"}} 0.0' in metrics
+    assert f'triage_admission_in_flight{{backend="pool",replica="{dead}"}} 0.0' in metrics
 
 
 def test_no_timer_spins_when_only_a_replica_that_is_down_has_room() -> None:
