@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 import orjson
 import structlog
@@ -15,6 +16,7 @@ from backends.base import Body, Kind
 from gateway import decide, typed
 from gateway.dispatch import Served, decide_route, dispatch
 from gateway.errors import (
+    ClientGone,
     InvalidRequest,
     ModelNotFound,
     NotFound,
@@ -31,6 +33,7 @@ from policies.schema import CascadeModel
 from policies.semantic import Route
 
 router = APIRouter()
+T = TypeVar("T")
 log = structlog.get_logger("triage.api")
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -71,6 +74,36 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(parts)
 
 
+async def _unless_gone(request: Request, work: Awaitable[T], every_s: float = 0.25) -> T:
+    """``work``, stopped if the client disconnects first: a request waiting for a replica slot, or
+    for an unstreamed answer, ends when nobody waits for it. The check starts after ``every_s``
+    and repeats (a timer, not a task: nothing on the fast path)."""
+    loop, me = asyncio.get_running_loop(), asyncio.current_task()
+    assert me is not None
+    state: dict[str, Any] = {"gone": False, "timer": None}
+
+    async def check() -> None:
+        if await request.is_disconnected():
+            state["gone"] = True
+            me.cancel()
+        else:
+            state["timer"] = loop.call_later(every_s, start)
+
+    def start() -> None:
+        state["timer"] = loop.create_task(check())
+
+    state["timer"] = loop.call_later(every_s, start)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if state["gone"]:
+            me.uncancel()
+            raise ClientGone("the client closed the connection before the answer was ready") from None
+        raise
+    finally:
+        state["timer"].cancel()
+
+
 def _state(request: Request) -> GatewayState:
     return request.app.state.triage
 
@@ -100,7 +133,7 @@ async def _generate(request: Request, kind: Kind) -> Response:
             body["model"] = vm.open  # untyped: served by the cascade model's open route
         route = await decide_route(ex.rt, kind, body)
         ex.route = route
-        served = await dispatch(ex.rt, kind, body, ex.request_id, ex.attempts, route)
+        served = await _unless_gone(request, dispatch(ex.rt, kind, body, ex.request_id, ex.attempts, route))
         ex.served, ex.backend, ex.replica = served.model, served.backend, served.replica
         headers = {"x-request-id": ex.request_id, "x-triage-model": served.model,
                    "x-triage-backend": served.backend}

@@ -42,6 +42,15 @@ class MalformedJSON(InvalidRequest):
     default_code = "invalid_json"
 
 
+class ClientGone(TriageError):
+    """The client closed the connection before the answer was ready (nginx's 499): the work for
+    it was stopped. Nobody reads this answer; the status is for logs and metrics."""
+
+    status = 499
+    type = "client_closed_request"
+    default_code = "client_closed_request"
+
+
 class Unauthorized(TriageError):
     status = 401
     type = "invalid_request_error"

@@ -208,3 +208,43 @@ def test_no_timer_spins_when_only_a_replica_that_is_down_has_room() -> None:
         second.release()
 
     asyncio.run(main())
+
+
+def test_a_client_that_gives_up_while_waiting_never_reaches_the_engine(gateway: Callable[..., Gateway]) -> None:
+    """The one slot is held by a request to a replica that accepts connections and never answers
+    (a listening socket nobody serves: a hung engine, which a real one cannot be made to be on
+    demand). A second request queues behind it and its client gives up: it must leave the queue."""
+    import socket
+
+    import httpx
+
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(8)
+    base = f"http://127.0.0.1:{hole.getsockname()[1]}/v1"
+    gw = gateway(pool_policy(base).replace("    retries:", "    admission: {slots: 1}\n    retries:").replace(
+        "interval_s: 0.5", "enabled: false"))
+    body = {"model": "smollm2", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi."}]}
+    with structlog.testing.capture_logs() as logs, gw.http() as http:
+        holder = threading.Thread(target=lambda: http.post("/v1/chat/completions", json=body,
+                                                           headers={"x-request-id": "held"}))
+        holder.start()
+        slot = f'triage_admission_in_flight{{backend="pool",replica="{base}"}} 1.0'
+        for _ in range(200):
+            if slot in http.get("/metrics").text:
+                break
+            threading.Event().wait(0.05)
+        with httpx.Client(base_url=gw.base_url) as other, pytest.raises(httpx.ReadTimeout):
+            other.post("/v1/chat/completions", json=body, headers={"x-request-id": "gone"}, timeout=0.3)
+        for _ in range(100):  # the gateway notices within a quarter of a second or so
+            if 'triage_admission_waiting{backend="pool"} 0.0' in http.get("/metrics").text:
+                break
+            threading.Event().wait(0.05)
+        hole.close()  # the hung engine goes away: the held request fails, the slot frees
+        holder.join()
+        metrics = http.get("/metrics").text
+    events = {e["request_id"]: e for e in logs if e.get("event") == "request"}
+    assert events["gone"]["status"] == 499 and events["gone"]["attempts"] == []  # never reached the engine
+    assert events["held"]["status"] == 502
+    assert 'triage_admission_waiting{backend="pool"} 0.0' in metrics
+    assert f'triage_admission_in_flight{{backend="pool",replica="{base}"}} 0.0' in metrics
