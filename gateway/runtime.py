@@ -6,6 +6,7 @@ once the last request that pinned the old runtime has finished.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -46,6 +47,11 @@ class Runtime:
 
     def ready(self) -> bool:
         return any(b.healthy() for b in self.backends.values())
+
+    @functools.cached_property
+    def admission(self) -> bool:
+        """A backend holds requests in a waiting room (``admission``)."""
+        return any(getattr(b, "admission", None) is not None for b in self.backends.values())
 
 
 def _key_hashes(policy: Policy) -> frozenset[str]:
