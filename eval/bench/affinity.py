@@ -42,7 +42,6 @@ from typing import Any
 import aiohttp
 import httpx
 import openai
-import orjson
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
@@ -50,7 +49,7 @@ from rich.table import Table
 from backends.gguf import smollm2_path
 from backends.prefix import ideal_reuse, reuse_in_order
 from backends.replicas import ReplicaSet, ReplicaState
-from eval.bench import meters, prefix
+from eval.bench import meters, prefix, report
 from eval.bench.overhead import machine
 from eval.bench.procs import HOST, Fleet, Proc, free_port
 
@@ -110,9 +109,7 @@ def run(**kwargs: Any) -> dict[str, Any]:
     result["summary"] = summary(result)
     result["verdict"] = verdict(result)
     render(console, result)
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    opts.out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
-    console.print(f"report: {opts.out}")
+    report.save(console, opts.out, result)
     return result
 
 

@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 from rich.console import Console
 
 from classifiers.batching import MicroBatcher
 from classifiers.encoder import Encoder, EncoderSettings
 from classifiers.export import ensure_exported
+from eval.bench import report
 from eval.bench.encoder_backends import (
     ONNX_FP32,
     ONNX_INT8,
@@ -114,9 +114,7 @@ def run(**kwargs: Any) -> dict[str, Any]:
     }
     result["goals"] = goals(result)
     render(console, result)
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    opts.out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-    console.print(f"report: {opts.out}")
+    report.save(console, opts.out, result)
     return result
 
 

@@ -32,7 +32,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from eval.bench import meters, prefix
+from eval.bench import meters, prefix, report
 from eval.bench.affinity import MODEL, start_pool
 from eval.bench.overhead import machine
 from eval.bench.procs import Fleet
@@ -78,9 +78,7 @@ def run(**kwargs: Any) -> dict[str, Any]:
         result["rounds"] = asyncio.run(_main(b"\n".join(lines), n_ctx, opts, Path(tmp), console))
     result["summary"] = summary(result["rounds"])
     render(console, result)
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    opts.out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
-    console.print(f"report: {opts.out}")
+    report.save(console, opts.out, result)
     return result
 
 

@@ -28,10 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 from rich.console import Console
 
-from eval.bench import meters
+from eval.bench import meters, report
 from eval.bench import profile as prof
 from eval.bench.load import BadAnswer, Sample, Target, closed_loop, sequential
 from eval.bench.procs import Fleet, Proc, StartFailed
@@ -72,9 +71,7 @@ def run(**kwargs: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="triage-bench-") as tmp:
         result = _run_loop(_main(opts, console, Path(tmp)))
     render(console, result)
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    opts.out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-    console.print(f"report: {opts.out}")
+    report.save(console, opts.out, result)
     return result
 
 

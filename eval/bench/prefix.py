@@ -37,14 +37,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 from rich.console import Console
 from rich.table import Table
 
 from backends import tokens as tokens_mod
 from backends.gguf import smollm2_path
 from backends.prefix import Group, Item, approx_tokens, flatten, ideal_reuse, plan, reuse_in_order
-from eval.bench import meters
+from eval.bench import meters, report
 from eval.bench.overhead import machine
 from eval.bench.procs import HOST, Fleet, Proc, free_port
 from eval.bench.report import goals_table
@@ -105,9 +104,7 @@ def run(**kwargs: Any) -> dict[str, Any]:
     _ratios(result)
     result["goals"] = goals(result)
     render(console, result)
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    opts.out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
-    console.print(f"report: {opts.out}")
+    report.save(console, opts.out, result)
     return result
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
+import orjson
 from rich.console import Console
 from rich.table import Table
 
@@ -14,6 +16,13 @@ from eval.bench.profile import NATIVE
 ADDED_P50_MAX_MS = 1.0
 ADDED_P50_MAX_RATIO = 0.3
 THROUGHPUT_MIN_RATIO = 3.0
+
+
+def save(console: Console, out: Path, result: dict[str, Any]) -> None:
+    """Write a benchmark's JSON report (numpy values too) and say where."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    console.print(f"report: {out}")
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
