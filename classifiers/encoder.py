@@ -22,12 +22,12 @@ which gives it one worker thread.
 
 Rows. int8 activations are quantized at run time with one scale per tensor, so an int8 row
 run in a batch depends slightly on the other rows and on their padding (cosine to the same
-prompt alone 0.98-0.99): a decision would move with concurrent traffic. ``rows="apart"`` (the
+prompt alone 0.97-0.99): a decision would move with concurrent traffic. ``rows="apart"`` (the
 default for int8, ``rows="auto"``) runs every row of a call as its own forward, unpadded, so a
-prompt's embedding is the same whatever arrives with it. On one core that costs about a fifth
-of the batched throughput on equal 32-token prompts (``triage bench encoder``) and gains on long
-or unequal ones (no padding, no attention over it); ``rows="together"`` (the default for fp32,
-whose rows do not depend on each other: differences ~1e-7) runs one padded forward.
+prompt's embedding is the same whatever arrives with it. That costs about a fifth of the
+micro-batched throughput on equal 32-token prompts (``triage bench encoder``: 100 against 130
+decisions/s on one core); ``rows="together"`` (the default for fp32, whose rows do not depend on
+each other: differences ~1e-7) runs one padded forward.
 """
 
 from __future__ import annotations
