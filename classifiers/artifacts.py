@@ -40,13 +40,14 @@ class ExportSettings:
     The graph takes ``input_ids`` and ``attention_mask`` (int64, ``[batch, seq]``, both axes
     dynamic) and returns ``sentence_embedding`` (float32, ``[batch, 384]``): mean pooling over
     the unmasked tokens and L2 normalisation are inside the graph, as in sentence-transformers'
-    Transformer -> Pooling(mean) -> Normalize pipeline.
+    Transformer -> Pooling(mean) -> Normalize pipeline; and ``token_embeddings`` (float32,
+    ``[batch, seq, 384]``, the last hidden state) for pooling parts of a prompt.
     """
 
     opset: int = 17
     fuse: bool = True  # ONNX Runtime's transformer fusions (Attention, SkipLayerNorm, BiasGelu)
     int8_per_channel: bool = True  # per-channel weight scales: cosine to fp32 ~0.99 against ~0.95
-    format_version: int = 1  # bump when the export code changes what it writes
+    format_version: int = 2  # bump when the export code changes what it writes (2: token embeddings out too)
 
 
 @dataclass(frozen=True)

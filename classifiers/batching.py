@@ -20,18 +20,17 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Generic, TypeVar
 
-import numpy as np
-
 from gateway.errors import InvalidRequest, NotReady
 
 T = TypeVar("T")
-Forward = Callable[[Sequence[T]], np.ndarray]
+R = TypeVar("R")  # one result per prompt: an embedding row, or the encoder's Reading
+Forward = Callable[[Sequence[T]], Sequence[R]]
 
 
 @dataclass
-class _Item(Generic[T]):
+class _Item(Generic[T, R]):
     text: T
-    future: asyncio.Future[np.ndarray]
+    future: asyncio.Future[R]
     arrived: float
 
 
@@ -48,8 +47,8 @@ class BatchStats:
         del self.sizes[:-1024]
 
 
-class MicroBatcher(Generic[T]):
-    def __init__(self, forward: Forward[T], *, max_batch: int = 16, max_wait_ms: float = 2.0,
+class MicroBatcher(Generic[T, R]):
+    def __init__(self, forward: Forward[T, R], *, max_batch: int = 16, max_wait_ms: float = 2.0,
                  thread_name: str = "triage-encoder") -> None:
         if max_batch < 1 or max_wait_ms < 0:
             raise InvalidRequest("micro-batching needs max_batch >= 1 and max_wait_ms >= 0")
@@ -57,7 +56,7 @@ class MicroBatcher(Generic[T]):
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000.0
         self._thread_name = thread_name
-        self._queue: asyncio.Queue[_Item[T] | None] | None = None
+        self._queue: asyncio.Queue[_Item[T, R] | None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
@@ -71,12 +70,12 @@ class MicroBatcher(Generic[T]):
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._thread_name)
             self._task = asyncio.get_running_loop().create_task(self._collect(), name=self._thread_name)
 
-    async def embed(self, text: T) -> np.ndarray:
-        """The embedding of one prompt, computed in a shared batch."""
+    async def embed(self, text: T) -> R:
+        """The forward's result for one prompt, computed in a shared batch."""
         self.start()
         assert self._queue is not None
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[np.ndarray] = loop.create_future()
+        fut: asyncio.Future[R] = loop.create_future()
         self._queue.put_nowait(_Item(text, fut, loop.time()))
         return await fut
 
@@ -94,7 +93,7 @@ class MicroBatcher(Generic[T]):
         finally:
             self._pool.shutdown(wait=True)
 
-    async def __aenter__(self) -> MicroBatcher[T]:
+    async def __aenter__(self) -> MicroBatcher[T, R]:
         self.start()
         return self
 
@@ -140,7 +139,7 @@ class MicroBatcher(Generic[T]):
                 batch.append(item)
             await self._run(batch)
 
-    async def _run(self, batch: list[_Item[T]]) -> None:
+    async def _run(self, batch: list[_Item[T, R]]) -> None:
         live = [it for it in batch if not it.future.done()]
         if not live:
             return

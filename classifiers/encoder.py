@@ -16,6 +16,16 @@ Text that is not valid Unicode (lone surrogates from ``surrogateescape`` decodin
 offending code points replaced by U+FFFD; ``bytes`` are decoded as UTF-8 with replacement. The
 empty prompt encodes as ``[CLS] [SEP]``.
 
+Parts of a prompt. ``read`` also returns, from the same forward, one embedding per sentence
+(the token embeddings of the sentence's word pieces, mean-pooled and L2-normalised: contextual,
+so not the embedding the sentence would get alone), the share of the prompt's word pieces that
+are foreign to the model's English vocabulary (continuation pieces ``##..``, [UNK], pieces
+outside ASCII) and the prompt's language (:mod:`classifiers.language`). Sentences end at ``.``,
+``!``, ``?``, ``:`` or ``;`` after two non-spaces and before a space, at a line break, and
+around brackets; a prompt of one sentence has no parts; of more than ``MAX_SEGMENTS``, the first
+and last halves of that many are kept (an instruction aimed at the router tends to sit at
+either end).
+
 Nothing is loaded at import. An :class:`Encoder` holds one ONNX Runtime session; calls from
 several threads are safe but compete for the same cores, so serve it through the micro-batcher,
 which gives it one worker thread.
@@ -32,7 +42,9 @@ each other: differences ~1e-7) runs one padded forward.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,11 +55,16 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from classifiers.artifacts import Artifacts, ExportSettings, Precision, locate
+from classifiers.artifacts import EXPORT_COMMAND, Artifacts, ExportSettings, Precision, locate
+from classifiers.language import UNKNOWN, detect
 from gateway.errors import InvalidRequest, NotReady
 
 CHARS_PER_TOKEN = 16
 CPU = "CPUExecutionProvider"
+MAX_SEGMENTS = 16
+MIN_SEGMENT_PIECES = 2
+# a sentence end after two non-spaces (so "A. 4" and "1. step" stay whole), a line break, brackets
+_BOUNDARY = re.compile(r"(?<=\S\S[.!?:;])\s+|\n+|\s+(?=[(\[{])|(?<=[)\]}])\s+")
 
 
 @dataclass(frozen=True)
@@ -82,6 +99,19 @@ class Encoded:
     ids: list[int]
     original_tokens: int  # word pieces of the full prompt plus two (after the character cut, if any)
     truncated: bool
+    segments: tuple[tuple[int, int], ...] = ()  # [start, end) positions in ``ids`` of each sentence (2+ only)
+    foreign: float = 0.0  # share of the word pieces foreign to the English vocabulary
+    language: str = UNKNOWN  # CLD2's reliable answer, else "un"
+
+
+@dataclass(frozen=True, eq=False)
+class Reading:
+    """What one forward gives for one prompt: its embedding, its sentences' and its foreign share."""
+
+    vector: np.ndarray  # (dim,), unit length
+    segments: np.ndarray  # (k, dim), unit length; k = 0 for a prompt of one sentence
+    foreign: float
+    language: str = UNKNOWN
 
 
 class Encoder:
@@ -96,6 +126,11 @@ class Encoder:
         self._tok.no_truncation()
         self._tok.no_padding()
         self._cls, self._sep, self._pad = (self._special(t) for t in ("[CLS]", "[SEP]", "[PAD]"))
+        vocab = self._tok.get_vocab()
+        self._foreign = np.zeros(max(vocab.values()) + 1, dtype=bool)
+        for piece, i in vocab.items():
+            self._foreign[i] = piece.startswith("##") or not piece.isascii()
+        self._foreign[self._special("[UNK]")] = True
         self._session = ort.InferenceSession(str(model), _session_options(self.settings),
                                              providers=[self.settings.provider])
         # rows apart on several CPU threads: a batch's rows spread over one 1-thread session per
@@ -106,8 +141,11 @@ class Encoder:
             one = _session_options(dataclasses.replace(self.settings, intra_op_threads=1))
             self._lanes = [ort.InferenceSession(str(model), one, providers=[CPU]) for _ in range(n)]
             self._pool = ThreadPoolExecutor(n, thread_name_prefix="triage-encoder-lane")
-        self._output = self._session.get_outputs()[0].name
-        self.dim = int(self._session.get_outputs()[0].shape[-1])
+        outputs = self._session.get_outputs()
+        if len(outputs) < 2:
+            raise NotReady(f"encoder export {model.parent} has no token output: re-export with `{EXPORT_COMMAND}`")
+        self._output, self._tokens = outputs[0].name, outputs[1].name
+        self.dim = int(outputs[0].shape[-1])
 
     @classmethod
     def load(
@@ -139,42 +177,63 @@ class Encoder:
         window = CHARS_PER_TOKEN * self.slots
         if len(clean) > 2 * window:
             clean = f"{clean[:window]} {clean[-window:]}"
-        pieces = self._tok.encode(clean, add_special_tokens=False).ids
+        encoding = self._tok.encode(clean, add_special_tokens=False)
+        pieces, starts = encoding.ids, [a for a, _ in encoding.offsets]
         original = len(pieces) + 2
+        foreign = float(self._foreign[pieces].mean()) if pieces else 0.0
         if len(pieces) > self.slots:
             tail = self.slots // 2
-            pieces = pieces[: self.slots - tail] + (pieces[-tail:] if tail else [])
+            keep = self.slots - tail
+            pieces = pieces[:keep] + (pieces[-tail:] if tail else [])
+            starts = starts[:keep] + (starts[-tail:] if tail else [])
         return Encoded(ids=[self._cls, *pieces, self._sep], original_tokens=original,
-                       truncated=original > self.settings.max_tokens)
+                       truncated=original > self.settings.max_tokens, segments=_segments(clean, starts),
+                       foreign=foreign, language=detect(clean))
 
     def embed(self, texts: Sequence[str | bytes]) -> np.ndarray:
         """Embeddings of ``texts`` in order: float32 ``[len(texts), dim]``, unit length. One forward,
         or one per row when the settings keep rows apart."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        rows = [self.encode(t).ids for t in texts]
+        return np.stack([r.vector for r in self._run([self.encode(t) for t in texts], parts=False)])
+
+    def read(self, texts: Sequence[str | bytes]) -> list[Reading]:
+        """Each prompt's embedding, its sentences' embeddings and its foreign share (see the module)."""
+        return self._run([self.encode(t) for t in texts], parts=True) if texts else []
+
+    def _run(self, rows: list[Encoded], parts: bool) -> list[Reading]:
         if not self.settings.apart or len(rows) == 1:
-            return self._forward(rows, self._session)
+            return self._forward(rows, self._session, parts)
         if self._pool is None:
-            return np.concatenate([self._forward([r], self._session) for r in rows])
+            return [r for row in rows for r in self._forward([row], self._session, parts)]
         lanes = len(self._lanes)
-        parts = list(self._pool.map(lambda k: [self._forward([r], self._lanes[k]) for r in rows[k::lanes]],
-                                    range(lanes)))
-        out = np.empty((len(rows), self.dim), dtype=np.float32)
-        for k, part in enumerate(parts):
-            if part:
-                out[k::lanes] = np.concatenate(part)
+        done = list(self._pool.map(lambda k: [self._forward([r], self._lanes[k], parts)[0] for r in rows[k::lanes]],
+                                   range(lanes)))
+        out: list[Reading] = [None] * len(rows)  # type: ignore[list-item]
+        for k, part in enumerate(done):
+            out[k::lanes] = part
         return out
 
-    def _forward(self, rows: list[list[int]], session: ort.InferenceSession) -> np.ndarray:
-        width = max(len(r) for r in rows)
+    def _forward(self, rows: list[Encoded], session: ort.InferenceSession, parts: bool) -> list[Reading]:
+        width = max(len(r.ids) for r in rows)
         ids = np.full((len(rows), width), self._pad, dtype=np.int64)
         mask = np.zeros((len(rows), width), dtype=np.int64)
         for i, r in enumerate(rows):
-            ids[i, : len(r)] = r
-            mask[i, : len(r)] = 1
-        (out,) = session.run([self._output], {"input_ids": ids, "attention_mask": mask})
-        return np.asarray(out, dtype=np.float32)
+            ids[i, : len(r.ids)] = r.ids
+            mask[i, : len(r.ids)] = 1
+        wanted = [self._output, self._tokens] if parts and any(r.segments for r in rows) else [self._output]
+        out = session.run(wanted, {"input_ids": ids, "attention_mask": mask})
+        vectors = np.asarray(out[0], dtype=np.float32)
+        none = np.zeros((0, self.dim), dtype=np.float32)
+        readings = []
+        for i, r in enumerate(rows):
+            segments = none
+            if len(out) > 1 and r.segments:
+                tokens = np.asarray(out[1][i], dtype=np.float32)
+                pooled = np.stack([tokens[a:b].mean(axis=0) for a, b in r.segments])
+                segments = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-9)
+            readings.append(Reading(vectors[i], segments, r.foreign, r.language))
+        return readings
 
     def embed_one(self, text: str | bytes) -> np.ndarray:
         return self.embed([text])[0]
@@ -189,6 +248,27 @@ def _session_options(settings: EncoderSettings) -> ort.SessionOptions:
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.spin else "0")
     opts.log_severity_level = 3
     return opts
+
+
+def _segments(text: str, starts: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """Sentence spans over the kept word pieces (positions in ``ids``, after [CLS]); empty for one."""
+    bounds = [m.end() for m in _BOUNDARY.finditer(text)]
+    if not bounds or not starts:
+        return ()
+    spans: list[tuple[int, int]] = []
+    current, first = bisect.bisect_right(bounds, starts[0]), 0
+    for j in range(1, len(starts) + 1):
+        here = bisect.bisect_right(bounds, starts[j]) if j < len(starts) else -1
+        if here != current:
+            if j - first >= MIN_SEGMENT_PIECES:
+                spans.append((first + 1, j + 1))
+            current, first = here, j
+    if len(spans) < 2:
+        return ()
+    if len(spans) > MAX_SEGMENTS:
+        half = MAX_SEGMENTS // 2
+        spans = spans[:half] + spans[-half:]
+    return tuple(spans)
 
 
 def _clean(text: str | bytes) -> str:

@@ -7,7 +7,8 @@ importing this module stays cheap and serving never imports torch. Run it ahead 
 Steps, in a temporary directory renamed into place at the end (so a crashed or concurrent export
 never leaves a half-written cache entry):
 1. ``torch.onnx.export`` (the TorchScript exporter, opset 17, dynamic batch and sequence axes) of
-   BERT + mean pooling + L2 normalisation, so the graph outputs the sentence embedding itself;
+   BERT + mean pooling + L2 normalisation, so the graph outputs the sentence embedding itself
+   (and, second, the unpooled token embeddings, which the guard pools per sentence);
 2. ONNX Runtime's transformer fusions (Attention, EmbedLayerNorm, SkipLayerNorm, BiasGelu);
 3. ``quantize_dynamic``: int8 weights with per-channel scales, uint8 activations quantized at
    run time; the fused Attention becomes QAttention;
@@ -47,6 +48,7 @@ from gateway.errors import NotReady
 
 INPUTS = ("input_ids", "attention_mask")
 OUTPUT = "sentence_embedding"
+TOKENS = "token_embeddings"  # the last hidden state, unpooled: the guard pools it per sentence
 FP32_MIN_COSINE = 0.999
 VERSIONED = ("torch", "transformers", "onnx", "onnxruntime", "onnxruntime-gpu")
 PROBES = (
@@ -119,6 +121,7 @@ def _export_into(src: Path, out: Path, opts: ExportSettings) -> dict[str, Any]:
         "max_position_embeddings": int(bert.config.max_position_embeddings),
         "inputs": list(INPUTS),
         "output": OUTPUT,
+        "token_output": TOKENS,
         "pooling": "mean over attention_mask, then L2 normalisation (in the graph)",
         "min_cosine_vs_pytorch": cosines,
         "versions": {name: _version(name) for name in VERSIONED},
@@ -137,7 +140,7 @@ def _pooled(torch: Any, bert: Any) -> Any:
             ).last_hidden_state
             mask = attention_mask.unsqueeze(-1).to(tokens.dtype)
             pooled = (tokens * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            return torch.nn.functional.normalize(pooled, p=2.0, dim=1)
+            return torch.nn.functional.normalize(pooled, p=2.0, dim=1), tokens
 
     return Pooled().eval()
 
@@ -160,10 +163,12 @@ def _torch_export(torch: Any, model: Any, path: Path, opset: int) -> None:
     axes = {"batch": 0, "seq": 1}
     dynamic = {name: {v: k for k, v in axes.items()} for name in INPUTS}
     dynamic[OUTPUT] = {0: "batch"}
+    dynamic[TOKENS] = {0: "batch", 1: "seq"}
     with _quiet(), torch.no_grad():
         torch.onnx.export(
-            model, (ids, (ids != 0).to(torch.int64)), str(path), input_names=list(INPUTS), output_names=[OUTPUT],
-            dynamic_axes=dynamic, opset_version=opset, do_constant_folding=True, dynamo=False,
+            model, (ids, (ids != 0).to(torch.int64)), str(path), input_names=list(INPUTS),
+            output_names=[OUTPUT, TOKENS], dynamic_axes=dynamic, opset_version=opset, do_constant_folding=True,
+            dynamo=False,
         )
 
 
@@ -206,7 +211,7 @@ def _check(torch: Any, model: Any, src: Path, out: Path) -> dict[str, float]:
         ids = np.array([tok.encode(text).ids], dtype=np.int64)
         mask = np.ones_like(ids)
         with torch.no_grad():
-            ref = model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()[0]
+            ref = model(torch.from_numpy(ids), torch.from_numpy(mask))[0].numpy()[0]
         for p, sess in sessions.items():
             got = sess.run([OUTPUT], {"input_ids": ids, "attention_mask": mask})[0][0]
             worst[p] = min(worst[p], float(np.dot(ref, got) / (np.linalg.norm(ref) * np.linalg.norm(got))))

@@ -6,20 +6,18 @@ missing artifact is a clear start-up error naming the file and the command that 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from classifiers.encoder import Encoder, EncoderSettings
+from classifiers.encoder import Encoder, EncoderSettings, Reading
+from classifiers.guard import INJECTION, Familiarity, Reference, injection_prediction
 from classifiers.heads import LinearHead, Prediction
 from classifiers.options import OPTIONS, OptionHead
 from gateway.errors import NotReady
 from policies.schema import Classifier as ClassifierConfig
-
-REFERENCE = "reference"
 
 
 def artifacts_dir(cfg: ClassifierConfig, policy_dir: Path) -> Path:
@@ -31,50 +29,12 @@ def data_dir(cfg: ClassifierConfig, policy_dir: Path) -> Path:
 
 
 @dataclass(frozen=True)
-class Familiarity:
-    """How close a prompt is to anything the heads were trained on (max cosine similarity)."""
-
-    similarity: float
-    threshold: float
-
-    @property
-    def in_distribution(self) -> bool:
-        return self.similarity >= self.threshold
-
-
-@dataclass(frozen=True)
 class Classification:
     heads: dict[str, Prediction]
     familiarity: Familiarity
     tokens: int
     truncated: bool
     latency_ms: float
-
-
-class Reference:
-    """A sample of training embeddings and the similarity below which a prompt is unfamiliar."""
-
-    def __init__(self, vectors: np.ndarray, threshold: float) -> None:
-        self.vectors = vectors.astype(np.float32)
-        self.threshold = threshold
-
-    def familiarity(self, x: np.ndarray) -> np.ndarray:
-        return (np.atleast_2d(x) @ self.vectors.T).max(axis=1)
-
-    def save(self, directory: Path, meta: dict[str, object]) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        np.savez(directory / f"{REFERENCE}.npz", vectors=self.vectors.astype(np.float16))
-        (directory / f"{REFERENCE}.json").write_text(json.dumps({"threshold": self.threshold, **meta}, indent=2))
-
-    @classmethod
-    def load(cls, directory: Path, hint: str) -> Reference:
-        doc, arr = directory / f"{REFERENCE}.json", directory / f"{REFERENCE}.npz"
-        for path in (doc, arr):
-            if not path.is_file():
-                raise NotReady(f"classifier artifact {path} is missing: build it with `{hint}`")
-        with np.load(arr, allow_pickle=False) as a:
-            vectors = a["vectors"].astype(np.float32)
-        return cls(vectors, float(json.loads(doc.read_text())["threshold"]))
 
 
 class Classifier:
@@ -105,16 +65,22 @@ class Classifier:
                            f"retrain with `{hint}`")
         return cls(encoder, heads, reference, options)
 
-    def classify_vectors(self, x: np.ndarray) -> list[tuple[dict[str, Prediction], Familiarity]]:
-        per_head = {name: head.predict(x) for name, head in self.heads.items()}
-        sims = self.reference.familiarity(x)
-        return [({name: preds[i] for name, preds in per_head.items()},
-                 Familiarity(float(sims[i]), self.reference.threshold)) for i in range(len(x))]
+    def classify_readings(self, readings: list[Reading]) -> list[tuple[dict[str, Prediction], Familiarity]]:
+        """Every head's answer and the guard's for each prompt (the injection head reads sentences too)."""
+        x = np.stack([r.vector for r in readings]) if readings else np.zeros((0, self.encoder.dim), np.float32)
+        per_head = {name: head.predict(x) for name, head in self.heads.items() if name != INJECTION}
+        injection = self.heads.get(INJECTION)
+        out = []
+        for i, (reading, fam) in enumerate(zip(readings, self.reference.familiarity(readings), strict=True)):
+            heads = {name: preds[i] for name, preds in per_head.items()}
+            if injection is not None:
+                heads[INJECTION] = injection_prediction(injection, reading)
+            out.append((heads, fam))
+        return out
 
     def classify(self, text: str | bytes) -> Classification:
         t0 = time.perf_counter()
         encoded = self.encoder.encode(text)
-        x = self.encoder.embed([text])
-        [(heads, fam)] = self.classify_vectors(x)
+        [(heads, fam)] = self.classify_readings(self.encoder.read([text]))
         return Classification(heads, fam, encoded.original_tokens, encoded.truncated,
                               (time.perf_counter() - t0) * 1000)

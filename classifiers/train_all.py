@@ -6,6 +6,7 @@ part of them, and measured on ``test`` rows only.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Callable
@@ -18,11 +19,13 @@ from backends.gguf import cache_dir
 from classifiers import datasets
 from classifiers.artifacts import locate
 from classifiers.calibration import auroc, ece
-from classifiers.encoder import Encoder, EncoderSettings
+from classifiers.encoder import Encoder, EncoderSettings, Reading
+from classifiers.guard import FOREIGN_QUANTILE, INJECTION, SIMILARITY_QUANTILE
+from classifiers.guard_training import ProbeResult, fit_injection, fit_reference, probe
 from classifiers.heads import LinearHead
 from classifiers.options import OPTIONS
 from classifiers.options_training import OptionsFit, SetResult, train_options
-from classifiers.service import Reference, artifacts_dir, data_dir
+from classifiers.service import artifacts_dir, data_dir
 from classifiers.training import fit_head, held_back
 from policies.schema import Classifier as ClassifierConfig
 
@@ -44,8 +47,9 @@ class HeadResult:
 @dataclass
 class TrainReport:
     heads: list[HeadResult]
-    ood_threshold: float
-    ood_caught: dict[str, float]  # share of each kind of probe (classifiers/data/ood_probe.jsonl) flagged
+    ood_threshold: float  # similarity under which a prompt is unfamiliar
+    foreign_threshold: float  # share of foreign word pieces over which it is
+    probes: list[ProbeResult]  # the guard on the probe sets (classifiers/data/ood_probe*.jsonl)
     seconds: float
 
 
@@ -69,34 +73,52 @@ def _splits(name: str, cfg: ClassifierConfig) -> tuple[str, str]:
 
 
 class EmbeddingCache:
-    """Embeddings by SHA-1 of the text, for one encoder export and precision, kept on disk so a
-    re-run (other C, other heads) does not embed the same rows again."""
+    """Readings (embedding, sentence embeddings, foreign share, language) by SHA-1 of the text, for one encoder
+    export and precision, kept on disk so a re-run (other C, other heads) does not embed the same
+    rows again. Sentence embeddings are stored as float16."""
 
     def __init__(self, encoder: Encoder, path: Path | None) -> None:
         self.encoder = encoder
         self.path = path
-        self.rows: dict[bytes, np.ndarray] = {}
+        self.rows: dict[bytes, Reading] = {}
         if path is not None and path.is_file():
             with np.load(path, allow_pickle=False) as a:
-                self.rows = dict(zip((bytes(k) for k in a["keys"]), a["vectors"], strict=True))
+                ends = np.cumsum(a["counts"])
+                parts = np.split(a["segments"].astype(np.float32), ends[:-1]) if len(ends) else []
+                # a cache written before languages were kept: found again as rows are read
+                languages = a["languages"] if "languages" in a.files else [""] * len(ends)
+                self.rows = {bytes(k): Reading(v, seg, float(f), str(lang)) for k, v, seg, f, lang
+                             in zip(a["keys"], a["vectors"], parts, a["foreign"], languages, strict=True)}
 
-    def embed(self, texts: list[str], batch: int = 64) -> np.ndarray:
+    def read(self, texts: list[str], batch: int = 64) -> list[Reading]:
         keys = [hashlib.sha1(t.encode("utf-8", "replace")).digest() for t in texts]
         missing = sorted({k: t for k, t in zip(keys, texts, strict=True) if k not in self.rows}.items(),
                          key=lambda kv: len(kv[1]))  # similar lengths share a batch
         for start in range(0, len(missing), batch):
             part = missing[start : start + batch]
-            for (k, _), v in zip(part, self.encoder.embed([t for _, t in part]), strict=True):
-                self.rows[k] = v
-        return np.array([self.rows[k] for k in keys], dtype=np.float32).reshape(len(texts), self.encoder.dim)
+            for (k, _), r in zip(part, self.encoder.read([t for _, t in part]), strict=True):
+                self.rows[k] = r
+        for k, t in zip(keys, texts, strict=True):
+            if not self.rows[k].language:
+                self.rows[k] = dataclasses.replace(self.rows[k], language=self.encoder.encode(t).language)
+        return [self.rows[k] for k in keys]
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        readings = self.read(texts)
+        return np.array([r.vector for r in readings], dtype=np.float32).reshape(len(texts), self.encoder.dim)
 
     def save(self) -> None:
         if self.path is None or not self.rows:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        rows = list(self.rows.values())
         keys = np.array([np.frombuffer(k, dtype=np.uint8) for k in self.rows])
         tmp = self.path.with_suffix(".tmp.npz")
-        np.savez(tmp, keys=keys, vectors=np.array(list(self.rows.values()), dtype=np.float32))
+        np.savez(tmp, keys=keys, vectors=np.array([r.vector for r in rows], dtype=np.float32),
+                 foreign=np.array([r.foreign for r in rows], dtype=np.float32),
+                 languages=np.array([r.language for r in rows], dtype="<U8"),
+                 counts=np.array([len(r.segments) for r in rows], dtype=np.int32),
+                 segments=np.concatenate([r.segments for r in rows]).astype(np.float16))
         tmp.replace(self.path)
 
 
@@ -113,12 +135,15 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
     encoder = Encoder.load(settings, artifacts=art)
     tag = f"{art.key}-{e.precision}-{e.max_tokens}" + ("-apart" if settings.apart else "")  # batched int8 rows differ
     cache = EmbeddingCache(encoder, cache_dir() / "embeddings" / f"{tag}.npz")
-    results, refs, held = [], [], []
-    for name in [name for name in [*cfg.heads, *cfg.tasks] if name != OPTIONS]:
+    results: list[HeadResult] = []
+    refs: list[np.ndarray] = []
+    held: list[np.ndarray] = []
+    for name in [name for name in [*cfg.heads, *cfg.tasks] if name not in (OPTIONS, INJECTION)]:
         fit_split, test_split = _splits(name, cfg)
         rows = _rows(name, cfg, root, fit_split, limit)
         say(f"{name}: embedding {len(rows)} {fit_split} rows")
-        x = cache.embed(rows.texts)
+        readings = cache.read(rows.texts)
+        x = np.stack([r.vector for r in readings])
         head, _ = fit_head(name, x, rows.labels, rows.ids)  # unweighted: P(pays) stays a probability
         task = cfg.tasks.get(name)
         if task is not None and task.out_of_scope in head.classes:
@@ -133,6 +158,15 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
         say(f"{name}: measuring on {len(test)} {test_split} rows")
         results.append(measure(head, cache.embed(test.texts), test.labels, cfg.tasks.get(name)))
         cache.save()
+    ordinary_test = _ordinary(cfg, root, "test", limit)
+    if INJECTION in cfg.heads:
+        say("injection: generating router-aimed prompts, embedding them and every head's training prompts")
+        fit = fit_injection(cache, _ordinary(cfg, root, "fit", limit), ordinary_test, limit)
+        fit.head.save(out)
+        results.append(HeadResult(INJECTION, int(fit.head.meta["fit_rows"]), fit.test_rows, 1.0 - fit.false_flags,
+                                  fit.ece, fit.ece_uncalibrated,
+                                  {"false_flags": fit.false_flags, "threshold": float(fit.head.meta["threshold"])}))
+        cache.save()
     if OPTIONS in cfg.heads:  # the option scorer: its own artifact and its own embedding cache file
         assert cache.path is not None
         options_cache = EmbeddingCache(encoder, cache.path.with_name(f"{cache.path.stem}-options.npz"))
@@ -142,14 +176,33 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
         if not refs:  # only the option head: its questions are the familiarity reference
             refs.append(fitted.fitted[:: max(1, len(fitted.fitted) // 1500)])
             held.append(fitted.held)
-    reference = np.vstack(refs)
-    sims = (np.vstack(held) @ reference.T).max(axis=1)
-    threshold = float(np.quantile(sims, 0.01))  # 99% of held-out in-distribution prompts pass
-    Reference(reference, threshold).save(out, {"rows": len(reference), "quantile": 0.01})
+    ordinary = _ordinary(cfg, root, "fit", limit)
+    calib = held_back(ordinary.ids, 0.2)
+    foreign = [encoder.encode(t).foreign for t, c in zip(ordinary.texts, calib, strict=True) if c]
+    reference = fit_reference(np.vstack(refs), np.vstack(held), np.array(foreign))
+    reference.save(out, {"rows": len(reference.vectors), "quantile": SIMILARITY_QUANTILE,
+                         "foreign_quantile": FOREIGN_QUANTILE})
     cache.save()
     category = LinearHead.load(out, "category") if "category" in cfg.heads else None
-    caught = probe_ood(cache, reference, threshold, category)
-    return TrainReport(results, threshold, caught, time.perf_counter() - t0)
+    injection = LinearHead.load(out, INJECTION) if INJECTION in cfg.heads else None
+    probes = probe(cache, reference, category, injection, ordinary_test)
+    cache.save()
+    return TrainReport(results, reference.threshold, reference.foreign_threshold, probes,
+                       time.perf_counter() - t0)
+
+
+def _ordinary(cfg: ClassifierConfig, root: Path, which: str, limit: int | None) -> datasets.Rows:
+    """Ordinary prompts (the injection head's negatives): every other head's rows of one side."""
+    out = datasets.Rows()
+    for name in ["question_type", "category", "reasoning", *cfg.tasks]:
+        fit_split, test_split = _splits(name, cfg)
+        try:
+            rows = _rows(name, cfg, root, fit_split if which == "fit" else test_split, limit)
+        except FileNotFoundError:
+            continue
+        for t, i in zip(rows.texts, rows.ids, strict=True):
+            out.add(t, "prompt", i)
+    return out
 
 
 def option_results(fitted: OptionsFit, measured: list[SetResult]) -> list[HeadResult]:
@@ -158,23 +211,6 @@ def option_results(fitted: OptionsFit, measured: list[SetResult]) -> list[HeadRe
     return [HeadResult(f"{OPTIONS}/{r.name}", fit_rows.get(r.qtype, 0), r.n, r.accuracy, r.ece, r.ece_uncalibrated,
                        {"chance": r.chance, **({"majority": r.majority} if r.majority is not None else {})})
             for r in measured]
-
-
-def probe_ood(cache: EmbeddingCache, reference: np.ndarray, threshold: float,
-              category: LinearHead | None, min_confidence: float = 0.5) -> dict[str, float]:
-    """The share of each kind of out-of-distribution probe that is caught: flagged unfamiliar,
-    or (with a category head) given a category confidence under ``min_confidence``, which a
-    semantic model with that ``min_confidence`` escalates. Both shares are reported."""
-    rows = list(datasets.read_jsonl(Path(__file__).parent / "data" / "ood_probe.jsonl"))
-    x = cache.embed([r["text"] for r in rows])
-    unfamiliar = (x @ reference.T).max(axis=1) < threshold
-    doubtful = category.proba(x).max(axis=1) < min_confidence if category is not None else unfamiliar
-    out: dict[str, float] = {}
-    for kind in sorted({r["kind"] for r in rows}):
-        mask = np.array([r["kind"] == kind for r in rows])
-        out[f"{kind}: unfamiliar"] = float(unfamiliar[mask].mean())
-        out[f"{kind}: unfamiliar or doubtful"] = float((unfamiliar | doubtful)[mask].mean())
-    return out
 
 
 def fit_oos_threshold(head: LinearHead, x: np.ndarray, labels: list[str], oos: str) -> float | None:

@@ -7,10 +7,9 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from backends.base import Body, Kind
 from classifiers.batching import MicroBatcher
+from classifiers.encoder import Reading
 from classifiers.service import Classifier, artifacts_dir
 from gateway.messages import text as message_text
 from policies.schema import Classifier as ClassifierConfig
@@ -24,7 +23,7 @@ class Encoding:
 
     config: ClassifierConfig
     classifier: Classifier
-    batcher: MicroBatcher[str]
+    batcher: MicroBatcher[str, Reading]
     signature: tuple[tuple[str, int], ...]  # the artifacts as loaded: retrained heads differ
 
     @classmethod
@@ -32,7 +31,7 @@ class Encoding:
         signature = artifacts_signature(config, policy_dir)
         clf = await asyncio.to_thread(Classifier.load, config, policy_dir)
         e = config.encoder
-        batcher: MicroBatcher[str] = MicroBatcher(clf.encoder.embed, max_batch=e.batch_max_size,
+        batcher: MicroBatcher[str, Reading] = MicroBatcher(clf.encoder.read, max_batch=e.batch_max_size,
                                                   max_wait_ms=e.batch_max_wait_ms)
         return cls(config, clf, batcher, signature)
 
@@ -42,10 +41,10 @@ class Encoding:
     async def route(self, vm: SemanticModel, kind: Kind, body: Body) -> Route:
         last, earlier = _turns(kind, body)
         if is_follow_up(vm, last, len(earlier)):
-            vectors = await asyncio.gather(self.batcher.embed(last), self.batcher.embed("\n".join(earlier)))
-            (own, own_fam), (prev, prev_fam) = self.classifier.classify_vectors(np.vstack(vectors))
+            readings = await asyncio.gather(self.batcher.embed(last), self.batcher.embed("\n".join(earlier)))
+            (own, own_fam), (prev, prev_fam) = self.classifier.classify_readings(list(readings))
             return decide_turns(vm, (own, own_fam.in_distribution), (prev, prev_fam.in_distribution))
-        [(heads, fam)] = self.classifier.classify_vectors(np.vstack([await self.batcher.embed(last)]))
+        [(heads, fam)] = self.classifier.classify_readings([await self.batcher.embed(last)])
         return decide(vm, heads, fam.in_distribution)
 
 

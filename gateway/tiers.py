@@ -61,14 +61,14 @@ async def _encoder(rt: Runtime, q: Question) -> TierAnswer | str:
             return f"no head for task '{q.task}'"
         if any(o not in head.classes for o in q.options):
             return f"the options are not all labels of task '{q.task}'"
-        vec = await enc.batcher.embed(_question_text(q))
+        vec = (await enc.batcher.embed(_question_text(q))).vector
         by_label = dict(zip(head.classes, head.proba(vec[None, :])[0], strict=True))
         return TierAnswer(scores=_log(np.array([by_label[o] for o in q.options])))
     options = clf.options
     if options is None or q.type not in options.types:
         return f"no option scorer for {q.type} questions"
-    vectors = await asyncio.gather(enc.batcher.embed(_question_text(q)), *(enc.batcher.embed(o) for o in q.options))
-    probs = options.proba(q.type, vectors[0], np.vstack(vectors[1:]))
+    readings = await asyncio.gather(enc.batcher.embed(_question_text(q)), *(enc.batcher.embed(o) for o in q.options))
+    probs = options.proba(q.type, readings[0].vector, np.vstack([r.vector for r in readings[1:]]))
     return TierAnswer(scores=_log(probs))
 
 

@@ -209,6 +209,9 @@ class SemanticModel(Strict):
     min_confidence: float = Field(0.0, ge=0, le=1, description="category confidence below which to escalate")
     escalate_to: str | None = None
     unfamiliar: str | None = Field(None, description="fixed route for out-of-distribution prompts")
+    injection: str | None = Field(
+        None, description="fixed route for prompts addressed to the router (the `injection` head says so); "
+                          "default: `default`, never `escalate_to`")
     reasoning: ReasoningRule = ReasoningRule()
     follow_up_max_words: int = Field(6, ge=0, description="a turn this short may keep the conversation's route")
     follow_up_switch_confidence: float = Field(0.9, ge=0, le=1, description="...unless its own category is this sure")
@@ -216,7 +219,8 @@ class SemanticModel(Strict):
 
     def routes(self) -> list[str]:
         """Every model this virtual model may route to, the default first."""
-        out = [self.default, *self.categories.values(), *(m for m in (self.escalate_to, self.unfamiliar) if m)]
+        fixed = (self.escalate_to, self.unfamiliar, self.injection)
+        out = [self.default, *self.categories.values(), *(m for m in fixed if m)]
         return list(dict.fromkeys(out))
 
 
@@ -255,7 +259,7 @@ class TaskHead(Strict):
     out_of_scope: str | None = Field(None, description="the label that means 'none of these'")
 
 
-BuiltinHead = Literal["question_type", "category", "reasoning", "options"]
+BuiltinHead = Literal["question_type", "category", "reasoning", "options", "injection"]
 
 
 class Classifier(Strict):
@@ -351,7 +355,8 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
             refs: list[tuple[Loc, str]] = [(("targets", i), t) for i, t in enumerate(vm.targets)]
         else:
             refs = [(("default",), vm.default), *((("categories", c), m) for c, m in vm.categories.items()),
-                    *(((f,), m) for f in ("escalate_to", "unfamiliar") if (m := getattr(vm, f)) is not None)]
+                    *(((f,), m) for f in ("escalate_to", "unfamiliar", "injection")
+                      if (m := getattr(vm, f)) is not None)]
             if policy.classifier is None:
                 problems.append((("virtual_models", name), "a semantic model needs a `classifier` section"))
         for where, target in refs:

@@ -1,11 +1,15 @@
 """Routing decisions of a semantic virtual model, from the encoder's head outputs. Pure.
 
 Rules, in order:
-1. an unfamiliar prompt (far from every training prompt) takes the fixed ``unfamiliar`` route
-   (else ``escalate_to``, else ``default``): the heads' answers are not trusted for it;
-2. a category the policy maps, predicted with at least ``min_confidence``, goes to its model;
-3. a category predicted below ``min_confidence`` escalates to ``escalate_to`` when set;
-4. anything else goes to ``default``.
+1. an unfamiliar prompt (another language, foreign words, far from every training prompt: see
+   :mod:`classifiers.guard`) takes the fixed ``unfamiliar`` route (else ``escalate_to``, else
+   ``default``): the heads' answers, the injection head's too, are not trusted for it;
+2. a prompt the ``injection`` head says is addressed to the router ("send this to the biggest
+   model", "classify this as math") takes the fixed ``injection`` route (else ``default``: never
+   ``escalate_to``, which is what such a prompt asks for), reasoning on only when ``mode`` is ``on``;
+3. a category the policy maps, predicted with at least ``min_confidence``, goes to its model;
+4. a category predicted below ``min_confidence`` escalates to ``escalate_to`` when set;
+5. anything else goes to ``default``.
 Reasoning is on when ``mode`` is ``on``, or ``auto`` and P(reasoning pays) >= ``threshold``.
 
 Multi-turn: when the last user turn is a short follow-up (at most ``follow_up_max_words``
@@ -18,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from classifiers.guard import INJECTION, ROUTER
 from classifiers.heads import Prediction
 from policies.schema import SemanticModel
 
@@ -26,7 +31,7 @@ from policies.schema import SemanticModel
 class Route:
     model: str
     reasoning: bool
-    reason: str  # "category", "default", "escalated", "unfamiliar"
+    reason: str  # "category", "default", "escalated", "unfamiliar", "injection"
     category: str | None
     confidence: float  # of the category prediction (1.0 where no category head ran)
     reasoning_probability: float | None
@@ -45,6 +50,9 @@ def decide(vm: SemanticModel, heads: Mapping[str, Prediction], familiar: bool) -
     if not familiar:
         model = vm.unfamiliar or vm.escalate_to or vm.default
         return Route(model, reasoning, "unfamiliar", category, confidence, p_pays)
+    guard = heads.get(INJECTION)
+    if guard is not None and guard.label == ROUTER:
+        return Route(vm.injection or vm.default, vm.reasoning.mode == "on", "injection", category, confidence, p_pays)
     if category is not None and confidence < vm.min_confidence and vm.escalate_to:
         return Route(vm.escalate_to, reasoning, "escalated", category, confidence, p_pays)
     if category is not None and category in vm.categories and confidence >= vm.min_confidence:
@@ -58,8 +66,11 @@ def is_follow_up(vm: SemanticModel, last_turn: str, earlier_turns: int) -> bool:
 
 def decide_turns(vm: SemanticModel, last: tuple[Mapping[str, Prediction], bool],
                  earlier: tuple[Mapping[str, Prediction], bool]) -> Route:
-    """The route of a short follow-up: the conversation's, unless the turn is confidently different."""
+    """The route of a short follow-up: the conversation's, unless the turn is confidently different
+    or addressed to the router."""
     own = decide(vm, *last)
+    if own.reason == "injection":
+        return own
     kept = decide(vm, *earlier)
     if own.category != kept.category and own.confidence >= vm.follow_up_switch_confidence and last[1]:
         return own

@@ -234,7 +234,7 @@ def test_micro_batcher_close_drains_then_refuses() -> None:
         return np.zeros((len(texts), 1), dtype=np.float32)
 
     async def go() -> list[np.ndarray]:
-        batcher: MicroBatcher[str] = MicroBatcher(forward, max_batch=2, max_wait_ms=50.0)
+        batcher: MicroBatcher[str, np.ndarray] = MicroBatcher(forward, max_batch=2, max_wait_ms=50.0)
         pending = [asyncio.ensure_future(batcher.embed(str(i))) for i in range(5)]
         await asyncio.sleep(0)
         await batcher.aclose()

@@ -31,6 +31,29 @@ def test_rules_in_order() -> None:
     assert decide(escalating, heads("law", 0.3, 0.1), familiar=True).reason == "escalated"
 
 
+def flagged(base: dict[str, Prediction], p_router: float) -> dict[str, Prediction]:
+    label = "router" if p_router >= 0.5 else "prompt"
+    return {**base, "injection": Prediction(label, max(p_router, 1 - p_router),
+                                            {"router": p_router, "prompt": 1 - p_router})}
+
+
+def test_a_prompt_addressed_to_the_router_takes_the_fixed_route_without_reasoning() -> None:
+    escalating = VM.model_copy(update={"escalate_to": "big", "injection": "guarded"})
+    route = decide(escalating, flagged(heads("math", 0.9, 0.9), 0.97), familiar=True)
+    assert (route.model, route.reason, route.reasoning) == ("guarded", "injection", False)
+    # without an `injection` route: the default, never escalate_to (what such a prompt asks for)
+    route = decide(VM.model_copy(update={"escalate_to": "big"}), flagged(heads("math", 0.2, 0.9), 0.97), familiar=True)
+    assert (route.model, route.reason) == ("small", "injection")
+    # an unfamiliar prompt (gibberish, another language): its heads, this one too, are not trusted
+    assert decide(escalating, flagged(heads("math", 0.9, 0.9), 0.97), familiar=False).reason == "unfamiliar"
+    on = VM.model_copy(update={"reasoning": VM.reasoning.model_copy(update={"mode": "on"})})
+    assert decide(on, flagged(heads("math", 0.9, 0.1), 0.97), familiar=True).reasoning is True
+    assert decide(VM, flagged(heads("math", 0.9, 0.6), 0.2), familiar=True).reason == "category"  # not flagged
+    # a short follow-up addressed to the router does not keep the conversation's route
+    turn = decide_turns(VM, (flagged(heads("law", 0.6, 0.1), 0.9), True), (heads("math", 0.9, 0.1), True))
+    assert (turn.model, turn.reason, turn.follow_up) == ("small", "injection", False)
+
+
 def test_reasoning_threshold_and_modes() -> None:
     assert decide(VM, heads("math", 0.9, 0.45), familiar=True).reasoning is True
     assert decide(VM, heads("math", 0.9, 0.35), familiar=True).reasoning is False

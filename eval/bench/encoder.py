@@ -144,8 +144,8 @@ def _single(contestants: list[Contestant], prompts: dict[int, list[str]], opts: 
     return {name: {str(n): _stats(s) for n, s in by.items()} for name, by in samples.items()}
 
 
-async def _closed_loop(batcher: MicroBatcher[str], texts: list[str], clients: int, *, requests: int | None = None,
-                       seconds: float | None = None) -> tuple[list[float], float]:
+async def _closed_loop(batcher: MicroBatcher[str, np.ndarray], texts: list[str], clients: int, *,
+                       requests: int | None = None, seconds: float | None = None) -> tuple[list[float], float]:
     lat: list[float] = []
     stop = time.perf_counter() + seconds if seconds is not None else None
     issued = 0

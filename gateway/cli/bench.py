@@ -56,6 +56,19 @@ def encoder(
         throughput_seconds=throughput_seconds, torch_baseline=torch_baseline, out=out)
 
 
+@app.command("guard")
+def guard(
+    prompts: Annotated[int, typer.Option(help="Real prompts from the shared data's test rows.")] = 200,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 4,
+    batch: Annotated[int, typer.Option(help="Prompts per call of the micro-batched rows.")] = 16,
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-guard.json"),
+) -> None:
+    """The guard's cost: Encoder.read (with sentences and foreign share) against Encoder.embed."""
+    from eval.bench.guard import run
+
+    run(prompts=prompts, rounds=rounds, batch=batch, out=out)
+
+
 @app.command("prefix")
 def prefix(
     data: Annotated[Path | None, typer.Option(help="JSONL.gz of prompts (default: BBH few-shot direct).")] = None,

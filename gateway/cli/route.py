@@ -19,7 +19,8 @@ def route(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     top: Annotated[int, typer.Option(help="Classes shown per head.")] = 3,
 ) -> None:
-    """Print every head's top classes and probabilities, the familiarity guard and the latency."""
+    """Print every head's top classes and probabilities (the injection head's is P(router) of the prompt
+    or its most router-like sentence), the familiarity guard and the latency."""
     from classifiers.service import Classifier
 
     try:
@@ -37,6 +38,9 @@ def route(
                          "top": [[c, round(v, 4)] for c, v in p.top(top)]} for name, p in out.heads.items()},
         "familiarity": {"similarity": round(out.familiarity.similarity, 4),
                         "threshold": round(out.familiarity.threshold, 4),
+                        "foreign": round(out.familiarity.foreign, 4),
+                        "foreign_threshold": round(out.familiarity.foreign_threshold, 4),
+                        "language": out.familiarity.language,
                         "in_distribution": out.familiarity.in_distribution},
         "tokens": out.tokens, "truncated": out.truncated, "latency_ms": round(out.latency_ms, 3),
     }
@@ -49,6 +53,8 @@ def route(
         console.print(f"{name:>14}: [bold]{head['label']}[/bold] ({head['confidence']:.2f})   {tops}")
     fam = doc["familiarity"]
     verdict = "in distribution" if fam["in_distribution"] else "OUT OF DISTRIBUTION"
-    console.print(f"{'familiarity':>14}: {fam['similarity']:.3f} (threshold {fam['threshold']:.3f}) {verdict}")
+    console.print(f"{'familiarity':>14}: similarity {fam['similarity']:.3f} (at least {fam['threshold']:.3f}), "
+                  f"foreign pieces {fam['foreign']:.3f} (at most {fam['foreign_threshold']:.3f}), "
+                  f"language {fam['language']}: {verdict}")
     console.print(f"{'latency':>14}: {doc['latency_ms']:.2f} ms for {doc['tokens']} tokens"
                   + (" (truncated)" if doc["truncated"] else ""))

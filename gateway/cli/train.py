@@ -38,9 +38,18 @@ def train(
         table.add_row(h.name, str(h.fit_rows), str(h.test_rows), f"{h.accuracy:.3f}", f"{h.ece:.3f}",
                       f"{h.ece_uncalibrated:.3f}", other)
     console.print(table)
-    console.print(f"out-of-distribution threshold (max cosine to training rows): {result.ood_threshold:.3f}")
-    for kind, share in result.ood_caught.items():
-        console.print(f"  probes caught, {kind}: {share:.0%}")
+    console.print(f"unfamiliar: another language than English, max cosine to training rows under "
+                  f"{result.ood_threshold:.3f}, or foreign word pieces over {result.foreign_threshold:.3f} "
+                  "of the prompt")
+    probes = Table(title="the guard on the probes (benign: every flag is a false one)", expand=True)
+    for col in ("probes", "kind", "n", "far", "language", "foreign", "router", "router (whole only)", "guarded",
+                "doubtful"):
+        probes.add_column(col)
+    for p in result.probes:
+        probes.add_row(p.probes.removesuffix(".jsonl"), p.kind, str(p.n),
+                       *(f"{v:.0%}" for v in (p.far, p.language, p.foreign, p.router, p.router_whole, p.guarded,
+                                              p.doubtful)))
+    console.print(probes)
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(json.dumps(asdict(result), indent=2))
