@@ -6,6 +6,9 @@ small seeded sample of the shared data, a real llama.cpp server and an echoing s
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -166,6 +169,22 @@ def test_the_log_event_carries_the_decision(gw: Gateway) -> None:
     [event] = [e for e in logs if e.get("event") == "request"]
     assert event["route"]["model"] == "lawbot" and event["route"]["category"] == "law"
     assert 0 <= event["route"]["reasoning_probability"] <= 1
+
+
+def test_triage_route_prints_the_decision_and_every_head(heads: Path, tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_yaml(heads, "http://127.0.0.1:9/v1"))
+    cmd = [sys.executable, "-m", "gateway.cli", "route", "--policy", str(policy), "--json"]
+    done = subprocess.run([*cmd, MATH], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["decision"]["virtual_model"] == "auto" and doc["decision"]["model"] == "mathbot"
+    assert doc["decision"]["reason"] == "category" and doc["heads"]["category"]["label"] == "math"
+    assert set(doc["heads"]) == {"question_type", "category", "reasoning", "injection"}
+    assert doc["familiarity"]["in_distribution"] and doc["familiarity"]["language"] == "en"
+    assert doc["latency_ms"] > 0 and doc["tokens"] > 10
+    done = subprocess.run([*cmd, "--model", "nope", MATH], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "no semantic virtual model 'nope' (has: auto)" in done.stderr
 
 
 def test_missing_head_artifact_is_a_clear_startup_error(tmp_path: Path) -> None:

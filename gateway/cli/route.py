@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +12,8 @@ from rich.console import Console
 
 from gateway.errors import NotReady, PolicyInvalid
 from policies import loader
+from policies.schema import SemanticModel
+from policies.semantic import decide
 
 
 def route(
@@ -18,15 +21,23 @@ def route(
     policy: Annotated[Path, typer.Option(help="Policy YAML with a `classifier` section.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     top: Annotated[int, typer.Option(help="Classes shown per head.")] = 3,
+    model: Annotated[str | None, typer.Option(help="The semantic virtual model whose decision to show "
+                                                   "(default: the policy's first).")] = None,
 ) -> None:
-    """Print every head's top classes and probabilities (the injection head's is P(router) of the prompt
-    or its most router-like sentence), the familiarity guard and the latency."""
+    """Print the decision of a semantic virtual model (the policy's first, or --model), every head's
+    top classes and probabilities (the injection head's is P(router) of the prompt or its most
+    router-like sentence), the familiarity guard and the latency."""
     from classifiers.service import Classifier
 
     try:
         pol = loader.load(policy)
         if pol.classifier is None:
             raise PolicyInvalid([f"{policy}: the policy has no `classifier` section"])
+        semantic = {n: vm for n, vm in pol.virtual_models.items() if isinstance(vm, SemanticModel)}
+        if model is not None and model not in semantic:
+            has = ", ".join(semantic) or "none"
+            raise PolicyInvalid([f"{policy}: no semantic virtual model '{model}' (has: {has})"])
+        name = model or next(iter(semantic), None)
         clf = Classifier.load(pol.classifier, policy.resolve().parent, str(policy))
     except (PolicyInvalid, NotReady) as exc:
         typer.echo(str(exc.message if isinstance(exc, NotReady) else "\n".join(exc.problems)), err=True)
@@ -44,10 +55,18 @@ def route(
                         "in_distribution": out.familiarity.in_distribution},
         "tokens": out.tokens, "truncated": out.truncated, "latency_ms": round(out.latency_ms, 3),
     }
+    if name is not None:
+        decision = decide(semantic[name], out.heads, out.familiarity.in_distribution)
+        doc = {"decision": {"virtual_model": name, **asdict(decision)}, **doc}
     if as_json:
         typer.echo(json.dumps(doc))
         return
     console = Console(highlight=False)
+    if "decision" in doc:
+        d = doc["decision"]
+        console.print(f"{'route':>14}: {d['virtual_model']} -> [bold]{d['model']}[/bold] ({d['reason']}), "
+                      f"reasoning {'on' if d['reasoning'] else 'off'}, category {d['category']} "
+                      f"({d['confidence']:.2f})")
     for name, head in doc["heads"].items():
         tops = ", ".join(f"{c} {v:.2f}" for c, v in head["top"])
         console.print(f"{name:>14}: [bold]{head['label']}[/bold] ({head['confidence']:.2f})   {tops}")
