@@ -48,6 +48,7 @@ class ExportSettings:
     fuse: bool = True  # ONNX Runtime's transformer fusions (Attention, SkipLayerNorm, BiasGelu)
     int8_per_channel: bool = True  # per-channel weight scales: cosine to fp32 ~0.99 against ~0.95
     format_version: int = 2  # bump when the export code changes what it writes (2: token embeddings out too)
+    layers: int = 6  # keep the first N transformer layers (all-MiniLM-L6-v2 has 6): fewer is faster, less exact
 
 
 @dataclass(frozen=True)

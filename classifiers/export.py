@@ -101,6 +101,11 @@ def _export_into(src: Path, out: Path, opts: ExportSettings) -> dict[str, Any]:
 
     torch.manual_seed(0)
     bert = AutoModel.from_pretrained(str(src), attn_implementation="eager", local_files_only=True).eval()
+    if not 1 <= opts.layers <= bert.config.num_hidden_layers:
+        raise NotReady(f"the encoder has {bert.config.num_hidden_layers} layers; cannot keep {opts.layers}")
+    if opts.layers < bert.config.num_hidden_layers:  # the first N layers; the heads are trained on what they give
+        bert.encoder.layer = bert.encoder.layer[: opts.layers]
+        bert.config.num_hidden_layers = opts.layers
     wrapped = _pooled(torch, bert)
     fp32 = out / "model-fp32.onnx"
     raw = out / "raw-fp32.onnx"
@@ -118,6 +123,7 @@ def _export_into(src: Path, out: Path, opts: ExportSettings) -> dict[str, Any]:
     return {
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "dim": int(bert.config.hidden_size),
+        "layers": int(bert.config.num_hidden_layers),
         "max_position_embeddings": int(bert.config.max_position_embeddings),
         "inputs": list(INPUTS),
         "output": OUTPUT,

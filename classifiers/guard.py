@@ -57,10 +57,11 @@ class Familiarity:
 class Reference:
     """A sample of training embeddings and the cuts under (over) which a prompt is unfamiliar."""
 
-    def __init__(self, vectors: np.ndarray, threshold: float, foreign_threshold: float) -> None:
+    def __init__(self, vectors: np.ndarray, threshold: float, foreign_threshold: float, layers: int = 6) -> None:
         self.vectors = vectors.astype(np.float32)
         self.threshold = threshold
         self.foreign_threshold = foreign_threshold
+        self.layers = layers  # of the encoder the heads were trained on
 
     def similarity(self, x: np.ndarray) -> np.ndarray:
         return (np.atleast_2d(x) @ self.vectors.T).max(axis=1)
@@ -75,7 +76,7 @@ class Reference:
     def save(self, directory: Path, meta: dict[str, object]) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         np.savez(directory / f"{REFERENCE}.npz", vectors=self.vectors.astype(np.float16))
-        doc = {"threshold": self.threshold, "foreign_threshold": self.foreign_threshold, **meta}
+        doc = {"threshold": self.threshold, "foreign_threshold": self.foreign_threshold, "layers": self.layers, **meta}
         (directory / f"{REFERENCE}.json").write_text(json.dumps(doc, indent=2))
 
     @classmethod
@@ -89,7 +90,7 @@ class Reference:
             raise NotReady(f"classifier artifact {doc_path} predates the vocabulary check: rebuild it with `{hint}`")
         with np.load(arr, allow_pickle=False) as a:
             vectors = a["vectors"].astype(np.float32)
-        return cls(vectors, float(doc["threshold"]), float(doc["foreign_threshold"]))
+        return cls(vectors, float(doc["threshold"]), float(doc["foreign_threshold"]), int(doc.get("layers", 6)))
 
 
 def router_probability(head: LinearHead, reading: Reading) -> float:

@@ -85,12 +85,12 @@ def fit_injection(cache: EmbeddingCache, negatives: datasets.Rows, test: dataset
     return InjectionFit(head, float(flagged.mean()) if len(flagged) else 0.0, len(test), eces[0], eces[1])
 
 
-def fit_reference(vectors: np.ndarray, held: np.ndarray, foreign: np.ndarray) -> Reference:
+def fit_reference(vectors: np.ndarray, held: np.ndarray, foreign: np.ndarray, layers: int) -> Reference:
     """The similarity sample and the familiarity cuts, from held-out training prompts: ``held``
     (embeddings) for the similarity cut, ``foreign`` (their shares of foreign pieces) for the other."""
     sims = (held @ vectors.T).max(axis=1)
     return Reference(vectors, float(np.quantile(sims, SIMILARITY_QUANTILE)),
-                     float(np.quantile(foreign, FOREIGN_QUANTILE)))
+                     float(np.quantile(foreign, FOREIGN_QUANTILE)), layers)
 
 
 @dataclass

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from classifiers.artifacts import ExportSettings
 from classifiers.encoder import Encoder, EncoderSettings, Reading
 from classifiers.guard import INJECTION, Familiarity, Reference, injection_prediction
 from classifiers.heads import LinearHead, Prediction
@@ -54,8 +55,12 @@ class Classifier:
         options = OptionHead.load(root, hint) if OPTIONS in cfg.heads else None
         reference = Reference.load(root, hint)
         e = cfg.encoder
+        if reference.layers != e.layers:
+            raise NotReady(f"the heads in {root} were trained on {reference.layers} encoder layers, the policy keeps "
+                           f"{e.layers}: retrain with `{hint}`")
         encoder = Encoder.load(EncoderSettings(precision=e.precision, intra_op_threads=e.threads,
-                                               provider=e.provider, max_tokens=e.max_tokens, rows=e.rows))
+                                               provider=e.provider, max_tokens=e.max_tokens, rows=e.rows),
+                               export=ExportSettings(layers=e.layers))
         for name, head in heads.items():
             if head.dim != encoder.dim:
                 raise NotReady(f"head {name} expects {head.dim}-d embeddings, the encoder gives {encoder.dim}: "

@@ -17,7 +17,7 @@ import numpy as np
 
 from backends.gguf import cache_dir
 from classifiers import datasets
-from classifiers.artifacts import locate
+from classifiers.artifacts import ExportSettings, locate
 from classifiers.calibration import auroc, ece
 from classifiers.encoder import Encoder, EncoderSettings, Reading
 from classifiers.guard import FOREIGN_QUANTILE, INJECTION, SIMILARITY_QUANTILE
@@ -129,7 +129,7 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
     t0 = time.perf_counter()
     root, out = data_dir(cfg, policy_dir), artifacts_dir(cfg, policy_dir)
     e = cfg.encoder
-    art = locate()
+    art = locate(settings=ExportSettings(layers=e.layers))
     settings = EncoderSettings(precision=e.precision, intra_op_threads=threads, provider=e.provider,
                                max_tokens=e.max_tokens, rows=e.rows)
     encoder = Encoder.load(settings, artifacts=art)
@@ -179,7 +179,7 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
     ordinary = _ordinary(cfg, root, "fit", limit)
     calib = held_back(ordinary.ids, 0.2)
     foreign = [encoder.encode(t).foreign for t, c in zip(ordinary.texts, calib, strict=True) if c]
-    reference = fit_reference(np.vstack(refs), np.vstack(held), np.array(foreign))
+    reference = fit_reference(np.vstack(refs), np.vstack(held), np.array(foreign), e.layers)
     reference.save(out, {"rows": len(reference.vectors), "quantile": SIMILARITY_QUANTILE,
                          "foreign_quantile": FOREIGN_QUANTILE})
     cache.save()

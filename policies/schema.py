@@ -243,6 +243,8 @@ class EncoderConfig(Strict):
     threads: int = Field(1, ge=1, description="ONNX Runtime intra-op threads")
     provider: str = "CPUExecutionProvider"
     max_tokens: int = Field(256, ge=3, le=512, description="longer prompts keep their head and tail")
+    layers: int = Field(6, ge=1, le=6, description="transformer layers kept (MiniLM has 6): fewer is faster and "
+                                                   "less accurate; heads must be trained for the same number")
     batch_max_size: int = Field(16, ge=1, description="micro-batch: prompts per forward")
     batch_max_wait_ms: float = Field(2.0, ge=0, description="micro-batch: longest wait for company")
     rows: Literal["auto", "apart", "together"] = Field(

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from classifiers.artifacts import Artifacts, locate, source_dir, source_hash
+from classifiers.artifacts import Artifacts, ExportSettings, locate, source_dir, source_hash
 from classifiers.batching import MicroBatcher
 from classifiers.encoder import Encoder, EncoderSettings
 from classifiers.export import ensure_exported
@@ -119,6 +119,17 @@ def test_changed_source_is_exported_again(exported: Artifacts, cache_root: Path,
     assert exported.complete()  # the other export stays
     assert changed.manifest()["source_sha256"] != exported.manifest()["source_sha256"]
     assert ensure_exported(source=src, cache_root=cache_root) == (changed, False)
+
+
+def test_fewer_layers_are_an_export_of_their_own(exported: Artifacts, cache_root: Path, int8: Encoder) -> None:
+    three, built = ensure_exported(settings=ExportSettings(layers=3), cache_root=cache_root)
+    assert built and three.root != exported.root and three.manifest()["layers"] == 3
+    assert exported.manifest()["layers"] == 6 and three.manifest()["min_cosine_vs_pytorch"]["fp32"] > 0.999
+    short = Encoder.load(EncoderSettings(precision="int8"), artifacts=three)
+    a, b = short.embed(TEXTS[:3]), int8.embed(TEXTS[:3])
+    assert a.shape == b.shape and cosines(a, b).max() < 0.99  # another embedding: its heads are trained apart
+    with pytest.raises(NotReady, match="has 6 layers; cannot keep 7"):
+        ensure_exported(settings=ExportSettings(layers=7), cache_root=cache_root)
 
 
 def test_missing_export_names_the_command(tmp_path: Path) -> None:

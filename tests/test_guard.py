@@ -81,10 +81,10 @@ def test_familiarity_needs_both_checks(tmp_path: Path) -> None:
     assert Familiarity(0.5, 0.2, 0.1, 0.3).in_distribution
     assert not Familiarity(0.1, 0.2, 0.1, 0.3).in_distribution  # far from every training prompt
     assert not Familiarity(0.5, 0.2, 0.4, 0.3).in_distribution  # foreign words
-    ref = Reference(np.eye(3, dtype=np.float32), 0.2, 0.3)
+    ref = Reference(np.eye(3, dtype=np.float32), 0.2, 0.3, layers=4)
     ref.save(tmp_path, {"rows": 3})
     loaded = Reference.load(tmp_path, "triage train --policy p.yaml")
-    assert (loaded.threshold, loaded.foreign_threshold) == pytest.approx((0.2, 0.3))
+    assert (loaded.threshold, loaded.foreign_threshold, loaded.layers) == pytest.approx((0.2, 0.3, 4))
     [fam] = loaded.familiarity([Reading(np.array([0.0, 1.0, 0.0], np.float32), np.zeros((0, 3), np.float32), 0.5)])
     assert fam.similarity == pytest.approx(1.0) and not fam.in_distribution
     doc = json.loads((tmp_path / "reference.json").read_text())

@@ -187,6 +187,15 @@ def test_triage_route_prints_the_decision_and_every_head(heads: Path, tmp_path: 
     assert done.returncode == 2 and "no semantic virtual model 'nope' (has: auto)" in done.stderr
 
 
+def test_heads_trained_on_other_encoder_layers_are_a_clear_startup_error(heads: Path) -> None:
+    text = policy_yaml(heads, "http://127.0.0.1:9/v1").replace("  heads: [", "  encoder: {layers: 3}\n  heads: [")
+    pol = loader.parse(text)
+    with pytest.raises(PolicyInvalid) as info:
+        asyncio.run(runtime.build(pol))
+    [problem] = info.value.problems
+    assert "trained on 6 encoder layers, the policy keeps 3: retrain with `triage train --policy" in problem
+
+
 def test_missing_head_artifact_is_a_clear_startup_error(tmp_path: Path) -> None:
     ensure_exported()
     pol = loader.parse(policy_yaml(tmp_path / "nothing", "http://127.0.0.1:9/v1"))

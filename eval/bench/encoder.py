@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
+from classifiers.artifacts import ExportSettings
 from classifiers.batching import MicroBatcher
 from classifiers.encoder import Encoder, EncoderSettings
 from classifiers.export import ensure_exported
@@ -48,7 +49,7 @@ from eval.bench.encoder_backends import (
     torch_kept_tokens,
     torch_version,
 )
-from eval.bench.encoder_report import goals, render
+from eval.bench.encoder_report import FEWER_LAYERS, goals, render
 
 PROMPTS_PER_LENGTH = 8
 
@@ -66,6 +67,7 @@ class Options:
     throughput_seconds: float = 4.0
     warmup: int = 3
     torch_baseline: bool = True
+    layers: tuple[int, ...] = ()  # also int8 exports that keep only the first N layers
     out: Path = Path("out/bench-encoder.json")
 
 
@@ -77,6 +79,9 @@ def run(**kwargs: Any) -> dict[str, Any]:
     art, built = ensure_exported()
     contestants = [onnx_contestant(ONNX_INT8, art, "int8", (1, 2)), onnx_contestant(ONNX_FP32, art, "fp32", (1, 2)),
                    onnx_contestant(ONNX_INT8_TOGETHER, art, "int8", (1, 2), rows="together")]
+    for n in opts.layers:
+        fewer, _ = ensure_exported(settings=ExportSettings(layers=n))
+        contestants.insert(1, onnx_contestant(f"{FEWER_LAYERS}{n}", fewer, "int8", (1, 2)))
     if opts.torch_baseline:
         contestants.append(torch_contestant((1, 2)))
     int8_alone = onnx_contestant("onnx-int8-b", art, "int8", (1,))

@@ -15,6 +15,13 @@ from eval.bench.report import goals_table
 P50_32_MAX_MS = 3.0
 DECISIONS_2CORE_MIN = 400.0
 ORDER = (ONNX_INT8, ONNX_INT8_TOGETHER, ONNX_FP32, PYTORCH)
+FEWER_LAYERS = "onnx-int8-l"  # + N: int8 of an export that keeps the first N layers (bench encoder --layers N)
+
+
+def _order(present: dict[str, Any]) -> list[str]:
+    """The contestants in table order: the fewer-layer exports right after int8."""
+    fewer = sorted(n for n in present if n.startswith(FEWER_LAYERS))
+    return [n for n in (ORDER[0], *fewer, *ORDER[1:]) if n in present]
 
 
 def _get(d: dict[str, Any], *path: str) -> Any:
@@ -55,7 +62,7 @@ def _latency_table(res: dict[str, Any], key: str, title: str) -> Table:
     t = Table(title=title, title_justify="left")
     for col in ("tokens", "contestant", "p50", "p90", "p99", "p50 speed-up vs pytorch"):
         t.add_column(col, justify="left" if col == "contestant" else "right")
-    names = [n for n in ORDER if n in res[key]]
+    names = _order(res[key])
     for length, tr in res["truncation"].items():
         base = _get(res, key, PYTORCH, length, "p50_ms")
         for i, n in enumerate(names):
@@ -77,7 +84,7 @@ def _throughput_table(res: dict[str, Any]) -> Table:
     for col in ("contestant", "one core (intra-op 1)", "two cores (intra-op 2)", "mean batch (1 / 2)",
                 "vs pytorch (1 / 2)"):
         t.add_column(col, justify="left" if col == "contestant" else "right")
-    for name in (*ORDER, "onnx-int8-2x1"):
+    for name in (*_order(tp), "onnx-int8-2x1"):
         if name not in tp:
             continue
         one, two = _get(tp, name, "1", "decisions_per_s"), _get(tp, name, "2", "decisions_per_s")

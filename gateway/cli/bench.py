@@ -46,6 +46,8 @@ def encoder(
     throughput_tokens: Annotated[int, typer.Option(help="Prompt length of the decisions/s run.")] = 32,
     throughput_seconds: Annotated[float, typer.Option(help="Seconds per decisions/s cell.")] = 4.0,
     torch_baseline: Annotated[bool, typer.Option(help="Include sentence-transformers/PyTorch.")] = True,
+    layers: Annotated[list[int] | None, typer.Option(help="Also int8 keeping only the first N layers "
+                                                          "(repeatable).")] = None,
     out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-encoder.json"),
 ) -> None:
     """Encoder latency and decisions/s: ONNX int8 and fp32 against sentence-transformers, in one run."""
@@ -53,7 +55,7 @@ def encoder(
 
     run(rounds=rounds, single_per_round=single_per_round, batched_per_round=batched_per_round,
         concurrency=concurrency, max_batch=max_batch, max_wait_ms=max_wait_ms, throughput_tokens=throughput_tokens,
-        throughput_seconds=throughput_seconds, torch_baseline=torch_baseline, out=out)
+        throughput_seconds=throughput_seconds, torch_baseline=torch_baseline, layers=tuple(layers or ()), out=out)
 
 
 @app.command("guard")

@@ -21,13 +21,14 @@ def train(
     limit: Annotated[int | None, typer.Option(help="At most this many rows per head and split (quick runs).")] = None,
 ) -> None:
     """Train the heads on dev rows, calibrate them, measure them on test rows."""
+    from classifiers.artifacts import ExportSettings
     from classifiers.export import ensure_exported
     from classifiers.train_all import train as run
 
     console = Console(highlight=False)
     pol = load_or_exit(policy, "classifier", ": nothing to train")
     assert pol.classifier is not None
-    art, built = ensure_exported()
+    art, built = ensure_exported(settings=ExportSettings(layers=pol.classifier.encoder.layers))
     console.print(f"encoder: {'exported to' if built else 'cached at'} {art.root}")
     result = run(pol.classifier, policy.resolve().parent, threads=threads, say=console.print, limit=limit)
     table = Table(title=f"heads (test rows), trained in {result.seconds:.0f} s", expand=True)
