@@ -47,6 +47,14 @@ def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
         {"goal": "(info) int8 vs fp32 mean cosine", "value": _get(res, "agreement", "int8_vs_fp32", "mean_cosine"),
          "unit": "", "pass": None},
     ]
+    for name in _order(res.get("single", {})):
+        if name.startswith(FEWER_LAYERS):  # the same goals for an export with fewer layers (other heads)
+            n = name.removeprefix(FEWER_LAYERS)
+            p50, tp = _get(res, "single", name, "32", "p50_ms"), _get(res, "throughput", name, "2", "decisions_per_s")
+            rows += [{"goal": f"int8, first {n} layers: p50 <= 3 ms, 32 tokens, one core", "value": p50, "unit": "ms",
+                      "pass": p50 is not None and p50 <= P50_32_MAX_MS},
+                     {"goal": f"int8, first {n} layers: >= 400 decisions/s on two cores", "value": tp, "unit": "/s",
+                      "pass": tp is not None and tp >= DECISIONS_2CORE_MIN}]
     return rows
 
 
