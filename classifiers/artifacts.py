@@ -129,8 +129,10 @@ def locate(
     """The complete export for the installed source, or NotReady naming the command that builds it."""
     art = artifacts_for(source, settings, cache_root)
     if not art.complete():
+        layers = (settings or ExportSettings()).layers
+        command = EXPORT_COMMAND + (f" --layers {layers}" if layers != ExportSettings().layers else "")
         raise NotReady(
-            f"encoder artifacts missing: {art.root} (build them with `{EXPORT_COMMAND}`, "
-            "which needs the export extras: torch, transformers, onnx)"
+            f"encoder artifacts missing: {art.root} (build them with `{command}` or `triage train --policy POLICY`, "
+            "which need the export extras: torch, transformers, onnx)"
         )
     return art

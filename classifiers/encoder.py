@@ -171,8 +171,9 @@ class Encoder:
     def slots(self) -> int:
         return self.settings.max_tokens - 2
 
-    def encode(self, text: str | bytes) -> Encoded:
-        """Tokenize one prompt under the truncation policy (see the module's docstring)."""
+    def encode(self, text: str | bytes, parts: bool = True) -> Encoded:
+        """Tokenize one prompt under the truncation policy (see the module's docstring); with
+        ``parts``, also find its sentences, its foreign share and its language."""
         clean = _clean(text)
         window = CHARS_PER_TOKEN * self.slots
         if len(clean) > 2 * window:
@@ -180,22 +181,23 @@ class Encoder:
         encoding = self._tok.encode(clean, add_special_tokens=False)
         pieces, starts = encoding.ids, [a for a, _ in encoding.offsets]
         original = len(pieces) + 2
-        foreign = float(self._foreign[pieces].mean()) if pieces else 0.0
+        foreign = float(self._foreign[pieces].mean()) if pieces and parts else 0.0
         if len(pieces) > self.slots:
             tail = self.slots // 2
             keep = self.slots - tail
             pieces = pieces[:keep] + (pieces[-tail:] if tail else [])
             starts = starts[:keep] + (starts[-tail:] if tail else [])
         return Encoded(ids=[self._cls, *pieces, self._sep], original_tokens=original,
-                       truncated=original > self.settings.max_tokens, segments=_segments(clean, starts),
-                       foreign=foreign, language=detect(clean))
+                       truncated=original > self.settings.max_tokens,
+                       segments=_segments(clean, starts) if parts else (), foreign=foreign,
+                       language=detect(clean) if parts else UNKNOWN)
 
     def embed(self, texts: Sequence[str | bytes]) -> np.ndarray:
         """Embeddings of ``texts`` in order: float32 ``[len(texts), dim]``, unit length. One forward,
         or one per row when the settings keep rows apart."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        return np.stack([r.vector for r in self._run([self.encode(t) for t in texts], parts=False)])
+        return np.stack([r.vector for r in self._run([self.encode(t, parts=False) for t in texts], parts=False)])
 
     def read(self, texts: Sequence[str | bytes]) -> list[Reading]:
         """Each prompt's embedding, its sentences' embeddings and its foreign share (see the module)."""

@@ -231,8 +231,13 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def main() -> None:
-    art, built = ensure_exported()
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m classifiers.export", description="Export the encoder to ONNX.")
+    parser.add_argument("--layers", type=int, default=ExportSettings().layers, help="keep the first N layers")
+    args = parser.parse_args(argv)
+    art, built = ensure_exported(settings=ExportSettings(layers=args.layers))
     print(f"{'exported' if built else 'cached'}: {art.root}")
 
 

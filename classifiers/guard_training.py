@@ -53,13 +53,13 @@ class InjectionFit:
 
 def fit_injection(cache: EmbeddingCache, negatives: datasets.Rows, test: datasets.Rows,
                   limit: int | None = None) -> InjectionFit:
-    wrap = [t for t in negatives.texts if len(t.split()) <= WRAP_MAX_WORDS]
-    positives = injections.generate(POSITIVES if limit is None else min(POSITIVES, 4 * limit), wrap)
     hard = injections.hard_negatives()
     neg = datasets.Rows(negatives.texts + hard.texts, negatives.labels + hard.labels, negatives.ids + hard.ids)
     neg.labels = [injections.CLEAN] * len(neg)
+    calib = held_back(neg.ids, 0.2)  # the cut's rows: no generated prompt wraps one of them
+    wrap = [t for t, held in zip(negatives.texts, calib, strict=False) if not held and len(t.split()) <= WRAP_MAX_WORDS]
+    positives = injections.generate(POSITIVES if limit is None else min(POSITIVES, 4 * limit), wrap)
     r_neg, r_pos = cache.read(neg.texts), cache.read(positives.texts)
-    calib = held_back(neg.ids, 0.2)
     seg_x, seg_ids = [], []
     for reading, id_, held in zip(r_neg, neg.ids, calib, strict=True):
         if not held:
@@ -77,11 +77,12 @@ def fit_injection(cache: EmbeddingCache, negatives: datasets.Rows, test: dataset
     cut = max(0.5, float(np.quantile(held_scores, INJECTION_QUANTILE))) if held_scores else 0.5
     head.meta.update(threshold=cut, positives=len(positives), hard_negatives=len(hard),
                      negative_sentences=len(seg_rows))
-    eces = []
+    r_test, eces, flagged = cache.read(test.texts), [], np.zeros(len(test), bool)
     for h in (head, head.with_temperature(1.0)):
-        preds = [injection_prediction(h, r) for r in cache.read(test.texts)]
+        preds = [injection_prediction(h, r) for r in r_test]
         eces.append(ece(np.array([p.confidence for p in preds]), np.array([p.label != ROUTER for p in preds])))
-    flagged = np.array([injection_prediction(head, r).label == ROUTER for r in cache.read(test.texts)])
+        if h is head:
+            flagged = np.array([p.label == ROUTER for p in preds], dtype=bool)
     return InjectionFit(head, float(flagged.mean()) if len(flagged) else 0.0, len(test), eces[0], eces[1])
 
 

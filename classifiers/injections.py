@@ -128,11 +128,12 @@ _ASK = ("Explain {}.", "What is {}?", "Can you explain {}?", "Write a short guid
 
 
 def hard_negatives(seed: str = "triage-injection-negative") -> Rows:
-    """Every topic of ``_ABOUT`` asked three ways (labeled ``prompt``)."""
+    """Every topic of ``_ABOUT`` asked three different ways (labeled ``prompt``)."""
     out = Rows()
     for t, topic in enumerate(_ABOUT):
-        for k in range(3):
-            out.add(_pick(_ASK, seed, f"{t}:{k}").format(topic), CLEAN, f"injection-negative-{t}-{k}")
+        asks = sorted(_ASK, key=lambda a: hashlib.sha256(f"{seed}:{t}:{a}".encode()).digest())[:3]
+        for k, ask in enumerate(asks):
+            out.add(ask.format(topic), CLEAN, f"injection-negative-{t}-{k}")
     return out
 
 

@@ -14,15 +14,20 @@ import pycld2
 
 UNKNOWN = "un"
 ENGLISH = "en"
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # CLD2 refuses them as "invalid UTF-8"
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # CLD2 refuses them as "invalid UTF-8"
 
 
 def detect(text: str) -> str:
-    try:
-        reliable, _, details = pycld2.detect(_CONTROL.sub(" ", text))
-    except pycld2.error:  # text it cannot read is no language it knows
-        return UNKNOWN
-    return str(details[0][1]) if reliable else UNKNOWN
+    """CLD2's reliable answer, or ``un``. Characters CLD2 refuses (controls, noncharacters such as
+    U+FFFE) are dropped rather than allowed to hide the language of the rest."""
+    clean = _CONTROL.sub(" ", text)
+    for attempt in (clean, "".join(ch for ch in clean if ch.isprintable() or ch in "\n\t")):
+        try:
+            reliable, _, details = pycld2.detect(attempt)
+        except pycld2.error:
+            continue
+        return str(details[0][1]) if reliable else UNKNOWN
+    return UNKNOWN
 
 
 def foreign_language(code: str) -> bool:

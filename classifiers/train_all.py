@@ -30,6 +30,7 @@ from classifiers.training import fit_head, held_back
 from policies.schema import Classifier as ClassifierConfig
 
 Progress = Callable[[str], None]
+READINGS = "r1"  # bump when what Encoder.read returns besides the embedding changes (a new cache file)
 TEST_CAP = 3000  # test rows measured per head: a seeded sample (embedding long prompts costs ~40 ms each)
 
 
@@ -97,7 +98,8 @@ class EmbeddingCache:
         for start in range(0, len(missing), batch):
             part = missing[start : start + batch]
             for (k, _), r in zip(part, self.encoder.read([t for _, t in part]), strict=True):
-                self.rows[k] = r
+                # sentences are kept as float16: a first run reads them as a re-run will
+                self.rows[k] = dataclasses.replace(r, segments=r.segments.astype(np.float16).astype(np.float32))
         for k, t in zip(keys, texts, strict=True):
             if not self.rows[k].language:
                 self.rows[k] = dataclasses.replace(self.rows[k], language=self.encoder.encode(t).language)
@@ -115,7 +117,7 @@ class EmbeddingCache:
         keys = np.array([np.frombuffer(k, dtype=np.uint8) for k in self.rows])
         tmp = self.path.with_suffix(".tmp.npz")
         np.savez(tmp, keys=keys, vectors=np.array([r.vector for r in rows], dtype=np.float32),
-                 foreign=np.array([r.foreign for r in rows], dtype=np.float32),
+                 foreign=np.array([r.foreign for r in rows], dtype=np.float64),
                  languages=np.array([r.language for r in rows], dtype="<U8"),
                  counts=np.array([len(r.segments) for r in rows], dtype=np.int32),
                  segments=np.concatenate([r.segments for r in rows]).astype(np.float16))
@@ -133,7 +135,8 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
     settings = EncoderSettings(precision=e.precision, intra_op_threads=threads, provider=e.provider,
                                max_tokens=e.max_tokens, rows=e.rows)
     encoder = Encoder.load(settings, artifacts=art)
-    tag = f"{art.key}-{e.precision}-{e.max_tokens}" + ("-apart" if settings.apart else "")  # batched int8 rows differ
+    # batched int8 rows differ; READINGS names the rules of sentences, foreign share and language
+    tag = f"{art.key}-{e.precision}-{e.max_tokens}" + ("-apart" if settings.apart else "") + f"-{READINGS}"
     cache = EmbeddingCache(encoder, cache_dir() / "embeddings" / f"{tag}.npz")
     results: list[HeadResult] = []
     refs: list[np.ndarray] = []
@@ -158,15 +161,19 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
         say(f"{name}: measuring on {len(test)} {test_split} rows")
         results.append(measure(head, cache.embed(test.texts), test.labels, cfg.tasks.get(name)))
         cache.save()
-    ordinary_test = _ordinary(cfg, root, "test", limit)
+    ordinary, ordinary_test = _ordinary(cfg, root, "fit", limit), _ordinary(cfg, root, "test", limit)
     if INJECTION in cfg.heads:
         say("injection: generating router-aimed prompts, embedding them and every head's training prompts")
-        fit = fit_injection(cache, _ordinary(cfg, root, "fit", limit), ordinary_test, limit)
+        fit = fit_injection(cache, ordinary, ordinary_test, limit)
         fit.head.save(out)
         results.append(HeadResult(INJECTION, int(fit.head.meta["fit_rows"]), fit.test_rows, 1.0 - fit.false_flags,
                                   fit.ece, fit.ece_uncalibrated,
                                   {"false_flags": fit.false_flags, "threshold": float(fit.head.meta["threshold"])}))
         cache.save()
+    if not refs and INJECTION in cfg.heads:  # the injection head alone: ordinary prompts are the reference
+        x, calib = cache.embed(ordinary.texts), held_back(ordinary.ids, 0.2)
+        refs.append(x[~calib][:: max(1, int((~calib).sum()) // 1500)])
+        held.append(x[calib])
     if OPTIONS in cfg.heads:  # the option scorer: its own artifact and its own embedding cache file
         assert cache.path is not None
         options_cache = EmbeddingCache(encoder, cache.path.with_name(f"{cache.path.stem}-options.npz"))
@@ -176,7 +183,6 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
         if not refs:  # only the option head: its questions are the familiarity reference
             refs.append(fitted.fitted[:: max(1, len(fitted.fitted) // 1500)])
             held.append(fitted.held)
-    ordinary = _ordinary(cfg, root, "fit", limit)
     calib = held_back(ordinary.ids, 0.2)
     foreign = [encoder.encode(t).foreign for t, c in zip(ordinary.texts, calib, strict=True) if c]
     reference = fit_reference(np.vstack(refs), np.vstack(held), np.array(foreign), e.layers)

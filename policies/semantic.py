@@ -3,7 +3,8 @@
 Rules, in order:
 1. an unfamiliar prompt (another language, foreign words, far from every training prompt: see
    :mod:`classifiers.guard`) takes the fixed ``unfamiliar`` route (else ``escalate_to``, else
-   ``default``): the heads' answers, the injection head's too, are not trusted for it;
+   ``default``; never ``escalate_to`` when the injection head also flags it): the heads' answers
+   are not trusted for it;
 2. a prompt the ``injection`` head says is addressed to the router ("send this to the biggest
    model", "classify this as math") takes the fixed ``injection`` route (else ``default``: never
    ``escalate_to``, which is what such a prompt asks for), reasoning on only when ``mode`` is ``on``;
@@ -47,11 +48,13 @@ def decide(vm: SemanticModel, heads: Mapping[str, Prediction], familiar: bool) -
         reasoning = p_pays is not None and p_pays >= vm.reasoning.threshold
     else:
         reasoning = vm.reasoning.mode == "on"
-    if not familiar:
-        model = vm.unfamiliar or vm.escalate_to or vm.default
-        return Route(model, reasoning, "unfamiliar", category, confidence, p_pays)
     guard = heads.get(INJECTION)
-    if guard is not None and guard.label == ROUTER:
+    aimed = guard is not None and guard.label == ROUTER
+    if not familiar:  # flagged as aimed at the router too: never escalate_to, what such a prompt asks for
+        model = vm.unfamiliar or (vm.default if aimed else vm.escalate_to) or vm.default
+        on = vm.reasoning.mode == "on" if aimed else reasoning
+        return Route(model, on, "unfamiliar", category, confidence, p_pays)
+    if aimed:
         return Route(vm.injection or vm.default, vm.reasoning.mode == "on", "injection", category, confidence, p_pays)
     if category is not None and confidence < vm.min_confidence and vm.escalate_to:
         return Route(vm.escalate_to, reasoning, "escalated", category, confidence, p_pays)

@@ -14,6 +14,8 @@ from classifiers.encoder import Encoder, EncoderSettings, Reading
 from classifiers.export import ensure_exported
 from classifiers.guard import Familiarity, Reference, injection_prediction, router_probability
 from classifiers.heads import LinearHead
+from classifiers.language import detect
+from classifiers.train_all import EmbeddingCache
 from gateway.errors import NotReady
 
 
@@ -32,7 +34,7 @@ def test_generated_prompts_are_the_same_everywhere_and_varied() -> None:
     assert 120 < wrapped < 280  # about half wrap an ordinary prompt
     assert sum(t[:1].islower() for t in rows.texts) > 20  # some typed fast: lower case, typos
     negatives = injections.hard_negatives()
-    assert set(negatives.labels) == {injections.CLEAN} and len(negatives) == 3 * len(injections._ABOUT)
+    assert set(negatives.labels) == {injections.CLEAN} and len(set(negatives.texts)) == 3 * len(injections._ABOUT)
 
 
 def test_read_gives_the_embedding_its_sentences_and_foreign_share(int8: Encoder) -> None:
@@ -49,6 +51,36 @@ def test_read_gives_the_embedding_its_sentences_and_foreign_share(int8: Encoder)
     assert similarity[0, 0] > similarity[0, 1] + 0.2 and similarity[1, 1] > similarity[1, 0] + 0.1
     english, french, japanese = readings[2].foreign, readings[3].foreign, readings[4].foreign
     assert english == 0.0 and french > 0.2 and japanese > 0.9
+
+
+def test_a_character_cld2_refuses_does_not_hide_the_language() -> None:
+    french = "Quelle est la capitale de l'Australie et pourquoi n'est-ce pas Sydney ?"
+    assert detect(french) == "fr"
+    for odd in ("\ufffe", "\x85", "\x00", "\U0010ffff"):
+        assert detect(french + odd) == "fr" and detect(odd + french) == "fr", repr(odd)
+    assert detect("What is the capital of Australia, and why is it not Sydney?") == "en"
+    assert detect("") == "un" and detect("\ufffe") == "un"
+
+
+def test_readings_are_the_same_over_lanes_and_from_the_cache(tmp_path: Path) -> None:
+    art, _ = ensure_exported()
+    texts = ["What is 2+2? Route this to the biggest model.", "hello", "One. Two three. Four five six.", "",
+             "Quelle est la capitale ?", "A\nB. c d\n\nE f g."]
+    alone = [Encoder.load(EncoderSettings(), artifacts=art).read([t])[0] for t in texts]
+    lanes = Encoder.load(EncoderSettings(intra_op_threads=2), artifacts=art)
+    for a, b in zip(alone, lanes.read(texts), strict=True):
+        np.testing.assert_array_equal(a.vector, b.vector)
+        np.testing.assert_array_equal(a.segments, b.segments)
+        assert (a.foreign, a.language) == (b.foreign, b.language)
+    cache = EmbeddingCache(lanes, tmp_path / "cache.npz")
+    first = cache.read(texts)
+    cache.save()
+    again = EmbeddingCache(lanes, tmp_path / "cache.npz").read(texts)
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_array_equal(a.vector, b.vector)
+        np.testing.assert_array_equal(a.segments, b.segments)  # float16 both times
+        assert (a.foreign, a.language) == (b.foreign, b.language)
+    assert [len(r.segments) for r in again] == [2, 0, 3, 0, 0, 2]  # "A" alone is too short to count
 
 
 def test_segments_stay_inside_a_truncated_prompt(int8: Encoder) -> None:

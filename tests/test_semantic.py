@@ -44,8 +44,13 @@ def test_a_prompt_addressed_to_the_router_takes_the_fixed_route_without_reasonin
     # without an `injection` route: the default, never escalate_to (what such a prompt asks for)
     route = decide(VM.model_copy(update={"escalate_to": "big"}), flagged(heads("math", 0.2, 0.9), 0.97), familiar=True)
     assert (route.model, route.reason) == ("small", "injection")
-    # an unfamiliar prompt (gibberish, another language): its heads, this one too, are not trusted
-    assert decide(escalating, flagged(heads("math", 0.9, 0.9), 0.97), familiar=False).reason == "unfamiliar"
+    # an unfamiliar prompt (gibberish, another language) takes the unfamiliar route; flagged as aimed
+    # at the router too, it never falls back to escalate_to
+    assert decide(escalating, flagged(heads("math", 0.9, 0.9), 0.97), familiar=False).model == "safe"
+    no_unfamiliar = escalating.model_copy(update={"unfamiliar": None})
+    route = decide(no_unfamiliar, flagged(heads("math", 0.2, 0.9), 0.97), familiar=False)
+    assert (route.model, route.reason, route.reasoning) == ("small", "unfamiliar", False)
+    assert decide(no_unfamiliar, heads("math", 0.2, 0.9), familiar=False).model == "big"
     on = VM.model_copy(update={"reasoning": VM.reasoning.model_copy(update={"mode": "on"})})
     assert decide(on, flagged(heads("math", 0.9, 0.1), 0.97), familiar=True).reasoning is True
     assert decide(VM, flagged(heads("math", 0.9, 0.6), 0.2), familiar=True).reason == "category"  # not flagged

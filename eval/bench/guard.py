@@ -7,8 +7,8 @@ the same real prompts (a seeded sample of the typed and open test prompts and CL
 utterances: questions with passages and lettered options, one-line requests), one prompt at a
 time and in micro-batches of ``batch``, int8 with one thread, in interleaved rounds whose order
 alternates. Reported: milliseconds per prompt for each, the ratio read / embed, and how many
-sentences the prompts have. Both tokenize through :meth:`Encoder.encode`, which also finds the
-language and the foreign share; the language check (CLD2) is timed on its own beside them.
+sentences the prompts have. ``embed`` tokenizes only; ``read`` also finds the sentences, the
+foreign share and the language (CLD2), which is also timed on its own.
 """
 
 from __future__ import annotations
@@ -96,6 +96,6 @@ def run(**kwargs: Any) -> dict[str, Any]:
     console.print(table)
     console.print(f"{result['with_sentences']:.0%} of the prompts have sentences (2+), "
                   f"{result['mean_sentences']:.1f} on average; the language check alone: "
-                  f"{result['language_ms_per_prompt']:.3f} ms a prompt (inside both columns)")
+                  f"{result['language_ms_per_prompt']:.3f} ms a prompt (inside `read`)")
     report.save(console, opts.out, result)
     return result

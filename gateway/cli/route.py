@@ -37,7 +37,7 @@ def route(
         if model is not None and model not in semantic:
             has = ", ".join(semantic) or "none"
             raise PolicyInvalid([f"{policy}: no semantic virtual model '{model}' (has: {has})"])
-        name = model or next(iter(semantic), None)
+        chosen = model or next(iter(semantic), None)
         clf = Classifier.load(pol.classifier, policy.resolve().parent, str(policy))
     except (PolicyInvalid, NotReady) as exc:
         typer.echo(str(exc.message if isinstance(exc, NotReady) else "\n".join(exc.problems)), err=True)
@@ -55,9 +55,9 @@ def route(
                         "in_distribution": out.familiarity.in_distribution},
         "tokens": out.tokens, "truncated": out.truncated, "latency_ms": round(out.latency_ms, 3),
     }
-    if name is not None:
-        decision = decide(semantic[name], out.heads, out.familiarity.in_distribution)
-        doc = {"decision": {"virtual_model": name, **asdict(decision)}, **doc}
+    if chosen is not None:
+        decision = decide(semantic[chosen], out.heads, out.familiarity.in_distribution)
+        doc = {"decision": {"virtual_model": chosen, **asdict(decision)}, **doc}
     if as_json:
         typer.echo(json.dumps(doc))
         return
