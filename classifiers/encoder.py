@@ -106,7 +106,8 @@ class Encoded:
 
 @dataclass(frozen=True, eq=False)
 class Reading:
-    """What one forward gives for one prompt: its embedding, its sentences' and its foreign share."""
+    """What one forward gives for one prompt: its embedding, its sentences', its foreign share and
+    its language."""
 
     vector: np.ndarray  # (dim,), unit length
     segments: np.ndarray  # (k, dim), unit length; k = 0 for a prompt of one sentence
@@ -200,7 +201,8 @@ class Encoder:
         return np.stack([r.vector for r in self._run([self.encode(t, parts=False) for t in texts], parts=False)])
 
     def read(self, texts: Sequence[str | bytes]) -> list[Reading]:
-        """Each prompt's embedding, its sentences' embeddings and its foreign share (see the module)."""
+        """Each prompt's embedding, its sentences' embeddings, its foreign share and its language (see
+        the module)."""
         return self._run([self.encode(t) for t in texts], parts=True) if texts else []
 
     def _run(self, rows: list[Encoded], parts: bool) -> list[Reading]:

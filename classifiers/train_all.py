@@ -74,9 +74,9 @@ def _splits(name: str, cfg: ClassifierConfig) -> tuple[str, str]:
 
 
 class EmbeddingCache:
-    """Readings (embedding, sentence embeddings, foreign share, language) by SHA-1 of the text, for one encoder
-    export and precision, kept on disk so a re-run (other C, other heads) does not embed the same
-    rows again. Sentence embeddings are stored as float16."""
+    """Readings (embedding, sentence embeddings, foreign share, language) by SHA-1 of the text, for
+    one encoder export, precision and ``READINGS`` version, kept on disk so a re-run (other C,
+    other heads) does not embed the same rows again. Sentence embeddings are stored as float16."""
 
     def __init__(self, encoder: Encoder, path: Path | None) -> None:
         self.encoder = encoder
@@ -86,10 +86,8 @@ class EmbeddingCache:
             with np.load(path, allow_pickle=False) as a:
                 ends = np.cumsum(a["counts"])
                 parts = np.split(a["segments"].astype(np.float32), ends[:-1]) if len(ends) else []
-                # a cache written before languages were kept: found again as rows are read
-                languages = a["languages"] if "languages" in a.files else [""] * len(ends)
                 self.rows = {bytes(k): Reading(v, seg, float(f), str(lang)) for k, v, seg, f, lang
-                             in zip(a["keys"], a["vectors"], parts, a["foreign"], languages, strict=True)}
+                             in zip(a["keys"], a["vectors"], parts, a["foreign"], a["languages"], strict=True)}
 
     def read(self, texts: list[str], batch: int = 64) -> list[Reading]:
         keys = [hashlib.sha1(t.encode("utf-8", "replace")).digest() for t in texts]
@@ -100,9 +98,6 @@ class EmbeddingCache:
             for (k, _), r in zip(part, self.encoder.read([t for _, t in part]), strict=True):
                 # sentences are kept as float16: a first run reads them as a re-run will
                 self.rows[k] = dataclasses.replace(r, segments=r.segments.astype(np.float16).astype(np.float32))
-        for k, t in zip(keys, texts, strict=True):
-            if not self.rows[k].language:
-                self.rows[k] = dataclasses.replace(self.rows[k], language=self.encoder.encode(t).language)
         return [self.rows[k] for k in keys]
 
     def embed(self, texts: list[str]) -> np.ndarray:
