@@ -40,8 +40,8 @@ class ExportSettings:
     The graph takes ``input_ids`` and ``attention_mask`` (int64, ``[batch, seq]``, both axes
     dynamic) and returns ``sentence_embedding`` (float32, ``[batch, 384]``): mean pooling over
     the unmasked tokens and L2 normalisation are inside the graph, as in sentence-transformers'
-    Transformer -> Pooling(mean) -> Normalize pipeline; and ``token_embeddings`` (float32,
-    ``[batch, seq, 384]``, the last hidden state) for pooling parts of a prompt.
+    Transformer -> Pooling(mean) -> Normalize pipeline; and ``guard_tokens`` (float32,
+    ``[batch, seq, 384]``, the hidden state after layer ``guard_layer``), which the guard pools.
     """
 
     opset: int = 17
@@ -49,6 +49,7 @@ class ExportSettings:
     int8_per_channel: bool = True  # per-channel weight scales: cosine to fp32 ~0.99 against ~0.95
     format_version: int = 2  # bump when the export code changes what it writes (2: token embeddings out too)
     layers: int = 6  # keep the first N transformer layers (all-MiniLM-L6-v2 has 6): fewer is faster, less exact
+    guard_layer: int = 3  # the layer whose token states the guard reads (at most ``layers``)
 
 
 @dataclass(frozen=True)

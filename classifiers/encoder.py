@@ -16,9 +16,10 @@ Text that is not valid Unicode (lone surrogates from ``surrogateescape`` decodin
 offending code points replaced by U+FFFD; ``bytes`` are decoded as UTF-8 with replacement. The
 empty prompt encodes as ``[CLS] [SEP]``.
 
-Parts of a prompt. ``read`` also returns, from the same forward, one embedding per sentence
-(the token embeddings of the sentence's word pieces, mean-pooled and L2-normalised: contextual,
-so not the embedding the sentence would get alone), the share of the prompt's word pieces that
+Parts of a prompt. ``read`` also returns, from the same forward, the guard's view: the token
+states after an earlier layer (``ExportSettings.guard_layer``, 3 of 6) mean-pooled and
+L2-normalised over the whole prompt and over each sentence (contextual, so not the embedding a
+sentence would get alone), the share of the prompt's word pieces that
 are foreign to the model's English vocabulary (continuation pieces ``##..``, [UNK], pieces
 outside ASCII) and the prompt's language (:mod:`classifiers.language`). Sentences end at ``.``,
 ``!``, ``?``, ``:`` or ``;`` after two non-spaces and before a space, at a line break, and
@@ -109,10 +110,11 @@ class Reading:
     """What one forward gives for one prompt: its embedding, its sentences', its foreign share and
     its language."""
 
-    vector: np.ndarray  # (dim,), unit length
-    segments: np.ndarray  # (k, dim), unit length; k = 0 for a prompt of one sentence
+    vector: np.ndarray  # (dim,), unit length: what the heads read
+    segments: np.ndarray  # (k, dim), unit length, at the guard layer; k = 0 for a prompt of one sentence
     foreign: float
     language: str = UNKNOWN
+    shallow: np.ndarray | None = None  # (dim,), unit length: the whole prompt at the guard layer
 
 
 class Encoder:
@@ -225,18 +227,19 @@ class Encoder:
         for i, r in enumerate(rows):
             ids[i, : len(r.ids)] = r.ids
             mask[i, : len(r.ids)] = 1
-        wanted = [self._output, self._tokens] if parts and any(r.segments for r in rows) else [self._output]
-        out = session.run(wanted, {"input_ids": ids, "attention_mask": mask})
+        out = session.run([self._output, self._tokens] if parts else [self._output],
+                          {"input_ids": ids, "attention_mask": mask})
         vectors = np.asarray(out[0], dtype=np.float32)
         none = np.zeros((0, self.dim), dtype=np.float32)
         readings = []
         for i, r in enumerate(rows):
-            segments = none
-            if len(out) > 1 and r.segments:
-                tokens = np.asarray(out[1][i], dtype=np.float32)
-                pooled = np.stack([tokens[a:b].mean(axis=0) for a, b in r.segments])
-                segments = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-9)
-            readings.append(Reading(vectors[i], segments, r.foreign, r.language))
+            if not parts:
+                readings.append(Reading(vectors[i], none, r.foreign, r.language))
+                continue
+            tokens = np.asarray(out[1][i], dtype=np.float32)
+            pooled = np.stack([tokens[: len(r.ids)].mean(axis=0), *(tokens[a:b].mean(axis=0) for a, b in r.segments)])
+            pooled /= np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-9)
+            readings.append(Reading(vectors[i], pooled[1:], r.foreign, r.language, pooled[0]))
         return readings
 
     def embed_one(self, text: str | bytes) -> np.ndarray:

@@ -8,7 +8,7 @@ Steps, in a temporary directory renamed into place at the end (so a crashed or c
 never leaves a half-written cache entry):
 1. ``torch.onnx.export`` (the TorchScript exporter, opset 17, dynamic batch and sequence axes) of
    BERT + mean pooling + L2 normalisation, so the graph outputs the sentence embedding itself
-   (and, second, the unpooled token embeddings, which the guard pools per sentence);
+   (and, second, the token states after layer ``guard_layer``, which the guard pools);
 2. ONNX Runtime's transformer fusions (Attention, EmbedLayerNorm, SkipLayerNorm, BiasGelu);
 3. ``quantize_dynamic``: int8 weights with per-channel scales, uint8 activations quantized at
    run time; the fused Attention becomes QAttention;
@@ -48,7 +48,7 @@ from gateway.errors import NotReady
 
 INPUTS = ("input_ids", "attention_mask")
 OUTPUT = "sentence_embedding"
-TOKENS = "token_embeddings"  # the last hidden state, unpooled: the guard pools it per sentence
+TOKENS = "guard_tokens"  # the hidden state after ExportSettings.guard_layer, unpooled: the guard pools it
 FP32_MIN_COSINE = 0.999
 VERSIONED = ("torch", "transformers", "onnx", "onnxruntime", "onnxruntime-gpu")
 PROBES = (
@@ -106,7 +106,7 @@ def _export_into(src: Path, out: Path, opts: ExportSettings) -> dict[str, Any]:
     if opts.layers < bert.config.num_hidden_layers:  # the first N layers; the heads are trained on what they give
         bert.encoder.layer = bert.encoder.layer[: opts.layers]
         bert.config.num_hidden_layers = opts.layers
-    wrapped = _pooled(torch, bert)
+    wrapped = _pooled(torch, bert, min(opts.guard_layer, opts.layers))
     fp32 = out / "model-fp32.onnx"
     raw = out / "raw-fp32.onnx"
     _torch_export(torch, wrapped, raw, opts.opset)
@@ -128,25 +128,26 @@ def _export_into(src: Path, out: Path, opts: ExportSettings) -> dict[str, Any]:
         "inputs": list(INPUTS),
         "output": OUTPUT,
         "token_output": TOKENS,
+        "guard_layer": min(opts.guard_layer, opts.layers),
         "pooling": "mean over attention_mask, then L2 normalisation (in the graph)",
         "min_cosine_vs_pytorch": cosines,
         "versions": {name: _version(name) for name in VERSIONED},
     }
 
 
-def _pooled(torch: Any, bert: Any) -> Any:
+def _pooled(torch: Any, bert: Any, guard_layer: int) -> Any:
     class Pooled(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.bert = bert
 
         def forward(self, input_ids: Any, attention_mask: Any) -> Any:
-            tokens = self.bert(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=torch.zeros_like(input_ids)
-            ).last_hidden_state
+            out = self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                            token_type_ids=torch.zeros_like(input_ids), output_hidden_states=True)
+            tokens = out.last_hidden_state
             mask = attention_mask.unsqueeze(-1).to(tokens.dtype)
             pooled = (tokens * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            return torch.nn.functional.normalize(pooled, p=2.0, dim=1), tokens
+            return torch.nn.functional.normalize(pooled, p=2.0, dim=1), out.hidden_states[guard_layer]
 
     return Pooled().eval()
 

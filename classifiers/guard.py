@@ -10,7 +10,10 @@
   the catching: ordinary prompts outside the training sets are as far from them as gibberish
   is, so the similarity cut is kept for the extreme only.
 - **addressed to the router** (the ``injection`` head): P(router) of the prompt, or of any of its
-  sentences, at or above the head's fitted cut. Its positives are generated
+  sentences, at or above the head's fitted cut. It reads them at an earlier layer of the same
+  forward (``ExportSettings.guard_layer``, 3 of 6): heads trained on 3- and 4-layer exports caught
+  as many router-aimed probes as on 6 layers and flagged none of the benign questions about
+  models and routing that the 6-layer one flagged (10 of 75). Its positives are generated
   (:mod:`classifiers.injections`); it is measured on probes written apart from them.
 """
 
@@ -93,10 +96,15 @@ class Reference:
         return cls(vectors, float(doc["threshold"]), float(doc["foreign_threshold"]), int(doc.get("layers", 6)))
 
 
+def guard_view(reading: Reading) -> np.ndarray:
+    """What the injection head reads: the whole prompt, then each sentence, at the guard layer."""
+    whole = reading.shallow if reading.shallow is not None else reading.vector
+    return np.vstack([whole[None, :], reading.segments])
+
+
 def router_probability(head: LinearHead, reading: Reading) -> float:
     """P(router) of the prompt or of its most router-like sentence."""
-    x = np.vstack([reading.vector[None, :], reading.segments]) if len(reading.segments) else reading.vector[None, :]
-    return float(head.proba(x)[:, head.classes.index(ROUTER)].max())
+    return float(head.proba(guard_view(reading))[:, head.classes.index(ROUTER)].max())
 
 
 def injection_prediction(head: LinearHead, reading: Reading) -> Prediction:

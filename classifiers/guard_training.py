@@ -1,6 +1,6 @@
 """Fit the guard (the ``injection`` head and the familiarity cuts) and measure it on the probes.
 
-The injection head is a logistic regression on embeddings: positives are generated router-aimed
+The injection head is a logistic regression on the guard layer's pooled states: positives are generated router-aimed
 prompts (:mod:`classifiers.injections`), negatives the other heads' training prompts, the
 generated hard negatives, and sentences of the training prompts (pooled as at run time, so a
 long prompt's ordinary sentences are not flagged). Its cut is the ``INJECTION_QUANTILE`` of the
@@ -25,6 +25,7 @@ from classifiers.guard import (
     SIMILARITY_QUANTILE,
     Familiarity,
     Reference,
+    guard_view,
     injection_prediction,
     router_probability,
 )
@@ -68,7 +69,7 @@ def fit_injection(cache: EmbeddingCache, negatives: datasets.Rows, test: dataset
     keep = datasets.subsample(datasets.Rows(seg_ids, seg_ids, seg_ids), NEGATIVE_SEGMENTS, "injection-segments").ids
     chosen = set(keep)
     seg_rows = [(x, i) for x, i in zip(seg_x, seg_ids, strict=True) if i in chosen]
-    x = np.vstack([np.stack([r.vector for r in r_neg]), np.stack([r.vector for r in r_pos]),
+    x = np.vstack([np.stack([guard_view(r)[0] for r in r_neg]), np.stack([guard_view(r)[0] for r in r_pos]),
                    *([np.stack([v for v, _ in seg_rows])] if seg_rows else [])])
     labels = neg.labels + positives.labels + [injections.CLEAN] * len(seg_rows)
     ids = neg.ids + positives.ids + [i for _, i in seg_rows]
@@ -130,7 +131,8 @@ def probe(cache: EmbeddingCache, reference: Reference, category: LinearHead | No
         whole = np.zeros(len(rows), bool)
         if injection is not None:
             cut = float(injection.meta.get("threshold", 0.5))
-            whole = injection.proba(x)[:, injection.classes.index(ROUTER)] >= cut
+            shallow = np.stack([guard_view(r)[0] for r in readings])
+            whole = injection.proba(shallow)[:, injection.classes.index(ROUTER)] >= cut
         doubtful = category.proba(x).max(axis=1) < MIN_CONFIDENCE if category is not None else np.zeros(len(rows), bool)
         for kind in sorted({r["kind"] for r in rows}):
             m = np.array([r["kind"] == kind for r in rows])

@@ -30,7 +30,7 @@ from classifiers.training import fit_head, held_back
 from policies.schema import Classifier as ClassifierConfig
 
 Progress = Callable[[str], None]
-READINGS = "r1"  # bump when what Encoder.read returns besides the embedding changes (a new cache file)
+READINGS = "r2"  # bump when what Encoder.read returns besides the embedding changes (a new cache file)
 TEST_CAP = 3000  # test rows measured per head: a seeded sample (embedding long prompts costs ~40 ms each)
 
 
@@ -74,9 +74,9 @@ def _splits(name: str, cfg: ClassifierConfig) -> tuple[str, str]:
 
 
 class EmbeddingCache:
-    """Readings (embedding, sentence embeddings, foreign share, language) by SHA-1 of the text, for
-    one encoder export, precision and ``READINGS`` version, kept on disk so a re-run (other C,
-    other heads) does not embed the same rows again. Sentence embeddings are stored as float16."""
+    """Readings (embedding, the guard layer's view, foreign share, language) by SHA-1 of the text,
+    for one encoder export, precision and ``READINGS`` version, kept on disk so a re-run (other C,
+    other heads) does not embed the same rows again. The guard's view is stored as float16."""
 
     def __init__(self, encoder: Encoder, path: Path | None) -> None:
         self.encoder = encoder
@@ -86,8 +86,9 @@ class EmbeddingCache:
             with np.load(path, allow_pickle=False) as a:
                 ends = np.cumsum(a["counts"])
                 parts = np.split(a["segments"].astype(np.float32), ends[:-1]) if len(ends) else []
-                self.rows = {bytes(k): Reading(v, seg, float(f), str(lang)) for k, v, seg, f, lang
-                             in zip(a["keys"], a["vectors"], parts, a["foreign"], a["languages"], strict=True)}
+                self.rows = {bytes(k): Reading(v, seg, float(f), str(lang), sh.astype(np.float32))
+                             for k, v, seg, f, lang, sh in zip(a["keys"], a["vectors"], parts, a["foreign"],
+                                                               a["languages"], a["shallow"], strict=True)}
 
     def read(self, texts: list[str], batch: int = 64) -> list[Reading]:
         keys = [hashlib.sha1(t.encode("utf-8", "replace")).digest() for t in texts]
@@ -96,8 +97,10 @@ class EmbeddingCache:
         for start in range(0, len(missing), batch):
             part = missing[start : start + batch]
             for (k, _), r in zip(part, self.encoder.read([t for _, t in part]), strict=True):
-                # sentences are kept as float16: a first run reads them as a re-run will
-                self.rows[k] = dataclasses.replace(r, segments=r.segments.astype(np.float16).astype(np.float32))
+                # the guard's view is kept as float16: a first run reads it as a re-run will
+                assert r.shallow is not None
+                self.rows[k] = dataclasses.replace(r, segments=r.segments.astype(np.float16).astype(np.float32),
+                                                   shallow=r.shallow.astype(np.float16).astype(np.float32))
         return [self.rows[k] for k in keys]
 
     def embed(self, texts: list[str]) -> np.ndarray:
@@ -115,7 +118,8 @@ class EmbeddingCache:
                  foreign=np.array([r.foreign for r in rows], dtype=np.float64),
                  languages=np.array([r.language for r in rows], dtype="<U8"),
                  counts=np.array([len(r.segments) for r in rows], dtype=np.int32),
-                 segments=np.concatenate([r.segments for r in rows]).astype(np.float16))
+                 segments=np.concatenate([r.segments for r in rows]).astype(np.float16),
+                 shallow=np.array([r.shallow for r in rows], dtype=np.float16))
         tmp.replace(self.path)
 
 

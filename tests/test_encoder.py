@@ -128,6 +128,11 @@ def test_fewer_layers_are_an_export_of_their_own(exported: Artifacts, cache_root
     short = Encoder.load(EncoderSettings(precision="int8"), artifacts=three)
     a, b = short.embed(TEXTS[:3]), int8.embed(TEXTS[:3])
     assert a.shape == b.shape and cosines(a, b).max() < 0.99  # another embedding: its heads are trained apart
+    # the guard reads layer 3 of the full model: the very embedding of the 3-layer export (fp32)
+    full = Encoder.load(EncoderSettings(precision="fp32"), artifacts=exported)
+    three_fp32 = Encoder.load(EncoderSettings(precision="fp32"), artifacts=three)
+    shallow = np.stack([r.shallow for r in full.read(TEXTS)])
+    np.testing.assert_allclose(shallow, three_fp32.embed(TEXTS), atol=2e-4)
     with pytest.raises(NotReady, match="has 6 layers; cannot keep 7"):
         ensure_exported(settings=ExportSettings(layers=7), cache_root=cache_root)
 
