@@ -1,10 +1,11 @@
 """The out-of-distribution guard: which prompts the heads' answers must not be trusted for.
 
 - **unfamiliar**: a prompt in another language than English (:mod:`classifiers.language`: the
-  encoder and the heads know English only), or one whose word pieces are foreign to the encoder's English vocabulary
-  (continuation pieces, [UNK], non-ASCII) more often than ``FOREIGN_QUANTILE`` of held-out
-  training prompts (gibberish, languages CLD2 was not sure of), or whose highest cosine
-  similarity to a sample of the training prompts is under their ``SIMILARITY_QUANTILE``. Both
+  encoder and the heads know English only), or one whose word pieces are foreign to the
+  encoder's English vocabulary (continuation pieces, [UNK], non-ASCII) more often than
+  ``FOREIGN_QUANTILE`` of held-out training prompts (gibberish, languages CLD2 was not sure of),
+  or whose highest cosine similarity to a sample of the training prompts is under their
+  ``SIMILARITY_QUANTILE``. Both
   cuts are fitted by ``triage train`` on held-out training prompts and kept in
   ``reference.json``. Measured on the probes, the language and vocabulary checks do nearly all
   the catching: ordinary prompts outside the training sets are as far from them as gibberish
