@@ -20,6 +20,7 @@ QUESTION_TYPES = ("choice", "yes_no", "score", "open")
 TYPED_FILES = ("mmlu_pro", "mmlu_redux", "boolq", "strategyqa", "commonsenseqa", "openbookqa", "piqa", "siqa",
                "logiqa", "hellaswag", "truthfulqa_mc1", "gsm8k", "svamp", "multiarith")
 OPEN_FILES = ("mt_bench", "arena_hard_v0.1")
+SHAPED = "shaped-"  # the id prefix of shaped_choice rows
 
 
 @dataclass
@@ -61,6 +62,40 @@ def render_typed(row: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
+_LAYOUTS = (
+    lambda i, o: f"{LETTERS[i]}. {o}",
+    lambda i, o: f"{LETTERS[i]}) {o}",
+    lambda i, o: f"({LETTERS[i].lower()}) {o}",
+    lambda i, o: f"{LETTERS[i]}: {o}",
+    lambda i, o: f"{i + 1}. {o}",
+)
+_ASKS = ("", "", "Answer with the letter of the correct option.", "Choose one: {letters}.", "Which option is right?")
+
+
+def shaped_choice(row: dict[str, Any]) -> str:
+    """A choice row as other sources and clients shape it: two to five of its options (the answer
+    kept, order shuffled), lettered or numbered, on lines or inline, with or without an ask.
+
+    MMLU-Pro's ten options on lines are one shape only; a head trained on it alone reads
+    two-option (PIQA) or long-option (HellaSwag) questions as open. Every choice is a SHA-256 of
+    the row's id, so the rows are the same on every run."""
+
+    def pick(what: str, n: int) -> int:
+        return int.from_bytes(hashlib.sha256(f"shaped:{row['id']}:{what}".encode()).digest()[:4], "big") % n
+
+    answer = row.get("answer")
+    others = sorted((o for o in row["options"] if o != answer), key=lambda o: _bucket(f"{row['id']}:{o}", "shaped"))
+    k = 2 + pick("k", 4)
+    chosen = others[: k - 1] + ([answer] if answer in row["options"] else others[k - 1 : k])
+    chosen.sort(key=lambda o: _bucket(f"{row['id']}:{o}", "shaped-order"))
+    layout = _LAYOUTS[pick("layout", len(_LAYOUTS))]
+    lines = [layout(i, o) for i, o in enumerate(chosen)]
+    body = " ".join(lines) if pick("inline", 4) == 0 else "\n".join(lines)
+    ask = _ASKS[pick("ask", len(_ASKS))].format(letters=", ".join(LETTERS[: len(chosen)]))
+    question = "\n\n".join(p for p in (row.get("context"), row["question"]) if p)
+    return "\n\n".join(p for p in (question, body, ask) if p)
+
+
 def _bucket(id_: str, salt: str) -> float:
     return int.from_bytes(hashlib.sha256(f"{salt}:{id_}".encode()).digest()[:4], "big") / 2**32
 
@@ -81,20 +116,27 @@ def _open_split(id_: str) -> str:
     return "test" if _bucket(id_, "triage-open-split") < 0.3 else "dev"
 
 
-def question_type(data_dir: Path, split: str, per_source_cap: int = 1200) -> Rows:
+def question_type(data_dir: Path, split: str, per_source_cap: int = 1200, shaped: bool = False) -> Rows:
+    """Typed rows labeled by type, and open prompts. ``shaped``: the split's MMLU-Pro rows left out by
+    ``per_source_cap`` come in too, each once, as :func:`shaped_choice` renders it."""
     out = Rows()
     for name in TYPED_FILES:
         try:
             path = find(data_dir, "typed", name)
         except FileNotFoundError:
             continue
-        rows = Rows()
-        for row in read_jsonl(path):
-            if row["split"] == split:
-                rows.add(render_typed(row), row["type"], row["id"])
+        rows, left = Rows(), []
+        every = [row for row in read_jsonl(path) if row["split"] == split]
+        for row in every:
+            rows.add(render_typed(row), row["type"], row["id"])
         rows = subsample(rows, per_source_cap, f"qtype-{name}")
         for t, y, i in zip(rows.texts, rows.labels, rows.ids, strict=True):
             out.add(t, y, i)
+        if shaped and name == "mmlu_pro":
+            kept = set(rows.ids)
+            left = [row for row in every if row["id"] not in kept and len(row.get("options") or []) >= 2]
+        for row in left:
+            out.add(shaped_choice(row), "choice", f"{SHAPED}{row['id']}")
     for name in OPEN_FILES:
         for row in read_jsonl(find(data_dir, "open", name)):
             if _open_split(row["id"]) == split:

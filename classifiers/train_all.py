@@ -54,10 +54,13 @@ class TrainReport:
     seconds: float
 
 
-def _rows(name: str, cfg: ClassifierConfig, root: Path, split: str, limit: int | None) -> datasets.Rows:
+def _rows(name: str, cfg: ClassifierConfig, root: Path, split: str, limit: int | None,
+          shaped: bool = False) -> datasets.Rows:
+    """``shaped``: the question-type head's fit rows with :func:`datasets.shaped_choice` rows."""
     if name == "question_type":
         # test rows: a seeded sample of each typed source, so every source counts
-        rows = datasets.question_type(root, split, per_source_cap=1200 if split == "dev" else 400)
+        fit = split == "dev"
+        rows = datasets.question_type(root, split, per_source_cap=1200 if fit else 400, shaped=shaped and fit)
     elif name == "category":
         rows = datasets.category(root, split)
     elif name == "reasoning":
@@ -142,7 +145,7 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
     held: list[np.ndarray] = []
     for name in [name for name in [*cfg.heads, *cfg.tasks] if name not in (OPTIONS, INJECTION)]:
         fit_split, test_split = _splits(name, cfg)
-        rows = _rows(name, cfg, root, fit_split, limit)
+        rows = _rows(name, cfg, root, fit_split, limit, shaped=True)
         say(f"{name}: embedding {len(rows)} {fit_split} rows")
         readings = cache.read(rows.texts)
         x = np.stack([r.vector for r in readings])
@@ -153,7 +156,9 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
             cut = fit_oos_threshold(head, cache.embed(dev.texts), dev.labels, task.out_of_scope)
             head.meta.update(out_of_scope=task.out_of_scope, oos_threshold=cut)
         head.save(out)
-        calib = held_back(rows.ids, 0.2)
+        # the guard's reference: the rows as the data has them (shaped rows only teach the question type)
+        x = x[[not i.startswith(datasets.SHAPED) for i in rows.ids]]
+        calib = held_back([i for i in rows.ids if not i.startswith(datasets.SHAPED)], 0.2)
         refs.append(x[~calib][:: max(1, int((~calib).sum()) // 1500)])
         held.append(x[calib])
         test = _rows(name, cfg, root, test_split, limit)

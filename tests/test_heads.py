@@ -80,3 +80,34 @@ def test_out_of_scope_cut_turns_doubtful_answers_into_oos() -> None:
     oos_share = np.mean([p.label == "oos" for p in head.predict(far)])
     in_scope = np.mean([p.label == y for p, y in zip(head.predict(x[300:]), labels[300:], strict=True)])
     assert oos_share > 0.5 and in_scope > 0.9
+
+
+def test_shaped_choice_keeps_the_answer_among_two_to_five_options_the_same_every_run() -> None:
+    from classifiers.datasets import shaped_choice
+
+    options = [f"option number {i}" for i in range(10)]
+    shapes = set()
+    for n in range(40):
+        row = {"id": f"row-{n}", "question": "Which one?", "options": options, "answer": options[n % 10]}
+        text = shaped_choice(row)
+        assert text == shaped_choice(dict(row))
+        assert text.startswith("Which one?") and options[n % 10] in text
+        shown = [o for o in options if o in text]
+        assert 2 <= len(shown) <= 5
+        shapes.add((len(shown), "\n" in text.split("\n\n")[1]))
+    assert len(shapes) >= 5  # option counts and layouts vary across rows
+
+
+def test_shaped_rows_are_the_mmlu_pro_rows_the_cap_left_out() -> None:
+    from classifiers import datasets
+
+    root = Path(__file__).resolve().parents[2] / "shared" / "data"
+    if not (root / "typed").is_dir():
+        pytest.skip("the shared data is not beside the checkout")
+    plain = datasets.question_type(root, "dev", per_source_cap=50)
+    shaped = datasets.question_type(root, "dev", per_source_cap=50, shaped=True)
+    extra = [i for i in shaped.ids if i.startswith(datasets.SHAPED)]
+    assert [i for i in shaped.ids if i not in extra] == plain.ids and len(extra) > 0
+    kept = {i for i in plain.ids if i.startswith("mmlu_pro")}
+    assert len(kept) == 50 and not {i.removeprefix(datasets.SHAPED) for i in extra} & kept
+    assert all(y == "choice" for i, y in zip(shaped.ids, shaped.labels, strict=True) if i in extra)
