@@ -193,11 +193,11 @@ async def _decide(request: Request, batch: bool) -> Response:
         if not batch:
             q, overrides = decide.parse(raw, spec, tasks)
             ex.prompt = q.question
-            decision = await decide.decide(ex.rt, q, overrides, ex.request_id, ex.attempts)
+            decision = await _unless_gone(request, decide.decide(ex.rt, q, overrides, ex.request_id, ex.attempts))
             ex.decision, ex.served = decision, decision.tier
             await ex.finish(200)
             return _json(decide.body(decision, ex.request_id), headers=decision_headers(ex.request_id, decision))
-        answers = await _decide_batch(ex, raw, spec, tasks)
+        answers = await _unless_gone(request, _decide_batch(ex, raw, spec, tasks))
     except TriageError as exc:
         await ex.finish(exc.status, exc)
         return error_response(exc)

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import math
+import socket
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
+import structlog
 
 from classifiers.export import ensure_exported
 from classifiers.train_all import train
@@ -183,6 +187,32 @@ def test_every_tier_failing_is_a_502_with_the_trace(gateway: Callable[..., Gatew
         assert [s["outcome"] for s in err["trace"]] == ["failed", "failed"]
         assert "timed out" in err["trace"][0]["error"]
         assert http.get("/health").status_code == 200  # still serving
+
+
+def test_a_client_that_leaves_ends_its_decision(gateway: Callable[..., Gateway]) -> None:
+    """A question escalated to a pool that never answers: the client gives up, the gateway stops
+    waiting within about a quarter of a second (not at the tier's 60 s timeout) and logs 499."""
+    hole = socket.socket()  # accepts, never answers
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(8)
+    gw = gateway(cascade_policy(f"http://127.0.0.1:{hole.getsockname()[1]}/v1", scorer_thresholds="{yes_no: 1.0}"))
+    try:
+        with structlog.testing.capture_logs() as logs:
+            for path, body in (("/v1/decide", {"question": "Is ice cold?", "type": "yes_no"}),
+                               ("/v1/decide/batch", [{"question": "Is fire hot?", "type": "yes_no"}])):
+                with httpx.Client(base_url=gw.base_url) as http, pytest.raises(httpx.ReadTimeout):
+                    http.post(path, json=body, headers={"x-request-id": path}, timeout=1.5)
+            for _ in range(100):
+                if len([e for e in logs if e.get("event") == "request"]) == 2:
+                    break
+                threading.Event().wait(0.05)
+        events = {e["request_id"]: e for e in logs if e.get("event") == "request"}
+        assert events["/v1/decide"]["status"] == 499 and events["/v1/decide/batch"]["status"] == 499
+        assert all(e["latency_ms"] < 5000 for e in events.values())
+        with gw.http() as http:
+            assert http.get("/health").status_code == 200
+    finally:
+        hole.close()
 
 
 def test_failed_pool_after_a_doubtful_scorer(gateway: Callable[..., Gateway]) -> None:
