@@ -1,6 +1,8 @@
-"""Load a policy file: YAML (with positions) -> pydantic -> reference checks.
+"""Load a policy file: YAML (with positions) -> pydantic -> reference checks -> files.
 
 All problems are collected and reported at once, each as ``file:line:col: path: message``.
+Files the policy names (``models.NAME.tokenizer``, relative to the policy file; a backend's
+``gguf.path``, as the backend opens it) must exist when a policy is loaded from a file.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
 from gateway.errors import PolicyInvalid
-from policies.schema import Loc, Policy, reference_problems
+from policies.schema import GGUFScorerBackend, LlamaCppBackend, Loc, Policy, reference_problems
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,22 @@ def _dotted(loc: Loc) -> str:
     return out
 
 
-def parse(text: str, file: str = "<policy>") -> Policy:
-    """Validate policy text; raise :class:`PolicyInvalid` listing every problem."""
+def file_problems(policy: Policy, base_dir: Path) -> list[tuple[Loc, str]]:
+    """Every file the policy names that is not there (``base_dir``: the policy file's folder)."""
+    problems: list[tuple[Loc, str]] = []
+    for name, spec in policy.models.items():
+        if spec.tokenizer is not None and not (found := base_dir / Path(spec.tokenizer).expanduser()).is_file():
+            problems.append((("models", name, "tokenizer"), f"tokenizer file not found: {found}"))
+    for name, backend in policy.backends.items():
+        path = backend.gguf.path if isinstance(backend, LlamaCppBackend | GGUFScorerBackend) else None
+        if path is not None and not Path(path).expanduser().is_file():
+            problems.append((("backends", name, "gguf", "path"), f"GGUF file not found: {Path(path).expanduser()}"))
+    return problems
+
+
+def parse(text: str, file: str = "<policy>", base_dir: Path | None = None) -> Policy:
+    """Validate policy text; raise :class:`PolicyInvalid` listing every problem. With ``base_dir``
+    (the policy file's folder) the files it names are checked too."""
     yaml = YAML(typ="rt")
     try:
         root = yaml.load(text)
@@ -88,7 +104,8 @@ def parse(text: str, file: str = "<policy>") -> Policy:
             line, col = _position(root, loc)
             problems.append(Problem(file, line + 1, col + 1, _dotted(loc), err["msg"]))
         raise PolicyInvalid([str(p) for p in problems]) from None
-    for loc, message in reference_problems(policy):
+    found = reference_problems(policy) + (file_problems(policy, base_dir) if base_dir is not None else [])
+    for loc, message in found:
         line, col = _position(root, loc)
         problems.append(Problem(file, line + 1, col + 1, _dotted(loc), message))
     if problems:
@@ -102,4 +119,4 @@ def load(path: str | Path) -> Policy:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise PolicyInvalid([f"{path}:1:1: cannot read: {exc.strerror or exc}"]) from None
-    return parse(text, str(path))
+    return parse(text, str(path), path.parent)

@@ -215,9 +215,10 @@ def test_a_batch_groups_by_the_models_tokenizer_or_falls_back_to_approx(
     from classifiers.artifacts import source_dir
 
     (tmp_path / "tok.json").symlink_to(source_dir() / "tokenizer.json")  # a real tokenizer.json (MiniLM's)
+    (tmp_path / "broken.json").write_text("{not json")  # there (a missing file is a policy problem), unreadable
     lines = "\n".join(line(f"q{i}", FEW_SHOT + f"colour of thing {i}? A:") for i in range(4)).encode()
     for tokenizer, event, used in (("tok.json", "batch_tokens", "smollm2=json:tok.json"),
-                                   ("missing.json", "batch_tokenizer_failed", None)):
+                                   ("broken.json", "batch_tokenizer_failed", None)):
         policy = pool_policy(llama_server.api_base, tmp_path / f"batches-{tokenizer}").replace(
             "smollm2: {backend: pool}", f"smollm2: {{backend: pool, tokenizer: {tokenizer}}}")
         gw = gateway(policy)
@@ -232,6 +233,6 @@ def test_a_batch_groups_by_the_models_tokenizer_or_falls_back_to_approx(
         if used is not None:
             assert hit["tokenizers"] == used
         else:
-            assert "missing.json" in hit["problems"][0]
+            assert "broken.json" in hit["problems"][0]
             [fallback] = [e for e in logs if e["event"] == "batch_tokens"]
             assert fallback["tokenizers"] == "smollm2=approx"

@@ -117,6 +117,36 @@ def test_not_a_mapping_and_missing_file(tmp_path: Path) -> None:
     assert "cannot read" in info.value.problems[0]
 
 
+def test_files_the_policy_names_must_be_there_when_it_is_loaded_from_a_file(tmp_path: Path) -> None:
+    text = """version: 1
+backends:
+  b: {type: scripted}
+  local: {type: llamacpp, gguf: {path: /nonexistent/model.gguf}}
+models:
+  m: {backend: b, tokenizer: tok/tokenizer.json}
+"""
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(PolicyInvalid) as info:
+        loader.load(path)
+    found = info.value.problems
+    assert f"{path}:6:19: models.m.tokenizer: tokenizer file not found: {tmp_path}/tok/tokenizer.json" in found
+    assert f"{path}:4:34: backends.local.gguf.path: GGUF file not found: /nonexistent/model.gguf" in found
+    loader.parse(text)  # text alone: names only, no files
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")  # there: reading it is the batch runner's business
+    [left] = problems_of(path)
+    assert "gguf.path" in left
+
+
+def problems_of(path: Path) -> list[str]:
+    try:
+        loader.load(path)
+    except PolicyInvalid as exc:
+        return exc.problems
+    return []
+
+
 def test_gguf_source_needs_exactly_one_of_package_or_path() -> None:
     text = GOOD.replace("type: scripted", "type: llamacpp\n    gguf: {}")
     [p] = problems(text)
