@@ -260,4 +260,7 @@ def measure(head: LinearHead, x: np.ndarray, labels: list[str], task: object | N
         result.extra["oos_recall"] = float((pred[is_oos] == k).mean()) if is_oos.any() else float("nan")
         in_scope = ~is_oos
         result.extra["in_scope_accuracy"] = float(correct[in_scope].mean())
+        # what the cut maximises, and how well out of scope is told apart whatever the cut
+        result.extra["balanced"] = (result.extra["oos_recall"] + result.extra["in_scope_accuracy"]) / 2
+        result.extra["oos_auroc"] = auroc(1.0 - np.delete(probs, k, axis=1).max(axis=1), is_oos)
     return result
