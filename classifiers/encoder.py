@@ -205,7 +205,11 @@ class Encoder:
     def read(self, texts: Sequence[str | bytes]) -> list[Reading]:
         """Each prompt's embedding, its sentences' embeddings, its foreign share and its language (see
         the module)."""
-        return self._run([self.encode(t) for t in texts], parts=True) if texts else []
+        return self.read_encoded([self.encode(t) for t in texts])
+
+    def read_encoded(self, rows: Sequence[Encoded]) -> list[Reading]:
+        """:meth:`read` of prompts already encoded (with their parts) by :meth:`encode`."""
+        return self._run(list(rows), parts=True) if rows else []
 
     def _run(self, rows: list[Encoded], parts: bool) -> list[Reading]:
         if not self.settings.apart or len(rows) == 1:

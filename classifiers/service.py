@@ -86,6 +86,6 @@ class Classifier:
     def classify(self, text: str | bytes) -> Classification:
         t0 = time.perf_counter()
         encoded = self.encoder.encode(text)
-        [(heads, fam)] = self.classify_readings(self.encoder.read([text]))
+        [(heads, fam)] = self.classify_readings(self.encoder.read_encoded([encoded]))
         return Classification(heads, fam, encoded.original_tokens, encoded.truncated,
                               (time.perf_counter() - t0) * 1000)
