@@ -45,9 +45,9 @@ class ExportSettings:
     """
 
     opset: int = 17
-    fuse: bool = True  # ONNX Runtime's transformer fusions (Attention, SkipLayerNorm, BiasGelu)
+    fuse: bool = True  # ONNX Runtime's transformer fusions (Attention, EmbedLayerNorm, BiasGelu)
     int8_per_channel: bool = True  # per-channel weight scales: cosine to fp32 ~0.99 against ~0.95
-    format_version: int = 2  # bump when the export code changes what it writes (2: token embeddings out too)
+    format_version: int = 3  # bump when the export changes what it writes (2: token states out; 3: no SkipLayerNorm)
     layers: int = 6  # keep the first N transformer layers (all-MiniLM-L6-v2 has 6): fewer is faster, less exact
     guard_layer: int = 3  # the layer whose token states the guard reads (at most ``layers``)
 

@@ -98,6 +98,20 @@ def test_manifest_records_the_export(exported: Artifacts) -> None:
     assert exported.model("int8").stat().st_size < exported.model("fp32").stat().st_size / 3
 
 
+def test_the_export_fuses_attention_but_not_skip_layer_norm(exported: Artifacts, tmp_path: Path) -> None:
+    """SkipLayerNormalization is slower on CPU than the Add and LayerNormalization it fuses: neither
+    the export nor the encoder's sessions (their optimized graph, dumped here) have it."""
+    import onnx
+
+    from classifiers.encoder import EncoderSettings, _open
+
+    ops = {n.op_type for n in onnx.load(str(exported.model("int8"))).graph.node}
+    assert "QAttention" in ops and "LayerNormalization" in ops and "SkipLayerNormalization" not in ops
+    dumped = tmp_path / "optimized.onnx"
+    _open(exported.model("int8"), EncoderSettings(), optimized_to=dumped)
+    assert "SkipLayerNormalization" not in {n.op_type for n in onnx.load(str(dumped)).graph.node}
+
+
 def test_second_export_is_a_noop(exported: Artifacts, cache_root: Path) -> None:
     before = exported.manifest_path.stat().st_mtime_ns
     again, built = ensure_exported(cache_root=cache_root)
