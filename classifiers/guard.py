@@ -53,9 +53,13 @@ class Familiarity:
     language: str = UNKNOWN  # "en", another language's code, or "un"
 
     @property
+    def readable(self) -> bool:
+        """English in the encoder's word pieces: the language and the vocabulary checks pass."""
+        return self.foreign <= self.foreign_threshold and not foreign_language(self.language)
+
+    @property
     def in_distribution(self) -> bool:
-        return (self.similarity >= self.threshold and self.foreign <= self.foreign_threshold
-                and not foreign_language(self.language))
+        return self.readable and self.similarity >= self.threshold
 
 
 class Reference:

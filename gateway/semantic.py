@@ -43,9 +43,10 @@ class Encoding:
         if is_follow_up(vm, last, len(earlier)):
             readings = await asyncio.gather(self.batcher.embed(last), self.batcher.embed("\n".join(earlier)))
             (own, own_fam), (prev, prev_fam) = self.classifier.classify_readings(list(readings))
-            return decide_turns(vm, (own, own_fam.in_distribution), (prev, prev_fam.in_distribution))
+            return decide_turns(vm, (own, own_fam.in_distribution, own_fam.readable),
+                                (prev, prev_fam.in_distribution, prev_fam.readable))
         [(heads, fam)] = self.classifier.classify_readings([await self.batcher.embed(last)])
-        return decide(vm, heads, fam.in_distribution)
+        return decide(vm, heads, fam.in_distribution, fam.readable)
 
 
 def artifacts_signature(config: ClassifierConfig, policy_dir: Path) -> tuple[tuple[str, int], ...]:

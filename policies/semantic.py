@@ -1,13 +1,16 @@
 """Routing decisions of a semantic virtual model, from the encoder's head outputs. Pure.
 
 Rules, in order:
-1. an unfamiliar prompt (another language, foreign words, far from every training prompt: see
+1. a prompt the ``injection`` head says is addressed to the router ("send this to the biggest
+   model", "classify this as math") takes the fixed ``injection`` route (else ``default``: never
+   ``escalate_to``, which is what such a prompt asks for), reasoning on only when ``mode`` is
+   ``on``; unless the heads cannot read it (``readable`` false: another language, foreign words),
+   when rule 2 takes it. Far from the training prompts does not stop rule 1: prompts addressed to
+   the router are unlike the prompts the other heads learnt from, and this head learnt them;
+2. an unfamiliar prompt (another language, foreign words, far from every training prompt: see
    :mod:`classifiers.guard`) takes the fixed ``unfamiliar`` route (else ``escalate_to``, else
    ``default``; never ``escalate_to`` when the injection head also flags it): the heads' answers
    are not trusted for it;
-2. a prompt the ``injection`` head says is addressed to the router ("send this to the biggest
-   model", "classify this as math") takes the fixed ``injection`` route (else ``default``: never
-   ``escalate_to``, which is what such a prompt asks for), reasoning on only when ``mode`` is ``on``;
 3. a category the policy maps, predicted with at least ``min_confidence``, goes to its model;
 4. a category predicted below ``min_confidence`` escalates to ``escalate_to`` when set;
 5. anything else goes to ``default``.
@@ -39,7 +42,9 @@ class Route:
     follow_up: bool = False
 
 
-def decide(vm: SemanticModel, heads: Mapping[str, Prediction], familiar: bool) -> Route:
+def decide(vm: SemanticModel, heads: Mapping[str, Prediction], familiar: bool, readable: bool = True) -> Route:
+    """``familiar``: the guard finds the prompt in distribution; ``readable``: its language and word
+    pieces are the encoder's (false implies not familiar)."""
     cat = heads.get("category")
     category, confidence = (cat.label, cat.confidence) if cat is not None else (None, 1.0)
     pays = heads.get("reasoning")
@@ -50,12 +55,12 @@ def decide(vm: SemanticModel, heads: Mapping[str, Prediction], familiar: bool) -
         reasoning = vm.reasoning.mode == "on"
     guard = heads.get(INJECTION)
     aimed = guard is not None and guard.label == ROUTER
+    if aimed and readable:
+        return Route(vm.injection or vm.default, vm.reasoning.mode == "on", "injection", category, confidence, p_pays)
     if not familiar:  # flagged as aimed at the router too: never escalate_to, what such a prompt asks for
         model = vm.unfamiliar or (vm.default if aimed else vm.escalate_to) or vm.default
         on = vm.reasoning.mode == "on" if aimed else reasoning
         return Route(model, on, "unfamiliar", category, confidence, p_pays)
-    if aimed:
-        return Route(vm.injection or vm.default, vm.reasoning.mode == "on", "injection", category, confidence, p_pays)
     if category is not None and confidence < vm.min_confidence and vm.escalate_to:
         return Route(vm.escalate_to, reasoning, "escalated", category, confidence, p_pays)
     if category is not None and category in vm.categories and confidence >= vm.min_confidence:
@@ -67,10 +72,10 @@ def is_follow_up(vm: SemanticModel, last_turn: str, earlier_turns: int) -> bool:
     return earlier_turns > 0 and len(last_turn.split()) <= vm.follow_up_max_words
 
 
-def decide_turns(vm: SemanticModel, last: tuple[Mapping[str, Prediction], bool],
-                 earlier: tuple[Mapping[str, Prediction], bool]) -> Route:
+def decide_turns(vm: SemanticModel, last: tuple[Mapping[str, Prediction], bool, bool],
+                 earlier: tuple[Mapping[str, Prediction], bool, bool]) -> Route:
     """The route of a short follow-up: the conversation's, unless the turn is confidently different
-    or addressed to the router."""
+    or addressed to the router. Each turn: (heads, familiar, readable), as :func:`decide` takes them."""
     own = decide(vm, *last)
     if own.reason == "injection":
         return own

@@ -115,8 +115,10 @@ def test_the_injection_head_reads_the_most_router_like_sentence() -> None:
 
 def test_familiarity_needs_both_checks(tmp_path: Path) -> None:
     assert Familiarity(0.5, 0.2, 0.1, 0.3).in_distribution
-    assert not Familiarity(0.1, 0.2, 0.1, 0.3).in_distribution  # far from every training prompt
-    assert not Familiarity(0.5, 0.2, 0.4, 0.3).in_distribution  # foreign words
+    far = Familiarity(0.1, 0.2, 0.1, 0.3)  # far from every training prompt, but readable English
+    assert not far.in_distribution and far.readable
+    assert not Familiarity(0.5, 0.2, 0.4, 0.3).readable  # foreign words
+    assert not Familiarity(0.5, 0.2, 0.1, 0.3, "de").readable  # another language
     ref = Reference(np.eye(3, dtype=np.float32), 0.2, 0.3, layers=4)
     ref.save(tmp_path, {"rows": 3})
     loaded = Reference.load(tmp_path, "triage train --policy p.yaml")

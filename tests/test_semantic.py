@@ -44,18 +44,22 @@ def test_a_prompt_addressed_to_the_router_takes_the_fixed_route_without_reasonin
     # without an `injection` route: the default, never escalate_to (what such a prompt asks for)
     route = decide(VM.model_copy(update={"escalate_to": "big"}), flagged(heads("math", 0.2, 0.9), 0.97), familiar=True)
     assert (route.model, route.reason) == ("small", "injection")
-    # an unfamiliar prompt (gibberish, another language) takes the unfamiliar route; flagged as aimed
-    # at the router too, it never falls back to escalate_to
-    assert decide(escalating, flagged(heads("math", 0.9, 0.9), 0.97), familiar=False).model == "safe"
+    # far from the training prompts but in English: still the injection route (router-aimed prompts
+    # are far from the other heads' prompts; the injection head learnt them)
+    assert decide(escalating, flagged(heads("math", 0.9, 0.9), 0.97), familiar=False).reason == "injection"
+    # text the heads cannot read (another language, foreign words) takes the unfamiliar route; flagged
+    # as aimed at the router too, it never falls back to escalate_to
+    unread = {"familiar": False, "readable": False}
+    assert decide(escalating, flagged(heads("math", 0.9, 0.9), 0.97), **unread).model == "safe"
     no_unfamiliar = escalating.model_copy(update={"unfamiliar": None})
-    route = decide(no_unfamiliar, flagged(heads("math", 0.2, 0.9), 0.97), familiar=False)
+    route = decide(no_unfamiliar, flagged(heads("math", 0.2, 0.9), 0.97), **unread)
     assert (route.model, route.reason, route.reasoning) == ("small", "unfamiliar", False)
     assert decide(no_unfamiliar, heads("math", 0.2, 0.9), familiar=False).model == "big"
     on = VM.model_copy(update={"reasoning": VM.reasoning.model_copy(update={"mode": "on"})})
     assert decide(on, flagged(heads("math", 0.9, 0.1), 0.97), familiar=True).reasoning is True
     assert decide(VM, flagged(heads("math", 0.9, 0.6), 0.2), familiar=True).reason == "category"  # not flagged
     # a short follow-up addressed to the router does not keep the conversation's route
-    turn = decide_turns(VM, (flagged(heads("law", 0.6, 0.1), 0.9), True), (heads("math", 0.9, 0.1), True))
+    turn = decide_turns(VM, (flagged(heads("law", 0.6, 0.1), 0.9), True, True), (heads("math", 0.9, 0.1), True, True))
     assert (turn.model, turn.reason, turn.follow_up) == ("small", "injection", False)
 
 
@@ -67,9 +71,9 @@ def test_reasoning_threshold_and_modes() -> None:
 
 
 def test_follow_up_keeps_the_route_unless_confidently_different() -> None:
-    kept = decide_turns(VM, (heads("law", 0.6, 0.1), True), (heads("math", 0.9, 0.1), True))
+    kept = decide_turns(VM, (heads("law", 0.6, 0.1), True, True), (heads("math", 0.9, 0.1), True, True))
     assert (kept.model, kept.follow_up) == ("big", True)
-    switched = decide_turns(VM, (heads("law", 0.95, 0.1), True), (heads("math", 0.9, 0.1), True))
+    switched = decide_turns(VM, (heads("law", 0.95, 0.1), True, True), (heads("math", 0.9, 0.1), True, True))
     assert (switched.model, switched.follow_up) == ("small", False)
 
 

@@ -56,7 +56,7 @@ def route(
         "tokens": out.tokens, "truncated": out.truncated, "latency_ms": round(out.latency_ms, 3),
     }
     if chosen is not None:
-        decision = decide(semantic[chosen], out.heads, out.familiarity.in_distribution)
+        decision = decide(semantic[chosen], out.heads, out.familiarity.in_distribution, out.familiarity.readable)
         doc = {"decision": {"virtual_model": chosen, **asdict(decision)}, **doc}
     if as_json:
         typer.echo(json.dumps(doc))
