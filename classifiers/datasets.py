@@ -96,6 +96,12 @@ def shaped_choice(row: dict[str, Any]) -> str:
     return "\n\n".join(p for p in (question, body, ask) if p)
 
 
+def source_of(id_: str) -> str:
+    """The set a question-type row comes from, by its id (``piqa-test-3`` -> ``piqa``); open prompts: ``open``."""
+    name = id_.removeprefix(SHAPED).split("-")[0]
+    return "open" if name in OPEN_FILES else (f"{SHAPED}{name}" if id_.startswith(SHAPED) else name)
+
+
 def _bucket(id_: str, salt: str) -> float:
     return int.from_bytes(hashlib.sha256(f"{salt}:{id_}".encode()).digest()[:4], "big") / 2**32
 

@@ -77,6 +77,7 @@ class EncoderSettings:
     max_tokens: int = 256  # including [CLS] and [SEP]; at most the model's 512 positions
     spin: bool = False  # let idle intra-op threads busy-wait (only matters with 2+ threads)
     rows: Literal["auto", "apart", "together"] = "auto"  # auto: apart for int8, together for fp32
+    skip_layer_norm: bool = False  # let ONNX Runtime fuse SkipLayerNormalization (slower here: bench encoder)
 
     @property
     def apart(self) -> bool:
@@ -252,13 +253,13 @@ class Encoder:
 
 def _open(model: Path, settings: EncoderSettings, optimized_to: Path | None = None) -> ort.InferenceSession:
     """A session on ``model`` (``optimized_to``: write the graph it runs there). On the CPU
-    provider ONNX Runtime's own SkipLayerNormFusion is off: its fused kernel took 93 us a call at
-    32 tokens here against 35 us for the Add and the LayerNormalization it replaces (the export
-    does not fuse them either; ``classifiers.export``)."""
+    provider ONNX Runtime's own SkipLayerNormFusion is off unless ``skip_layer_norm``: its fused
+    kernel is slower here than the Add and LayerNormalization it replaces (``triage bench
+    encoder``, contestant ``onnx-int8-sln``; the export does not fuse them either)."""
     opts = _session_options(settings)
     if optimized_to is not None:
         opts.optimized_model_filepath = str(optimized_to)
-    disabled = list(CPU_UNFUSED) if settings.provider == CPU else []
+    disabled = list(CPU_UNFUSED) if settings.provider == CPU and not settings.skip_layer_norm else []
     return ort.InferenceSession(str(model), opts, providers=[settings.provider], disabled_optimizers=disabled)
 
 

@@ -35,6 +35,13 @@ TEST_CAP = 3000  # test rows measured per head: a seeded sample (embedding long 
 
 
 @dataclass
+class SourceResult:
+    n: int
+    accuracy: float
+    predicted: dict[str, int]  # answers by class
+
+
+@dataclass
 class HeadResult:
     name: str
     fit_rows: int
@@ -43,6 +50,7 @@ class HeadResult:
     ece: float
     ece_uncalibrated: float
     extra: dict[str, float] = field(default_factory=dict)
+    by_source: dict[str, SourceResult] = field(default_factory=dict)  # question type: per test set
 
 
 @dataclass
@@ -163,7 +171,8 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
         held.append(x[calib])
         test = _rows(name, cfg, root, test_split, limit)
         say(f"{name}: measuring on {len(test)} {test_split} rows")
-        results.append(measure(head, cache.embed(test.texts), test.labels, cfg.tasks.get(name)))
+        sources = [datasets.source_of(i) for i in test.ids] if name == "question_type" else None
+        results.append(measure(head, cache.embed(test.texts), test.labels, cfg.tasks.get(name), sources))
         cache.save()
     ordinary, ordinary_test = _ordinary(cfg, root, "fit", limit), _ordinary(cfg, root, "test", limit)
     if INJECTION in cfg.heads:
@@ -242,7 +251,9 @@ def fit_oos_threshold(head: LinearHead, x: np.ndarray, labels: list[str], oos: s
     return best
 
 
-def measure(head: LinearHead, x: np.ndarray, labels: list[str], task: object | None = None) -> HeadResult:
+def measure(head: LinearHead, x: np.ndarray, labels: list[str], task: object | None = None,
+            sources: list[str] | None = None) -> HeadResult:
+    """Accuracy and ECE on test rows (and per source, given each row's)."""
     known = [i for i, y in enumerate(labels) if y in head.classes]
     y = np.array([head.classes.index(labels[i]) for i in known])
     probs = head.proba(x[known])
@@ -263,4 +274,10 @@ def measure(head: LinearHead, x: np.ndarray, labels: list[str], task: object | N
         # what the cut maximises, and how well out of scope is told apart whatever the cut
         result.extra["balanced"] = (result.extra["oos_recall"] + result.extra["in_scope_accuracy"]) / 2
         result.extra["oos_auroc"] = auroc(1.0 - np.delete(probs, k, axis=1).max(axis=1), is_oos)
+    if sources is not None:
+        src = np.array([sources[i] for i in known])
+        for s in sorted(set(src)):
+            m = src == s
+            result.by_source[s] = SourceResult(int(m.sum()), float(correct[m].mean()), {
+                c: int((pred[m] == j).sum()) for j, c in enumerate(head.classes) if (pred[m] == j).any()})
     return result

@@ -110,6 +110,9 @@ def test_the_export_fuses_attention_but_not_skip_layer_norm(exported: Artifacts,
     dumped = tmp_path / "optimized.onnx"
     _open(exported.model("int8"), EncoderSettings(), optimized_to=dumped)
     assert "SkipLayerNormalization" not in {n.op_type for n in onnx.load(str(dumped)).graph.node}
+    fused = tmp_path / "fused.onnx"  # what `triage bench encoder` times against it
+    _open(exported.model("int8"), EncoderSettings(skip_layer_norm=True), optimized_to=fused)
+    assert "SkipLayerNormalization" in {n.op_type for n in onnx.load(str(fused)).graph.node}
 
 
 def test_second_export_is_a_noop(exported: Artifacts, cache_root: Path) -> None:

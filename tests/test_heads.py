@@ -111,3 +111,20 @@ def test_shaped_rows_are_the_mmlu_pro_rows_the_cap_left_out() -> None:
     kept = {i for i in plain.ids if i.startswith("mmlu_pro")}
     assert len(kept) == 50 and not {i.removeprefix(datasets.SHAPED) for i in extra} & kept
     assert all(y == "choice" for i, y in zip(shaped.ids, shaped.labels, strict=True) if i in extra)
+
+
+def test_measure_by_source_splits_accuracy_and_answers() -> None:
+    from classifiers.datasets import source_of
+    from classifiers.train_all import measure
+
+    x, labels = blobs(400, 3, seed=2)
+    head, _ = fit_head("question_type", x, labels, [f"r{i}" for i in range(400)])
+    ids = [f"piqa-test-{i}" if i % 2 else f"mt_bench-{i}" for i in range(400)]
+    sources = [source_of(i) for i in ids]
+    assert set(sources) == {"piqa", "open"} and source_of("shaped-mmlu_pro-dev-3") == "shaped-mmlu_pro"
+    wrong = [labels[i] if i % 2 else "c0" for i in range(400)]  # the open half labeled c0 whatever it is
+    result = measure(head, x, wrong, None, sources)
+    piqa, open_ = result.by_source["piqa"], result.by_source["open"]
+    assert (piqa.n, open_.n) == (200, 200) and piqa.accuracy > 0.9 > open_.accuracy
+    assert sum(piqa.predicted.values()) == 200
+    assert result.accuracy == pytest.approx((piqa.accuracy + open_.accuracy) / 2)

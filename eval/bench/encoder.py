@@ -1,7 +1,8 @@
 """``triage bench encoder``: the encoder's latency and throughput, ONNX int8 / fp32 against PyTorch.
 
 The contestants (ONNX int8 with each row its own forward, the default; int8 with a batch's rows in
-one padded forward; ONNX fp32; sentence-transformers on PyTorch) run in this process, in
+one padded forward; int8 with ONNX Runtime's SkipLayerNormalization fusion, which the encoder turns
+off; ONNX fp32; sentence-transformers on PyTorch) run in this process, in
 interleaved rounds whose contestant order rotates, so that machine noise falls on each alike:
 1. latency one prompt at a time, intra-op threads 1, for prompts of 16, 32, 128 and 512 tokens
    ([CLS]/[SEP] included; 512 is over the model's 256 and is truncated: head + tail for ONNX,
@@ -38,6 +39,7 @@ from eval.bench import report
 from eval.bench.encoder_backends import (
     ONNX_FP32,
     ONNX_INT8,
+    ONNX_INT8_SLN,
     ONNX_INT8_TOGETHER,
     PYTORCH,
     Contestant,
@@ -78,7 +80,8 @@ def run(**kwargs: Any) -> dict[str, Any]:
     console.print("exporting (or reusing) the ONNX models ...")
     art, built = ensure_exported()
     contestants = [onnx_contestant(ONNX_INT8, art, "int8", (1, 2)), onnx_contestant(ONNX_FP32, art, "fp32", (1, 2)),
-                   onnx_contestant(ONNX_INT8_TOGETHER, art, "int8", (1, 2), rows="together")]
+                   onnx_contestant(ONNX_INT8_TOGETHER, art, "int8", (1, 2), rows="together"),
+                   onnx_contestant(ONNX_INT8_SLN, art, "int8", (1, 2), skip_layer_norm=True)]
     for n in opts.layers:
         fewer, _ = ensure_exported(settings=ExportSettings(layers=n))
         contestants.insert(1, onnx_contestant(f"{FEWER_LAYERS}{n}", fewer, "int8", (1, 2)))

@@ -22,6 +22,7 @@ from classifiers.encoder import Encoder, EncoderSettings
 Forward = Callable[[Sequence[str]], np.ndarray]
 ONNX_INT8, ONNX_FP32, PYTORCH = "onnx-int8", "onnx-fp32", "pytorch"
 ONNX_INT8_TOGETHER = "onnx-int8-together"  # int8 with a batch's rows in one padded forward (not the default)
+ONNX_INT8_SLN = "onnx-int8-sln"  # int8 with ONNX Runtime's SkipLayerNormFusion on (the export before format 3)
 TORCH_SETTLE_S = 0.3
 
 # common English words; those that are one word piece each make prompts of an exact length
@@ -58,9 +59,10 @@ def exact_prompts(encoder: Encoder, tokens: int, count: int, seed: int) -> list[
 
 
 def onnx_contestant(name: str, art: Artifacts, precision: str, threads: Sequence[int], rows: str = "auto",
-                    ) -> Contestant:
+                    skip_layer_norm: bool = False) -> Contestant:
     encoders = {n: Encoder.load(EncoderSettings(precision=precision, intra_op_threads=n,  # type: ignore[arg-type]
-                                                rows=rows), artifacts=art) for n in threads}  # type: ignore[arg-type]
+                                                rows=rows, skip_layer_norm=skip_layer_norm),  # type: ignore[arg-type]
+                                artifacts=art) for n in threads}
     return Contestant(name, {n: e.embed for n, e in encoders.items()}, lambda n: None)
 
 

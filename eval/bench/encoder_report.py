@@ -8,13 +8,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from eval.bench.encoder_backends import ONNX_FP32, ONNX_INT8, ONNX_INT8_TOGETHER, PYTORCH
+from eval.bench.encoder_backends import ONNX_FP32, ONNX_INT8, ONNX_INT8_SLN, ONNX_INT8_TOGETHER, PYTORCH
 from eval.bench.report import goals_table
 
 # the goals
 P50_32_MAX_MS = 3.0
 DECISIONS_2CORE_MIN = 400.0
-ORDER = (ONNX_INT8, ONNX_INT8_TOGETHER, ONNX_FP32, PYTORCH)
+ORDER = (ONNX_INT8, ONNX_INT8_TOGETHER, ONNX_INT8_SLN, ONNX_FP32, PYTORCH)
 FEWER_LAYERS = "onnx-int8-l"  # + N: int8 of an export that keeps the first N layers (bench encoder --layers N)
 
 
@@ -46,6 +46,8 @@ def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
          "pass": None},
         {"goal": "(info) int8 vs fp32 mean cosine", "value": _get(res, "agreement", "int8_vs_fp32", "mean_cosine"),
          "unit": "", "pass": None},
+        {"goal": "(info) int8 p50 / int8 with SkipLayerNorm fused, 32 tokens, one core",
+         "value": _ratio(_get(res, "single", ONNX_INT8_SLN, "32", "p50_ms"), p50), "unit": "x", "pass": None},
     ]
     for name in _order(res.get("single", {})):
         if name.startswith(FEWER_LAYERS):  # the same goals for an export with fewer layers (other heads)

@@ -39,6 +39,14 @@ def train(
         table.add_row(h.name, str(h.fit_rows), str(h.test_rows), f"{h.accuracy:.3f}", f"{h.ece:.3f}",
                       f"{h.ece_uncalibrated:.3f}", other)
     console.print(table)
+    for h in result.heads:
+        if h.by_source:
+            per = Table(title=f"{h.name} by test set", expand=True)
+            for col in ("set", "rows", "accuracy", "answered"):
+                per.add_column(col)
+            for name, r in h.by_source.items():
+                per.add_row(name, str(r.n), f"{r.accuracy:.3f}", ", ".join(f"{k} {v}" for k, v in r.predicted.items()))
+            console.print(per)
     console.print(f"unfamiliar: another language than English, max cosine to training rows under "
                   f"{result.ood_threshold:.3f}, or foreign word pieces over {result.foreign_threshold:.3f} "
                   "of the prompt")
