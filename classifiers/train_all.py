@@ -157,7 +157,8 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
         say(f"{name}: embedding {len(rows)} {fit_split} rows")
         readings = cache.read(rows.texts)
         x = np.stack([r.vector for r in readings])
-        head, _ = fit_head(name, x, rows.labels, rows.ids)  # unweighted: P(pays) stays a probability
+        shaped = [i.startswith(datasets.SHAPED) for i in rows.ids]  # fitted on, never calibrated on
+        head, _ = fit_head(name, x, rows.labels, rows.ids, synthetic=shaped)  # unweighted: P(pays) stays a probability
         task = cfg.tasks.get(name)
         if task is not None and task.out_of_scope in head.classes:
             dev = _rows(name, cfg, root, "dev", limit)
@@ -165,8 +166,8 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
             head.meta.update(out_of_scope=task.out_of_scope, oos_threshold=cut)
         head.save(out)
         # the guard's reference: the rows as the data has them (shaped rows only teach the question type)
-        x = x[[not i.startswith(datasets.SHAPED) for i in rows.ids]]
-        calib = held_back([i for i in rows.ids if not i.startswith(datasets.SHAPED)], 0.2)
+        x = x[[not s for s in shaped]]
+        calib = held_back([i for i, s in zip(rows.ids, shaped, strict=True) if not s], 0.2)
         refs.append(x[~calib][:: max(1, int((~calib).sum()) // 1500)])
         held.append(x[calib])
         test = _rows(name, cfg, root, test_split, limit)

@@ -43,13 +43,19 @@ def fit_head(
     calibration_fraction: float = 0.2,
     balanced: bool = False,
     classes: Sequence[str] | None = None,
+    synthetic: Sequence[bool] | None = None,
 ) -> tuple[LinearHead, FitReport]:
+    """A logistic-regression head, its temperature fitted on a held-back share of the rows.
+    ``synthetic`` rows (generated, not drawn from the data) are only ever fitted on: a temperature
+    is for the prompts a head will meet, which generated ones only imitate."""
     from sklearn.linear_model import LogisticRegression
 
     classes = tuple(sorted(set(labels)) if classes is None else classes)
     index = {c_: i for i, c_ in enumerate(classes)}
     y = np.array([index[label] for label in labels])
     calib = held_back(ids, calibration_fraction)
+    if synthetic is not None:
+        calib &= ~np.asarray(synthetic, dtype=bool)
     if calib.all() or not calib.any():
         calib = np.arange(len(y)) % 5 == 0  # tiny sets: every fifth row
     model = LogisticRegression(C=c, max_iter=2000, class_weight="balanced" if balanced else None)

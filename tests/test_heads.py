@@ -128,3 +128,14 @@ def test_measure_by_source_splits_accuracy_and_answers() -> None:
     assert (piqa.n, open_.n) == (200, 200) and piqa.accuracy > 0.9 > open_.accuracy
     assert sum(piqa.predicted.values()) == 200
     assert result.accuracy == pytest.approx((piqa.accuracy + open_.accuracy) / 2)
+
+
+def test_synthetic_rows_are_fitted_on_never_calibrated_on() -> None:
+    x, labels = blobs(400, 3, seed=3)
+    ids = [f"r{i}" for i in range(400)]
+    synthetic = [i < 200 for i in range(400)]
+    _, plain = fit_head("h", x, labels, ids)
+    _, report = fit_head("h", x, labels, ids, synthetic=synthetic)
+    held = held_back(ids, 0.2)
+    assert plain.n_calibration == int(held.sum())
+    assert report.n_calibration == int(held[200:].sum()) and report.n_fit == 400 - report.n_calibration
