@@ -66,8 +66,8 @@ def tokenizer_for(policy: Policy, model: str, base_dir: Path = Path(".")) -> Tok
     spec = policy.models.get(model)
     if spec is None:
         return None
-    if spec.tokenizer is not None:
-        return _load("json", base_dir / Path(spec.tokenizer).expanduser(), f"models.{model}.tokenizer")
+    if (path := spec.tokenizer_file(base_dir)) is not None:
+        return _load("json", path, f"models.{model}.tokenizer")
     return _gguf_tokenizer(policy, spec.backend, f"models.{model}.backend")
 
 

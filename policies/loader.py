@@ -71,7 +71,7 @@ def file_problems(policy: Policy, base_dir: Path) -> list[tuple[Loc, str]]:
     """Every file the policy names that is not there (``base_dir``: the policy file's folder)."""
     problems: list[tuple[Loc, str]] = []
     for name, spec in policy.models.items():
-        if spec.tokenizer is not None and not (found := base_dir / Path(spec.tokenizer).expanduser()).is_file():
+        if (found := spec.tokenizer_file(base_dir)) is not None and not found.is_file():
             problems.append((("models", name, "tokenizer"), f"tokenizer file not found: {found}"))
     for name, backend in policy.backends.items():
         path = backend.gguf.path if isinstance(backend, LlamaCppBackend | GGUFScorerBackend) else None

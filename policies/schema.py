@@ -8,6 +8,7 @@ references (models -> backends, virtual models -> models, fallbacks -> models) a
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -185,6 +186,10 @@ class ModelSpec(Strict):
     tokenizer: str | None = Field(
         None, description="a HuggingFace tokenizer.json of the model, relative to the policy file: batches group "
                           "its prompts by its tokens (a model on a GGUF backend uses the file's own)")
+
+    def tokenizer_file(self, policy_dir: Path) -> Path | None:
+        """Where ``tokenizer`` points, from the policy file's folder."""
+        return None if self.tokenizer is None else policy_dir / Path(self.tokenizer).expanduser()
 
 
 class AliasModel(Strict):
