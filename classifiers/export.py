@@ -116,7 +116,7 @@ def _export_into(src: Path, out: Path, opts: ExportSettings) -> dict[str, Any]:
         raw.unlink()
     else:
         raw.rename(fp32)
-    _quantize(fp32, out / "model-int8.onnx", per_channel=opts.int8_per_channel)
+    quantize(fp32, out / "model-int8.onnx", per_channel=opts.int8_per_channel)
     shutil.copyfile(src / TOKENIZER, out / TOKENIZER)
     cosines = _check(torch, wrapped, src, out)
     if cosines["fp32"] < FP32_MIN_COSINE:
@@ -198,7 +198,7 @@ def _fuse(src: Path, dst: Path, *, num_heads: int, hidden_size: int) -> None:
         model.save_model_to_file(str(dst))
 
 
-def _quantize(src: Path, dst: Path, *, per_channel: bool) -> None:
+def quantize(src: Path, dst: Path, *, per_channel: bool) -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 

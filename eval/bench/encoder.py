@@ -6,7 +6,8 @@ off; ONNX fp32; sentence-transformers on PyTorch) run in this process, in
 interleaved rounds whose contestant order rotates, so that machine noise falls on each alike:
 1. latency one prompt at a time, intra-op threads 1, for prompts of 16, 32, 128 and 512 tokens
    ([CLS]/[SEP] included; 512 is over the model's 256 and is truncated: head + tail for ONNX,
-   head only for sentence-transformers);
+   head only for sentence-transformers), with the floor of this CPU beside them: the int8 export's
+   matrix products alone (:mod:`eval.bench.encoder_floor`);
 2. latency micro-batched: ``concurrency`` clients in a closed loop through the
    :class:`~classifiers.batching.MicroBatcher` (submit-to-result per request), threads 1;
 3. decisions per second, micro-batched, at ``throughput_tokens`` tokens: on one core (intra-op
@@ -51,6 +52,7 @@ from eval.bench.encoder_backends import (
     torch_kept_tokens,
     torch_version,
 )
+from eval.bench.encoder_floor import floor_contestant
 from eval.bench.encoder_report import FEWER_LAYERS, goals, render
 
 PROMPTS_PER_LENGTH = 8
@@ -89,16 +91,17 @@ def run(**kwargs: Any) -> dict[str, Any]:
         contestants.append(torch_contestant((1, 2)))
     int8_alone = onnx_contestant("onnx-int8-b", art, "int8", (1,))
     probe = Encoder.load(EncoderSettings(), artifacts=art)
+    floor = floor_contestant(art, probe, per_channel=ExportSettings().int8_per_channel)  # one prompt at a time only
     prompts = {n: exact_prompts(probe, n, PROMPTS_PER_LENGTH, seed=1) for n in opts.lengths}
     busy = _CpuMeter()
     t0 = time.perf_counter()
-    for c in contestants:  # warm-up
+    for c in [*contestants, floor]:  # warm-up
         for texts in prompts.values():
             for _ in range(opts.warmup):
                 c.forwards[1](texts[:1])
             c.forwards[1](texts[: min(opts.max_batch, len(texts))])
     console.print("latency, one prompt at a time ...")
-    single = _single(contestants, prompts, opts)
+    single = _single([*contestants, floor], prompts, opts)
     console.print("latency, micro-batched ...")
     batched = asyncio.run(_batched_latency(contestants, prompts, opts))
     console.print("decisions per second ...")
