@@ -301,3 +301,29 @@ def test_micro_batcher_drops_cancelled_waiters() -> None:
 def test_micro_batcher_settings_are_checked() -> None:
     with pytest.raises(InvalidRequest):
         MicroBatcher(lambda texts: np.zeros((0, 1)), max_batch=0)
+
+
+def test_the_bench_floor_is_the_exports_own_products(exported: Artifacts, tmp_path: Path) -> None:
+    """`triage bench encoder`'s floor row runs every projection of the export (4 per layer, its own
+    weights) and nothing else; in fp32 the chain computes exactly those products."""
+    import onnxruntime as ort
+
+    from eval.bench.encoder_floor import chain_model, floor_contestant, layer_weights
+
+    weights = layer_weights(exported.model("fp32"))
+    assert [w.shape for w in weights[:4]] == [(384, 1152), (384, 384), (384, 1536), (1536, 384)]
+    assert len(weights) == 4 * exported.manifest()["layers"]
+    x = np.random.default_rng(1).standard_normal((7, 384)).astype(np.float32)
+    session = ort.InferenceSession(str(chain_model(weights, tmp_path / "chain.onnx")),
+                                   providers=["CPUExecutionProvider"])
+    final, *qkv = session.run(None, {"x": x})
+    expected, projections = x, []
+    for layer in range(len(weights) // 4):
+        qkv_w, out_w, up_w, down_w = weights[4 * layer: 4 * layer + 4]
+        projections.append(expected @ qkv_w)
+        expected = expected @ out_w @ up_w @ down_w
+    np.testing.assert_allclose(final, expected, rtol=1e-3, atol=1e-3 * float(np.abs(expected).max()))
+    assert [p.shape for p in qkv] == [p.shape for p in projections]
+    probe = Encoder.load(EncoderSettings(), artifacts=exported)
+    floor = floor_contestant(exported, probe)
+    assert floor.forwards[1](["a short prompt", "and another one"]).shape == (2, 384)
