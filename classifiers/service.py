@@ -70,6 +70,10 @@ class Classifier:
                            f"retrain with `{hint}`")
         return cls(encoder, heads, reference, options)
 
+    def classes(self) -> dict[str, tuple[str, ...]]:
+        """Each head's labels, as trained."""
+        return {name: head.classes for name, head in self.heads.items()}
+
     def classify_readings(self, readings: list[Reading]) -> list[tuple[dict[str, Prediction], Familiarity]]:
         """Every head's answer and the guard's for each prompt (the injection head reads sentences too)."""
         x = np.stack([r.vector for r in readings]) if readings else np.zeros((0, self.encoder.dim), np.float32)

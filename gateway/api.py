@@ -52,9 +52,12 @@ def route_headers(route: Route, switch: str | None) -> dict[str, str]:
         reasoning = "client"  # the request set the switch itself; the route's choice was not applied
     else:
         reasoning = "on" if route.reasoning else "off"
-    return {"x-triage-route": route.reason + ("+follow_up" if route.follow_up else ""),
-            "x-triage-reasoning": reasoning, "x-triage-confidence": f"{route.confidence:.4f}",
-            "x-triage-category": route.category or ""}
+    headers = {"x-triage-route": route.reason + ("+follow_up" if route.follow_up else ""),
+               "x-triage-reasoning": reasoning, "x-triage-confidence": f"{route.confidence:.4f}",
+               "x-triage-category": route.category or ""}
+    if (rule := route.rule) is not None:  # e.g. "0 intents=transfer 0.9312": the rule's index, its head's answer
+        headers["x-triage-rule"] = f"{rule.index} {rule.head}={rule.label} {rule.confidence:.4f}"
+    return headers
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:

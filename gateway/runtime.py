@@ -72,16 +72,23 @@ async def _encoding(policy: Policy, previous: Runtime | None, base_dir: Path) ->
     if policy.classifier is None:
         return None
     from gateway.semantic import Encoding, artifacts_signature  # ONNX Runtime: only when a policy asks
+    from policies.semantic import label_problems
 
     old = previous.encoding if previous is not None else None
     if (old is not None and old.config == policy.classifier
             and old.signature == artifacts_signature(policy.classifier, base_dir)):
-        return old  # same settings, same trained heads: keep the loaded encoder
-
-    try:
-        return await Encoding.load(policy.classifier, base_dir)
-    except NotReady as exc:
-        raise PolicyInvalid([f"classifier: {exc.message}"]) from None
+        encoding = old  # same settings, same trained heads: keep the loaded encoder
+    else:
+        try:
+            encoding = await Encoding.load(policy.classifier, base_dir)
+        except NotReady as exc:
+            raise PolicyInvalid([f"classifier: {exc.message}"]) from None
+    problems = label_problems(policy, encoding.classifier.classes())
+    if problems:
+        if encoding is not old:
+            await encoding.close()
+        raise PolicyInvalid(problems)
+    return encoding
 
 
 async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path = Path(".")) -> Runtime:

@@ -205,11 +205,25 @@ class ReasoningRule(Strict):
     threshold: float = Field(0.5, ge=0, le=1, description="P(reasoning pays) from which it is switched on")
 
 
+class HeadRule(Strict):
+    """Route by any head's answer: when ``head`` answers one of ``labels`` at least ``min_confidence``
+    sure, the request goes to ``model``. Rules are tried in order, after the guard and before the
+    category map; the first that holds decides."""
+
+    head: str = Field(description="a head of the classifier: question_type, category, reasoning, or a task's name")
+    labels: list[str] = Field(min_length=1, description="the head's answers this rule takes")
+    min_confidence: float = Field(0.0, ge=0, le=1, description="the head's confidence from which the rule holds")
+    model: str
+    reasoning: Literal["auto", "on", "off"] | None = Field(
+        None, description="reasoning for this route; default: the virtual model's `reasoning` rule")
+
+
 class SemanticModel(Strict):
-    """A virtual model routed by the encoder: category -> model, reasoning on/off, escalation."""
+    """A virtual model routed by the encoder: head rules, category -> model, reasoning on/off, escalation."""
 
     type: Literal["semantic"]
     default: str = Field(description="the model when no rule applies")
+    rules: list[HeadRule] = Field(default_factory=list, description="routes by any head's answer, tried first")
     categories: dict[str, str] = Field(default_factory=dict, description="category -> model")
     min_confidence: float = Field(0.0, ge=0, le=1, description="category confidence below which to escalate")
     escalate_to: str | None = None
@@ -225,7 +239,7 @@ class SemanticModel(Strict):
     def routes(self) -> list[str]:
         """Every model this virtual model may route to, the default first."""
         fixed = (self.escalate_to, self.unfamiliar, self.injection)
-        out = [self.default, *self.categories.values(), *(m for m in fixed if m)]
+        out = [self.default, *(r.model for r in self.rules), *self.categories.values(), *(m for m in fixed if m)]
         return list(dict.fromkeys(out))
 
 
@@ -361,11 +375,14 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
         if isinstance(vm, AliasModel):
             refs: list[tuple[Loc, str]] = [(("targets", i), t) for i, t in enumerate(vm.targets)]
         else:
-            refs = [(("default",), vm.default), *((("categories", c), m) for c, m in vm.categories.items()),
+            refs = [(("default",), vm.default), *((("rules", i, "model"), r.model) for i, r in enumerate(vm.rules)),
+                    *((("categories", c), m) for c, m in vm.categories.items()),
                     *(((f,), m) for f in ("escalate_to", "unfamiliar", "injection")
                       if (m := getattr(vm, f)) is not None)]
             if policy.classifier is None:
                 problems.append((("virtual_models", name), "a semantic model needs a `classifier` section"))
+            else:
+                problems.extend(_rule_head_problems(name, vm, policy.classifier))
         for where, target in refs:
             if target not in models:
                 problems.append((("virtual_models", name, *where), f"model '{target}' is not defined"))
@@ -376,6 +393,20 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
     for i, key in enumerate(policy.keys):
         if names.index(key.name) != i:
             problems.append((("keys", i, "name"), f"key name '{key.name}' is used twice"))
+    return problems
+
+
+def _rule_head_problems(name: str, vm: SemanticModel, classifier: Classifier) -> list[tuple[Loc, str]]:
+    """A rule must read a head the classifier computes (not ``options`` or ``injection``: the guard
+    takes the latter's routes). Its labels are checked against the trained head when it loads."""
+    problems: list[tuple[Loc, str]] = []
+    routable = [h for h in classifier.heads if h not in ("options", "injection")] + list(classifier.tasks)
+    for i, rule in enumerate(vm.rules):
+        if rule.head not in routable:
+            problems.append((("virtual_models", name, "rules", i, "head"),
+                             f"head '{rule.head}' is not one the classifier computes (has: {', '.join(routable)})"))
+    if vm.categories and "category" not in classifier.heads:
+        problems.append((("virtual_models", name, "categories"), "the classifier has no `category` head"))
     return problems
 
 

@@ -11,35 +11,63 @@ Rules, in order:
    :mod:`classifiers.guard`) takes the fixed ``unfamiliar`` route (else ``escalate_to``, else
    ``default``; never ``escalate_to`` when the injection head also flags it): the heads' answers
    are not trusted for it;
-3. a category the policy maps, predicted with at least ``min_confidence``, goes to its model;
-4. a category predicted below ``min_confidence`` escalates to ``escalate_to`` when set;
-5. anything else goes to ``default``.
+3. the first of ``rules`` whose head answers one of the rule's labels at least ``min_confidence``
+   sure goes to the rule's model (any head: question type, category, reasoning, a task's intents),
+   with the rule's reasoning mode where it sets one;
+4. a category the policy maps, predicted with at least ``min_confidence``, goes to its model;
+5. a category predicted below ``min_confidence`` escalates to ``escalate_to`` when set;
+6. anything else goes to ``default``.
 Reasoning is on when ``mode`` is ``on``, or ``auto`` and P(reasoning pays) >= ``threshold``.
 
 Multi-turn: when the last user turn is a short follow-up (at most ``follow_up_max_words``
 words) and an earlier user turn exists, the route is decided on the earlier turn, unless the
-follow-up's own category is at least ``follow_up_switch_confidence`` sure and differs.
+follow-up is confidently different: another rule holds for it, or none does and its own category
+differs, at least ``follow_up_switch_confidence`` sure either way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from classifiers.guard import INJECTION, ROUTER
 from classifiers.heads import Prediction
-from policies.schema import SemanticModel
+from policies.schema import HeadRule, Policy, ReasoningRule, SemanticModel
+
+
+@dataclass(frozen=True)
+class RuleMatch:
+    index: int  # in the virtual model's ``rules``
+    head: str
+    label: str
+    confidence: float  # the head's, for its answer
 
 
 @dataclass(frozen=True)
 class Route:
     model: str
     reasoning: bool
-    reason: str  # "category", "default", "escalated", "unfamiliar", "injection"
+    reason: str  # "rule", "category", "default", "escalated", "unfamiliar", "injection"
     category: str | None
     confidence: float  # of the category prediction (1.0 where no category head ran)
     reasoning_probability: float | None
     follow_up: bool = False
+    rule: RuleMatch | None = None  # the rule that decided (reason "rule")
+
+
+def _reasoning(rule: ReasoningRule, mode: str | None, p_pays: float | None) -> bool:
+    mode = mode or rule.mode
+    if mode == "auto":
+        return p_pays is not None and p_pays >= rule.threshold
+    return mode == "on"
+
+
+def _matching_rule(rules: list[HeadRule], heads: Mapping[str, Prediction]) -> RuleMatch | None:
+    for i, rule in enumerate(rules):
+        p = heads.get(rule.head)
+        if p is not None and p.label in rule.labels and p.confidence >= rule.min_confidence:
+            return RuleMatch(i, rule.head, p.label, p.confidence)
+    return None
 
 
 def decide(vm: SemanticModel, heads: Mapping[str, Prediction], familiar: bool, readable: bool = True) -> Route:
@@ -49,10 +77,7 @@ def decide(vm: SemanticModel, heads: Mapping[str, Prediction], familiar: bool, r
     category, confidence = (cat.label, cat.confidence) if cat is not None else (None, 1.0)
     pays = heads.get("reasoning")
     p_pays = pays.probabilities.get("pays") if pays is not None else None
-    if vm.reasoning.mode == "auto":
-        reasoning = p_pays is not None and p_pays >= vm.reasoning.threshold
-    else:
-        reasoning = vm.reasoning.mode == "on"
+    reasoning = _reasoning(vm.reasoning, None, p_pays)
     guard = heads.get(INJECTION)
     aimed = guard is not None and guard.label == ROUTER
     if aimed and readable:
@@ -61,6 +86,10 @@ def decide(vm: SemanticModel, heads: Mapping[str, Prediction], familiar: bool, r
         model = vm.unfamiliar or (vm.default if aimed else vm.escalate_to) or vm.default
         on = vm.reasoning.mode == "on" if aimed else reasoning
         return Route(model, on, "unfamiliar", category, confidence, p_pays)
+    if (match := _matching_rule(vm.rules, heads)) is not None:
+        rule = vm.rules[match.index]
+        return Route(rule.model, _reasoning(vm.reasoning, rule.reasoning, p_pays), "rule", category, confidence,
+                     p_pays, rule=match)
     if category is not None and confidence < vm.min_confidence and vm.escalate_to:
         return Route(vm.escalate_to, reasoning, "escalated", category, confidence, p_pays)
     if category is not None and category in vm.categories and confidence >= vm.min_confidence:
@@ -80,7 +109,33 @@ def decide_turns(vm: SemanticModel, last: tuple[Mapping[str, Prediction], bool, 
     if own.reason == "injection":
         return own
     kept = decide(vm, *earlier)
-    if own.category != kept.category and own.confidence >= vm.follow_up_switch_confidence and last[1]:
+    if last[1] and _differs(vm, own, kept):
         return own
-    return Route(kept.model, kept.reasoning, kept.reason, kept.category, kept.confidence,
-                 kept.reasoning_probability, follow_up=True)
+    return replace(kept, follow_up=True)
+
+
+def _differs(vm: SemanticModel, own: Route, kept: Route) -> bool:
+    """Whether a follow-up is confidently unlike its conversation: another rule holds for it, or none
+    does and its category differs, at least ``follow_up_switch_confidence`` sure either way."""
+    sure = vm.follow_up_switch_confidence
+    if own.rule is not None:
+        return own.rule.confidence >= sure and (kept.rule is None or kept.rule.index != own.rule.index)
+    return own.category != kept.category and own.confidence >= sure
+
+
+def label_problems(policy: Policy, classes: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """The labels the semantic virtual models route on (``categories``' keys, each rule's ``labels``)
+    that the trained heads never answer: a typo there would silently never route. ``classes``:
+    head -> its labels, as trained."""
+    problems = []
+    for name, vm in policy.virtual_models.items():
+        if not isinstance(vm, SemanticModel):
+            continue
+        wanted = [(f"categories.{c}", "category", c) for c in vm.categories]
+        wanted += [(f"rules[{i}].labels", rule.head, label) for i, rule in enumerate(vm.rules) for label in rule.labels]
+        for where, head, label in wanted:
+            known = classes.get(head)
+            if known is not None and label not in known:
+                problems.append(f"virtual_models.{name}.{where}: head '{head}' has no class '{label}' "
+                                f"(has: {', '.join(known)})")
+    return problems

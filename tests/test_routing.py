@@ -187,6 +187,38 @@ def test_triage_route_prints_the_decision_and_every_head(heads: Path, tmp_path: 
     assert done.returncode == 2 and "no semantic virtual model 'nope' (has: auto)" in done.stderr
 
 
+RULES = "    rules: [{head: question_type, labels: [choice], min_confidence: 0.9, model: plain, reasoning: off}]\n"
+
+
+def with_rules(text: str, rules: str = RULES) -> str:
+    return text.replace("    categories:", rules + "    categories:")
+
+
+def test_a_head_rule_routes_by_question_type(gateway: Callable[..., Gateway], heads: Path,
+                                             llama_server: LlamaServer) -> None:
+    """A rule over another head than the category: choice questions go to a small model (the math
+    one, which the category map would send to mathbot, too); an open question still follows the map."""
+    ruled = gateway(with_rules(policy_yaml(heads, llama_server.api_base, "{mode: on}")))
+    headers, answer = ask(ruled, MATH)
+    assert (headers["x-triage-model"], headers["x-triage-route"]) == ("plain", "rule"), headers
+    assert headers["x-triage-rule"].startswith("0 question_type=choice ")
+    assert headers["x-triage-category"] == "math"  # the category head still answered
+    assert echoed(answer)["model"] == "plain-1b"
+    assert headers["x-triage-reasoning"] == "unsupported"  # family generic: no switch, whatever the rule says
+    headers, _ = ask(ruled, LAW)
+    assert (headers["x-triage-model"], headers["x-triage-route"]) == ("lawbot", "category")
+    assert "x-triage-rule" not in headers
+
+
+def test_a_rule_label_no_head_answers_is_a_clear_startup_error(heads: Path) -> None:
+    typo = RULES.replace("labels: [choice]", "labels: [multiple_choice]")
+    pol = loader.parse(with_rules(policy_yaml(heads, "http://127.0.0.1:9/v1"), typo))
+    with pytest.raises(PolicyInvalid) as info:
+        asyncio.run(runtime.build(pol))
+    assert info.value.problems == ["virtual_models.auto.rules[0].labels: head 'question_type' has no class "
+                                   "'multiple_choice' (has: choice, open, score, yes_no)"]
+
+
 def test_heads_trained_on_other_encoder_layers_are_a_clear_startup_error(heads: Path) -> None:
     text = policy_yaml(heads, "http://127.0.0.1:9/v1").replace("  heads: [", "  encoder: {layers: 3}\n  heads: [")
     pol = loader.parse(text)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from classifiers.heads import Prediction
-from gateway.errors import InvalidRequest
-from policies import reasoning
-from policies.schema import ModelSpec, SemanticModel
-from policies.semantic import decide, decide_turns
+from gateway.errors import InvalidRequest, PolicyInvalid
+from policies import loader, reasoning
+from policies.schema import HeadRule, ModelSpec, SemanticModel
+from policies.semantic import decide, decide_turns, label_problems
 
 VM = SemanticModel(type="semantic", default="small", categories={"math": "big"}, min_confidence=0.5,
                    unfamiliar="safe", reasoning={"mode": "auto", "threshold": 0.4})
@@ -75,6 +75,85 @@ def test_follow_up_keeps_the_route_unless_confidently_different() -> None:
     assert (kept.model, kept.follow_up) == ("big", True)
     switched = decide_turns(VM, (heads("law", 0.95, 0.1), True, True), (heads("math", 0.9, 0.1), True, True))
     assert (switched.model, switched.follow_up) == ("small", False)
+
+
+def typed(base: dict[str, Prediction], qtype: str, confidence: float, intent: str = "oos",
+          intent_confidence: float = 0.9) -> dict[str, Prediction]:
+    return {**base, "question_type": Prediction(qtype, confidence, {qtype: confidence}),
+            "intents": Prediction(intent, intent_confidence, {intent: intent_confidence})}
+
+
+RULED = VM.model_copy(update={"escalate_to": "big", "rules": [
+    HeadRule(head="intents", labels=["transfer", "balance"], min_confidence=0.8, model="bank", reasoning="off"),
+    HeadRule(head="question_type", labels=["choice", "yes_no"], min_confidence=0.7, model="small-scorer"),
+]})
+
+
+def test_head_rules_come_after_the_guard_and_before_the_category_map() -> None:
+    base = heads("math", 0.9, 0.6)
+    route = decide(RULED, typed(base, "open", 0.9, "transfer", 0.95), familiar=True)
+    assert (route.model, route.reason, route.reasoning) == ("bank", "rule", False)  # the rule's own reasoning
+    assert route.rule is not None and (route.rule.index, route.rule.label) == (0, "transfer")
+    # the first rule is under its confidence: the second holds; reasoning by the virtual model's rule
+    route = decide(RULED, typed(base, "choice", 0.75, "transfer", 0.6), familiar=True)
+    assert (route.model, route.reason, route.reasoning, route.rule.index) == ("small-scorer", "rule", True, 1)
+    # neither holds: the category map, as without rules
+    assert decide(RULED, typed(base, "choice", 0.6, "oos"), familiar=True).reason == "category"
+    # a rule holds for a doubtful category too: no escalation
+    assert decide(RULED, typed(heads("law", 0.2, 0.1), "yes_no", 0.9), familiar=True).model == "small-scorer"
+    assert decide(RULED, typed(heads("law", 0.2, 0.1), "open", 0.9), familiar=True).reason == "escalated"
+    # the guard first: unfamiliar and router-aimed prompts never take a rule
+    assert decide(RULED, typed(base, "choice", 0.99, "transfer", 0.99), familiar=False).reason == "unfamiliar"
+    aimed = flagged(typed(base, "choice", 0.99, "transfer", 0.99), 0.97)
+    assert decide(RULED, aimed, familiar=True).reason == "injection"
+    # a head the request's classification lacks never holds
+    assert decide(RULED, base, familiar=True).reason == "category"
+    assert set(RULED.routes()) == {"small", "bank", "small-scorer", "big", "safe"}
+
+
+def test_a_follow_up_switches_to_another_rule_only_when_sure() -> None:
+    earlier = (typed(heads("math", 0.9, 0.1), "open", 0.9, "balance", 0.95), True, True)
+    kept = decide_turns(RULED, (typed(heads("law", 0.5, 0.1), "open", 0.9, "oos"), True, True), earlier)
+    assert (kept.model, kept.reason, kept.follow_up) == ("bank", "rule", True)
+    # the same rule holds for the follow-up: still the conversation's
+    same = decide_turns(RULED, (typed(heads("law", 0.5, 0.1), "open", 0.9, "transfer", 0.99), True, True), earlier)
+    assert same.follow_up
+    # another rule, sure enough: the follow-up's own route
+    other = decide_turns(RULED, (typed(heads("law", 0.5, 0.1), "choice", 0.95, "oos"), True, True), earlier)
+    assert (other.model, other.follow_up) == ("small-scorer", False)
+    unsure = decide_turns(RULED, (typed(heads("law", 0.5, 0.1), "choice", 0.8, "oos"), True, True), earlier)
+    assert unsure.follow_up
+
+
+POLICY = """version: 1
+classifier: {heads: [question_type, category, reasoning, injection], tasks: {intents: {data: intent/x.jsonl}}}
+backends: {b: {type: scripted, echo: true}}
+models: {small: {backend: b}, bank: {backend: b}}
+virtual_models:
+  auto:
+    type: semantic
+    default: small
+    categories: {math: bank, maths: bank}
+    rules:
+      - {head: intents, labels: [transfer, tranfser], model: bank}
+      - {head: question_type, labels: [choice], model: small}
+"""
+
+
+def test_rule_heads_and_labels_are_checked() -> None:
+    pol = loader.parse(POLICY)
+    classes = {"category": ("math", "law"), "intents": ("transfer", "oos"), "question_type": ("choice", "open")}
+    assert label_problems(pol, classes) == [
+        "virtual_models.auto.categories.maths: head 'category' has no class 'maths' (has: math, law)",
+        "virtual_models.auto.rules[0].labels: head 'intents' has no class 'tranfser' (has: transfer, oos)"]
+    for head, why in (("options", "is not one the classifier computes"), ("injection", "is not one"),
+                      ("topics", "is not one"), ("bank", "is not one")):
+        with pytest.raises(PolicyInvalid, match=fr"rules\[0\]\.head: head '{head}' {why}"):
+            loader.parse(POLICY.replace("head: intents", f"head: {head}"))
+    with pytest.raises(PolicyInvalid, match=r"rules\[1\]\.model: model 'nowhere' is not defined"):
+        loader.parse(POLICY.replace("model: small}", "model: nowhere}"))
+    with pytest.raises(PolicyInvalid, match="the classifier has no `category` head"):
+        loader.parse(POLICY.replace("heads: [question_type, category,", "heads: [question_type,"))
 
 
 @pytest.mark.parametrize(("family", "on", "expected"), [

@@ -13,7 +13,7 @@ from rich.console import Console
 from gateway.errors import NotReady, PolicyInvalid
 from policies import loader
 from policies.schema import SemanticModel
-from policies.semantic import decide
+from policies.semantic import decide, label_problems
 
 
 def route(
@@ -39,6 +39,8 @@ def route(
             raise PolicyInvalid([f"{policy}: no semantic virtual model '{model}' (has: {has})"])
         chosen = model or next(iter(semantic), None)
         clf = Classifier.load(pol.classifier, policy.resolve().parent, str(policy))
+        if problems := label_problems(pol, clf.classes()):
+            raise PolicyInvalid([f"{policy}: {p}" for p in problems])
     except (PolicyInvalid, NotReady) as exc:
         typer.echo(str(exc.message if isinstance(exc, NotReady) else "\n".join(exc.problems)), err=True)
         raise typer.Exit(2) from None
@@ -64,9 +66,11 @@ def route(
     console = Console(highlight=False)
     if "decision" in doc:
         d = doc["decision"]
+        rule = d["rule"]
+        by = f", rule {rule['index']}: {rule['head']} {rule['label']} ({rule['confidence']:.2f})" if rule else ""
         console.print(f"{'route':>14}: {d['virtual_model']} -> [bold]{d['model']}[/bold] ({d['reason']}), "
                       f"reasoning {'on' if d['reasoning'] else 'off'}, category {d['category']} "
-                      f"({d['confidence']:.2f})")
+                      f"({d['confidence']:.2f}){by}")
     for name, head in doc["heads"].items():
         tops = ", ".join(f"{c} {v:.2f}" for c, v in head["top"])
         console.print(f"{name:>14}: [bold]{head['label']}[/bold] ({head['confidence']:.2f})   {tops}")
