@@ -101,6 +101,16 @@ class LinearHead:
         return cls(doc["name"], tuple(doc["classes"]), weight, bias, float(doc["temperature"]), doc.get("meta", {}))
 
 
+def trained_classes(directory: Path, names: list[str]) -> dict[str, tuple[str, ...]]:
+    """The labels of each named head trained into ``directory`` (its json alone); heads not trained yet are left out."""
+    out = {}
+    for name in names:
+        path = directory / f"{name}.json"
+        if path.is_file():
+            out[name] = tuple(json.loads(path.read_text()).get("classes", ()))
+    return out
+
+
 def softmax(z: np.ndarray) -> np.ndarray:
     z = z - z.max(axis=-1, keepdims=True)
     e = np.exp(z)

@@ -210,13 +210,19 @@ def test_a_head_rule_routes_by_question_type(gateway: Callable[..., Gateway], he
     assert "x-triage-rule" not in headers
 
 
-def test_a_rule_label_no_head_answers_is_a_clear_startup_error(heads: Path) -> None:
+def test_a_rule_label_no_head_answers_is_a_clear_startup_error(heads: Path, tmp_path: Path) -> None:
     typo = RULES.replace("labels: [choice]", "labels: [multiple_choice]")
     pol = loader.parse(with_rules(policy_yaml(heads, "http://127.0.0.1:9/v1"), typo))
     with pytest.raises(PolicyInvalid) as info:
         asyncio.run(runtime.build(pol))
-    assert info.value.problems == ["virtual_models.auto.rules[0].labels: head 'question_type' has no class "
-                                   "'multiple_choice' (has: choice, open, score, yes_no)"]
+    expected = ("virtual_models.auto.rules[0].labels: head 'question_type' has no class 'multiple_choice' "
+                "(has: choice, open, score, yes_no)")
+    assert info.value.problems == [expected]
+    policy = tmp_path / "typo.yaml"  # triage validate reads the trained heads' labels too
+    policy.write_text(with_rules(policy_yaml(heads, "http://127.0.0.1:9/v1"), typo))
+    done = subprocess.run([sys.executable, "-m", "gateway.cli", "validate", str(policy)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1 and f"{policy}: {expected}" in done.stderr.replace("\n", ""), done.stderr
 
 
 def test_heads_trained_on_other_encoder_layers_are_a_clear_startup_error(heads: Path) -> None:

@@ -10,10 +10,12 @@ from rich.console import Console
 
 from gateway.errors import PolicyInvalid
 from policies import loader
+from policies.schema import Policy
 
 
 def validate(files: Annotated[list[Path], typer.Argument(help="Policy files to check.")]) -> None:
-    """Check policy files; exit 1 if any has a problem."""
+    """Check policy files; exit 1 if any has a problem. Where the policy's heads are trained, the labels
+    its semantic virtual models route on are checked against them too."""
     out = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     bad = 0
@@ -25,7 +27,25 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Policy files to c
             for problem in exc.problems:
                 err.print(problem, markup=False)
             continue
+        problems = _label_problems(policy, path)
+        if problems:
+            bad += 1
+            for problem in problems:
+                err.print(f"{path}: {problem}", markup=False)
+            continue
         out.print(f"ok: {path} ({len(policy.backends)} backends, {len(policy.models)} models, "
                   f"{len(policy.virtual_models)} virtual models)", markup=False)
     if bad:
         raise typer.Exit(1)
+
+
+def _label_problems(policy: Policy, path: Path) -> list[str]:
+    """Labels the semantic virtual models route on that the heads trained so far never answer."""
+    if policy.classifier is None:
+        return []
+    from classifiers.heads import trained_classes
+    from classifiers.service import artifacts_dir
+    from policies.semantic import label_problems
+
+    cfg = policy.classifier
+    return label_problems(policy, trained_classes(artifacts_dir(cfg, path.resolve().parent), [*cfg.heads, *cfg.tasks]))
