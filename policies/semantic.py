@@ -55,10 +55,11 @@ class Route:
     rule: RuleMatch | None = None  # the rule that decided (reason "rule")
 
 
-def _reasoning(rule: ReasoningRule, mode: str | None, p_pays: float | None) -> bool:
-    mode = mode or rule.mode
+def _reasoning(switch: ReasoningRule, mode: str | None, p_pays: float | None) -> bool:
+    """On or off under the virtual model's reasoning rule, with ``mode`` (a head rule's) in place of its own."""
+    mode = mode or switch.mode
     if mode == "auto":
-        return p_pays is not None and p_pays >= rule.threshold
+        return p_pays is not None and p_pays >= switch.threshold
     return mode == "on"
 
 
