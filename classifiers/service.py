@@ -7,11 +7,13 @@ missing artifact is a clear start-up error naming the file and the command that 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from classifiers import layout
 from classifiers.artifacts import ExportSettings
 from classifiers.encoder import Encoder, EncoderSettings, Reading
 from classifiers.guard import INJECTION, Familiarity, Reference, injection_prediction
@@ -62,8 +64,13 @@ class Classifier:
                                                provider=e.provider, max_tokens=e.max_tokens, rows=e.rows),
                                export=ExportSettings(layers=e.layers))
         for name, head in heads.items():
-            if head.dim != encoder.dim:
-                raise NotReady(f"head {name} expects {head.dim}-d embeddings, the encoder gives {encoder.dim}: "
+            reads = head.meta.get("layout")
+            if reads is not None and reads != layout.NAME:
+                raise NotReady(f"head {name} reads layout features '{reads}', this triage computes "
+                               f"'{layout.NAME}': retrain with `{hint}`")
+            width = encoder.dim + (layout.WIDTH if reads else 0)
+            if head.dim != width:
+                raise NotReady(f"head {name} expects {head.dim} inputs, the encoder gives {width}: "
                                f"retrain with `{hint}`")
         if options is not None and options.dim != encoder.dim:
             raise NotReady(f"the option head expects {options.dim}-d embeddings, the encoder gives {encoder.dim}: "
@@ -74,10 +81,14 @@ class Classifier:
         """Each head's labels, as trained."""
         return {name: head.classes for name, head in self.heads.items()}
 
-    def classify_readings(self, readings: list[Reading]) -> list[tuple[dict[str, Prediction], Familiarity]]:
-        """Every head's answer and the guard's for each prompt (the injection head reads sentences too)."""
+    def classify_readings(self, readings: list[Reading], texts: Sequence[str | bytes]
+                          ) -> list[tuple[dict[str, Prediction], Familiarity]]:
+        """Every head's answer and the guard's for each prompt (``texts``: the prompts the readings are
+        of, for the heads that read their layout too; the injection head reads sentences too)."""
         x = np.stack([r.vector for r in readings]) if readings else np.zeros((0, self.encoder.dim), np.float32)
-        per_head = {name: head.predict(x) for name, head in self.heads.items() if name != INJECTION}
+        laid = layout.beside(x, texts) if any(layout.reads_layout(h.meta) for h in self.heads.values()) else x
+        per_head = {name: head.predict(laid if layout.reads_layout(head.meta) else x)
+                    for name, head in self.heads.items() if name != INJECTION}
         injection = self.heads.get(INJECTION)
         out = []
         for i, (reading, fam) in enumerate(zip(readings, self.reference.familiarity(readings), strict=True)):
@@ -90,6 +101,6 @@ class Classifier:
     def classify(self, text: str | bytes) -> Classification:
         t0 = time.perf_counter()
         encoded = self.encoder.encode(text)
-        [(heads, fam)] = self.classify_readings(self.encoder.read_encoded([encoded]))
+        [(heads, fam)] = self.classify_readings(self.encoder.read_encoded([encoded]), [text])
         return Classification(heads, fam, encoded.original_tokens, encoded.truncated,
                               (time.perf_counter() - t0) * 1000)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from backends.gguf import cache_dir
-from classifiers import datasets
+from classifiers import datasets, layout
 from classifiers.artifacts import ExportSettings, locate
 from classifiers.calibration import auroc, ece
 from classifiers.encoder import Encoder, EncoderSettings, Reading
@@ -158,7 +158,12 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
         readings = cache.read(rows.texts)
         x = np.stack([r.vector for r in readings])
         shaped = [i.startswith(datasets.SHAPED) for i in rows.ids]  # fitted on, never calibrated on
-        head, _ = fit_head(name, x, rows.labels, rows.ids, synthetic=shaped)  # unweighted: P(pays) stays a probability
+        if name == "question_type":  # reads the prompt's layout too (classifiers/layout.py)
+            fit_x, labels, ids, synthetic = layout.fit_rows(x, rows.texts, rows.labels, rows.ids, shaped)
+            head, _ = fit_head(name, fit_x, labels, ids, synthetic=synthetic)
+            head.meta["layout"] = layout.NAME
+        else:  # unweighted: P(pays) stays a probability
+            head, _ = fit_head(name, x, rows.labels, rows.ids, synthetic=shaped)
         task = cfg.tasks.get(name)
         if task is not None and task.out_of_scope in head.classes:
             dev = _rows(name, cfg, root, "dev", limit)
@@ -173,7 +178,9 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
         test = _rows(name, cfg, root, test_split, limit)
         say(f"{name}: measuring on {len(test)} {test_split} rows")
         sources = [datasets.source_of(i) for i in test.ids] if name == "question_type" else None
-        results.append(measure(head, cache.embed(test.texts), test.labels, cfg.tasks.get(name), sources))
+        x_test = cache.embed(test.texts)
+        x_test = layout.beside(x_test, test.texts) if layout.reads_layout(head.meta) else x_test
+        results.append(measure(head, x_test, test.labels, cfg.tasks.get(name), sources))
         cache.save()
     ordinary, ordinary_test = _ordinary(cfg, root, "fit", limit), _ordinary(cfg, root, "test", limit)
     if INJECTION in cfg.heads:

@@ -41,11 +41,12 @@ class Encoding:
     async def route(self, vm: SemanticModel, kind: Kind, body: Body) -> Route:
         last, earlier = _turns(kind, body)
         if is_follow_up(vm, last, len(earlier)):
-            readings = await asyncio.gather(self.batcher.embed(last), self.batcher.embed("\n".join(earlier)))
-            (own, own_fam), (prev, prev_fam) = self.classifier.classify_readings(list(readings))
+            texts = [last, "\n".join(earlier)]
+            readings = await asyncio.gather(*(self.batcher.embed(t) for t in texts))
+            (own, own_fam), (prev, prev_fam) = self.classifier.classify_readings(list(readings), texts)
             return decide_turns(vm, (own, own_fam.in_distribution, own_fam.readable),
                                 (prev, prev_fam.in_distribution, prev_fam.readable))
-        [(heads, fam)] = self.classifier.classify_readings([await self.batcher.embed(last)])
+        [(heads, fam)] = self.classifier.classify_readings([await self.batcher.embed(last)], [last])
         return decide(vm, heads, fam.in_distribution, fam.readable)
 
 

@@ -139,3 +139,37 @@ def test_synthetic_rows_are_fitted_on_never_calibrated_on() -> None:
     held = held_back(ids, 0.2)
     assert plain.n_calibration == int(held.sum())
     assert report.n_calibration == int(held[200:].sum()) and report.n_fit == 400 - report.n_calibration
+
+
+@pytest.mark.parametrize(("text", "run"), [
+    ("Which is prime?\n\nA. 4\nB. 6\nC. 7\nD. 9", 4),
+    ("Pick one: A) red B) green", 2),  # inline
+    ("(a) x (b) y (c) z: which holds?", 3),
+    ("A: yes\nB: no\nC: maybe", 3),
+    ("Choose (A) x or (B) y", 2),
+    ("A. x\nC. y", 1),  # letters out of order count only as far as they run
+    ("a) Company X posted $3bn\nb) Company Y posted $6bn", 0),  # sub-items of an open request
+    ("1. one\n2. two", 0),  # numbers: left to the embedding
+    ("Q: what is this? A: a test", 1),
+    ("I have a cat. A dog too.", 0),
+    ("", 0),
+    (" ".join(f"{chr(65 + i)}) o{i}" for i in range(14)), 10),  # capped at ten
+    (b"A. x\nB. \xff", 2),
+])
+def test_option_run_counts_lettered_options_in_order(text: str | bytes, run: int) -> None:
+    from classifiers import layout
+
+    assert layout.option_run(text) == run
+    np.testing.assert_allclose(layout.features([text]), [[run / 10, float(run >= 2)]], rtol=1e-6)
+
+
+def test_layout_fit_rows_repeat_the_shaped_rows_without_their_layout() -> None:
+    from classifiers import layout
+
+    x = np.eye(3, 4, dtype=np.float32)
+    texts, labels = ["A. x\nB. y", "tell me a story", "A) p B) q C) r"], ["choice", "open", "choice"]
+    fit_x, fit_labels, fit_ids, synthetic = layout.fit_rows(x, texts, labels, ["a", "b", "c"], [False, False, True])
+    assert fit_x.shape == (4, 4 + layout.WIDTH)
+    np.testing.assert_allclose(fit_x[:, 4:], [[0.2, 1.0], [0.0, 0.0], [0.3, 1.0], [0.0, 0.0]], rtol=1e-6)
+    assert (fit_x[3, :4] == x[2]).all() and fit_labels[3] == "choice"
+    assert fit_ids == ["a", "b", "c", "c#no-layout"] and synthetic == [False, False, True, True]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -232,6 +233,29 @@ def test_heads_trained_on_other_encoder_layers_are_a_clear_startup_error(heads: 
         asyncio.run(runtime.build(pol))
     [problem] = info.value.problems
     assert "trained on 6 encoder layers, the policy keeps 3: retrain with `triage train --policy" in problem
+
+
+def test_question_type_reads_the_prompt_layout_and_refuses_other_layout_features(heads: Path, tmp_path: Path) -> None:
+    from classifiers import layout
+    from classifiers.service import Classifier
+
+    doc = json.loads((heads / "question_type.json").read_text())
+    assert doc["meta"]["layout"] == layout.NAME
+    pol = loader.parse(policy_yaml(heads, "http://127.0.0.1:9/v1"))
+    assert pol.classifier is not None
+    clf = Classifier.load(pol.classifier, Path("."))
+    two = "To keep bread fresh for longer,\n\nA. store it in a paper bag\nB. store it in the oven"
+    unlettered = two.replace("A. ", "").replace("B. ", "")
+    laid, plain = (clf.classify(t).heads["question_type"] for t in (two, unlettered))
+    assert laid.label == "choice" and laid.probabilities["choice"] > plain.probabilities["choice"]
+    other = tmp_path / "heads"
+    shutil.copytree(heads, other)
+    (other / "question_type.json").write_text(json.dumps({**doc, "meta": {**doc["meta"], "layout": "layout-v0"}}))
+    pol = loader.parse(policy_yaml(other, "http://127.0.0.1:9/v1"))
+    with pytest.raises(PolicyInvalid) as info:
+        asyncio.run(runtime.build(pol))
+    [problem] = info.value.problems
+    assert f"reads layout features 'layout-v0', this triage computes '{layout.NAME}': retrain with" in problem
 
 
 def test_missing_head_artifact_is_a_clear_startup_error(tmp_path: Path) -> None:
