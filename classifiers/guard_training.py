@@ -107,6 +107,7 @@ class ProbeResult:
     router_whole: float  # ... reading the whole prompt only, no sentences (for comparison)
     guarded: float  # a fixed route: unfamiliar or injection
     doubtful: float  # category confidence under MIN_CONFIDENCE (escalated, not guarded)
+    no_confident_class: float  # guarded or doubtful: what the issue asks of an input the heads do not know
 
 
 def probe(cache: EmbeddingCache, reference: Reference, category: LinearHead | None,
@@ -140,5 +141,6 @@ def probe(cache: EmbeddingCache, reference: Reference, category: LinearHead | No
                                    float(foreign[m].mean()),
                                    float(router[m].mean()), float(whole[m].mean()),
                                    float((far | language | foreign | router)[m].mean()),
-                                   float(doubtful[m].mean())))
+                                   float(doubtful[m].mean()),
+                                   float((far | language | foreign | router | doubtful)[m].mean())))
     return out

@@ -52,12 +52,12 @@ def train(
                   "of the prompt")
     probes = Table(title="the guard on the probes (benign: every flag is a false one)", expand=True)
     for col in ("probes", "kind", "n", "far", "language", "foreign", "router", "router (whole only)", "guarded",
-                "doubtful"):
+                "doubtful", "guarded or doubtful"):
         probes.add_column(col)
     for p in result.probes:
         probes.add_row(p.probes.removesuffix(".jsonl"), p.kind, str(p.n),
                        *(f"{v:.0%}" for v in (p.far, p.language, p.foreign, p.router, p.router_whole, p.guarded,
-                                              p.doubtful)))
+                                              p.doubtful, p.no_confident_class)))
     console.print(probes)
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)
