@@ -66,10 +66,14 @@ class LinearHead:
         return top
 
     def predict(self, x: np.ndarray) -> list[Prediction]:
+        """Each row's answer; its confidence is the answer's probability, except for an out-of-scope
+        answer the cut made (the top class under ``oos_threshold``): 1 - the top class's probability."""
         probs = self.proba(np.atleast_2d(x))
         out = []
         for row, i in zip(probs, self.labels(probs), strict=True):
-            out.append(Prediction(self.classes[int(i)], float(row.max()),
+            top = int(row.argmax())
+            confidence = float(row[top]) if int(i) == top else 1.0 - float(row[top])
+            out.append(Prediction(self.classes[int(i)], confidence,
                                   {c: float(p) for c, p in zip(self.classes, row, strict=True)}))
         return out
 
@@ -106,8 +110,10 @@ def trained_classes(directory: Path, names: list[str]) -> dict[str, tuple[str, .
     out = {}
     for name in names:
         path = directory / f"{name}.json"
-        if path.is_file():
+        try:
             out[name] = tuple(json.loads(path.read_text()).get("classes", ()))
+        except (OSError, ValueError, AttributeError):
+            continue  # missing or unreadable: loading the head says so, with the command that rebuilds it
     return out
 
 

@@ -21,8 +21,8 @@ import numpy as np
 
 NAME = "layout-v1"  # what a head's ``meta["layout"]`` names: bump when the features change
 WIDTH = 2
-# (a) (A) A. A) A: after a space or at the start. Not a) or a. at a line start: in the dev rows those
-# are sub-items of open requests ("a) Company X ... b) Company Y ..."), never options
+# (a) (A) A. A) A: after a space or at the start. Lowercase letters count only as (a): in the dev rows
+# a) and a. at a line start are sub-items of open requests ("a) Company X ... b) Company Y ..."), never options
 _MARKERS = re.compile(r"(?:^|(?<=\s))(?:\(([A-Ja-j])\)|([A-J])[.):])(?=\s)")
 _MAX_RUN = 10
 

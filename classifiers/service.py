@@ -70,7 +70,8 @@ class Classifier:
                                f"'{layout.NAME}': retrain with `{hint}`")
             width = encoder.dim + (layout.WIDTH if reads else 0)
             if head.dim != width:
-                raise NotReady(f"head {name} expects {head.dim} inputs, the encoder gives {width}: "
+                extra = f" (+{layout.WIDTH} layout features)" if reads else ""
+                raise NotReady(f"head {name} expects {head.dim} inputs, the encoder gives {encoder.dim}{extra}: "
                                f"retrain with `{hint}`")
         if options is not None and options.dim != encoder.dim:
             raise NotReady(f"the option head expects {options.dim}-d embeddings, the encoder gives {encoder.dim}: "
@@ -85,6 +86,8 @@ class Classifier:
                           ) -> list[tuple[dict[str, Prediction], Familiarity]]:
         """Every head's answer and the guard's for each prompt (``texts``: the prompts the readings are
         of, for the heads that read their layout too; the injection head reads sentences too)."""
+        if len(texts) != len(readings):
+            raise ValueError(f"{len(readings)} readings but {len(texts)} texts")
         x = np.stack([r.vector for r in readings]) if readings else np.zeros((0, self.encoder.dim), np.float32)
         laid = layout.beside(x, texts) if any(layout.reads_layout(h.meta) for h in self.heads.values()) else x
         per_head = {name: head.predict(laid if layout.reads_layout(head.meta) else x)

@@ -247,7 +247,7 @@ def fit_oos_threshold(head: LinearHead, x: np.ndarray, labels: list[str], oos: s
     That mean is flat near its best and noisy (CLINC150's dev rows hold 100 out of scope), so
     its argmax jumps between cuts that are statistically tied: int8 and fp32 embeddings, equally
     good at telling out of scope apart, landed at different trades (pooled test accuracy 0.843
-    against 0.871). The cut is the median of every cut within one standard error of the best."""
+    against 0.871). The cut is the middle one of the cuts within one standard error of the best."""
     is_oos = np.array([y == oos for y in labels])
     if len(labels) == 0 or is_oos.all() or not is_oos.any():
         return None
@@ -264,7 +264,8 @@ def fit_oos_threshold(head: LinearHead, x: np.ndarray, labels: list[str], oos: s
     scores = r.mean(axis=1)
     best_in, best_oos = r[scores.argmax()]
     se = np.sqrt(best_in * (1 - best_in) / (~is_oos).sum() + best_oos * (1 - best_oos) / is_oos.sum()) / 2
-    return float(np.median(cuts[scores >= scores.max() - se]))
+    tied = cuts[scores >= scores.max() - se]
+    return float(tied[len(tied) // 2])
 
 
 def measure(head: LinearHead, x: np.ndarray, labels: list[str], task: object | None = None,

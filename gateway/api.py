@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import orjson
 import structlog
@@ -55,8 +56,8 @@ def route_headers(route: Route, switch: str | None) -> dict[str, str]:
     headers = {"x-triage-route": route.reason + ("+follow_up" if route.follow_up else ""),
                "x-triage-reasoning": reasoning, "x-triage-confidence": f"{route.confidence:.4f}",
                "x-triage-category": route.category or ""}
-    if (rule := route.rule) is not None:  # e.g. "0 intents=transfer 0.9312": the rule's index, its head's answer
-        headers["x-triage-rule"] = f"{rule.index} {rule.head}={rule.label} {rule.confidence:.4f}"
+    if (rule := route.rule) is not None:  # "0 intents=transfer 0.9312": the rule, its head's answer (%-encoded)
+        headers["x-triage-rule"] = f"{rule.index} {rule.head}={quote(rule.label)} {rule.confidence:.4f}"
     return headers
 
 

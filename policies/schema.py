@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -289,6 +289,15 @@ class Classifier(Strict):
     encoder: EncoderConfig = EncoderConfig()
     heads: list[BuiltinHead] = Field(default_factory=lambda: ["question_type", "category", "reasoning"])
     tasks: dict[str, TaskHead] = Field(default_factory=dict)
+
+    @field_validator("tasks")
+    @classmethod
+    def _own_names(cls, v: dict[str, TaskHead]) -> dict[str, TaskHead]:
+        taken = [*get_args(BuiltinHead), "reference"]  # the built-in heads' and the guard's artifact names
+        clash = [name for name in v if name in taken]
+        if clash:
+            raise ValueError(f"task name(s) {', '.join(clash)} are taken by built-in heads ({', '.join(taken)})")
+        return v
 
 
 class BatchSettings(Strict):

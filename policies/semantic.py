@@ -21,8 +21,8 @@ Reasoning is on when ``mode`` is ``on``, or ``auto`` and P(reasoning pays) >= ``
 
 Multi-turn: when the last user turn is a short follow-up (at most ``follow_up_max_words``
 words) and an earlier user turn exists, the route is decided on the earlier turn, unless the
-follow-up is confidently different: another rule holds for it, or none does and its own category
-differs, at least ``follow_up_switch_confidence`` sure either way.
+follow-up is confidently different: another rule than the conversation's holds for it, or its
+own category differs, at least ``follow_up_switch_confidence`` sure either way.
 """
 
 from __future__ import annotations
@@ -116,11 +116,13 @@ def decide_turns(vm: SemanticModel, last: tuple[Mapping[str, Prediction], bool, 
 
 
 def _differs(vm: SemanticModel, own: Route, kept: Route) -> bool:
-    """Whether a follow-up is confidently unlike its conversation: another rule holds for it, or none
-    does and its category differs, at least ``follow_up_switch_confidence`` sure either way."""
+    """Whether a follow-up is confidently unlike its conversation: another rule than the
+    conversation's holds for it, or its category differs, at least ``follow_up_switch_confidence``
+    sure either way."""
     sure = vm.follow_up_switch_confidence
-    if own.rule is not None:
-        return own.rule.confidence >= sure and (kept.rule is None or kept.rule.index != own.rule.index)
+    other_rule = own.rule is not None and (kept.rule is None or kept.rule.index != own.rule.index)
+    if other_rule and own.rule is not None and own.rule.confidence >= sure:
+        return True
     return own.category != kept.category and own.confidence >= sure
 
 

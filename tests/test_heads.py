@@ -80,6 +80,9 @@ def test_out_of_scope_cut_turns_doubtful_answers_into_oos() -> None:
     oos_share = np.mean([p.label == "oos" for p in head.predict(far)])
     in_scope = np.mean([p.label == y for p, y in zip(head.predict(x[300:]), labels[300:], strict=True)])
     assert oos_share > 0.5 and in_scope > 0.9
+    # an answer the cut made out of scope is as sure as the top class is doubtful
+    made = [p for p in head.predict(far) if p.label == "oos" and max(p.probabilities.values()) > p.probabilities["oos"]]
+    assert made and all(p.confidence == pytest.approx(1 - max(p.probabilities.values())) for p in made)
 
 
 def test_shaped_choice_keeps_the_answer_among_two_to_five_options_the_same_every_run() -> None:

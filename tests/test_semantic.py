@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from classifiers.heads import Prediction
@@ -123,6 +125,19 @@ def test_a_follow_up_switches_to_another_rule_only_when_sure() -> None:
     assert (other.model, other.follow_up) == ("small-scorer", False)
     unsure = decide_turns(RULED, (typed(heads("law", 0.5, 0.1), "choice", 0.8, "oos"), True, True), earlier)
     assert unsure.follow_up
+    # a rule held only weakly does not stop a confident change of category
+    moved = decide_turns(RULED, (typed(heads("law", 0.95, 0.1), "choice", 0.8, "oos"), True, True), earlier)
+    assert (moved.model, moved.reason, moved.follow_up) == ("small-scorer", "rule", False)
+
+
+def test_the_rule_header_survives_any_label() -> None:
+    from gateway.api import route_headers
+
+    route = decide(RULED, typed(heads("math", 0.9, 0.6), "open", 0.9, "transfer", 0.95), familiar=True)
+    assert route_headers(route, "none")["x-triage-rule"] == "0 intents=transfer 0.9500"
+    odd = replace(route, rule=replace(route.rule, label="cañón de día"))
+    header = route_headers(odd, "none")["x-triage-rule"]
+    assert header == "0 intents=ca%C3%B1%C3%B3n%20de%20d%C3%ADa 0.9500" and header.isascii()
 
 
 POLICY = """version: 1
@@ -154,6 +169,9 @@ def test_rule_heads_and_labels_are_checked() -> None:
         loader.parse(POLICY.replace("model: small}", "model: nowhere}"))
     with pytest.raises(PolicyInvalid, match="the classifier has no `category` head"):
         loader.parse(POLICY.replace("heads: [question_type, category,", "heads: [question_type,"))
+    for taken in ("question_type", "reference"):  # a task would overwrite a built-in head's artifacts
+        with pytest.raises(PolicyInvalid, match=f"task name.s. {taken} are taken by built-in heads"):
+            loader.parse(POLICY.replace("tasks: {intents:", f"tasks: {{{taken}:"))
 
 
 @pytest.mark.parametrize(("family", "on", "expected"), [

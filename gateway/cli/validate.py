@@ -48,4 +48,4 @@ def _label_problems(policy: Policy, path: Path) -> list[str]:
     from policies.semantic import label_problems
 
     cfg = policy.classifier
-    return label_problems(policy, trained_classes(artifacts_dir(cfg, path.resolve().parent), [*cfg.heads, *cfg.tasks]))
+    return label_problems(policy, trained_classes(artifacts_dir(cfg, path.parent), [*cfg.heads, *cfg.tasks]))
