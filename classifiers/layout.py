@@ -7,8 +7,9 @@ option letters the prompt lists in order (``A.``, ``A)``, ``A:``, ``(A)`` or ``(
 or after a space): the run A, B, C ... as a share of ten, and whether it is at least two.
 
 The head is fitted with the shaped choice rows twice, once with these features and once with them
-zeroed (as a layout this module does not recognise would give), so that no run is not taken as
-evidence against a choice: numbered options, bullets or ``Option 1:`` are left to the embedding.
+zeroed (as a layout this module does not recognise would give), so that the lack of a run is not
+taken as evidence against a choice: numbered options, bullets or ``Option 1:`` are left to the
+embedding.
 Pure; a few microseconds per prompt.
 """
 
