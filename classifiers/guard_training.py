@@ -9,6 +9,7 @@ held-back negatives' P(router) (prompt or sentence), at least 0.5.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 POSITIVES = 3000
 NEGATIVE_SEGMENTS = 20_000
 WRAP_MAX_WORDS = 40  # ordinary prompts an injection may be wrapped around
-PROBES = ("ood_probe.jsonl", "ood_probe_v2.jsonl", "ood_probe_v3.jsonl", "ood_probe_v4.jsonl")
+PROBES = ("ood_probe.jsonl", "ood_probe_v2.jsonl", "ood_probe_v3.jsonl", "ood_probe_v4.jsonl", "ood_probe_v5.jsonl")
 MIN_CONFIDENCE = 0.5  # a semantic model with this min_confidence escalates a less sure category
 
 
@@ -85,6 +86,24 @@ def fit_injection(cache: EmbeddingCache, negatives: datasets.Rows, test: dataset
         if h is head:
             flagged = np.array([p.label == ROUTER for p in preds], dtype=bool)
     return InjectionFit(head, float(flagged.mean()) if len(flagged) else 0.0, len(test), eces[0], eces[1])
+
+
+REFERENCE_ROWS = 1500  # per head: the similarity sample of its fit rows
+
+
+def reference_sample(x: np.ndarray, labels: Sequence[str], total: int = REFERENCE_ROWS) -> np.ndarray:
+    """About ``total`` of a head's fit rows for the similarity sample, an equal share per label (every
+    row of a label with fewer), each share spread evenly over the label's rows in their order. A
+    uniform sample kept a label in proportion to its rows: the question type's few open prompts, the
+    only ones about code and operations, were thinned like its thousands of typed questions."""
+    labels = np.asarray(labels)
+    kinds = sorted(set(labels.tolist()))
+    share = max(1, -(-total // max(1, len(kinds))))
+    keep = []
+    for kind in kinds:
+        idx = np.flatnonzero(labels == kind)
+        keep.extend(idx[np.unique(np.linspace(0, len(idx) - 1, min(share, len(idx))).round().astype(int))].tolist())
+    return x[sorted(keep)]
 
 
 def fit_reference(vectors: np.ndarray, held: np.ndarray, foreign: np.ndarray, layers: int) -> Reference:

@@ -21,7 +21,7 @@ from classifiers.artifacts import ExportSettings, locate
 from classifiers.calibration import auroc, ece
 from classifiers.encoder import Encoder, EncoderSettings, Reading
 from classifiers.guard import FOREIGN_QUANTILE, INJECTION, SIMILARITY_QUANTILE
-from classifiers.guard_training import ProbeResult, fit_injection, fit_reference, probe
+from classifiers.guard_training import ProbeResult, fit_injection, fit_reference, probe, reference_sample
 from classifiers.heads import LinearHead
 from classifiers.options import OPTIONS
 from classifiers.options_training import OptionsFit, SetResult, train_options
@@ -171,9 +171,10 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
             head.meta.update(out_of_scope=task.out_of_scope, oos_threshold=cut)
         head.save(out)
         # the guard's reference: the rows as the data has them (shaped rows only teach the question type)
-        x = x[[not s for s in shaped]]
-        calib = held_back([i for i, s in zip(rows.ids, shaped, strict=True) if not s], 0.2)
-        refs.append(x[~calib][:: max(1, int((~calib).sum()) // 1500)])
+        real = [not s for s in shaped]
+        x, real_labels = x[real], [y for y, r in zip(rows.labels, real, strict=True) if r]
+        calib = held_back([i for i, r in zip(rows.ids, real, strict=True) if r], 0.2)
+        refs.append(reference_sample(x[~calib], [y for y, c in zip(real_labels, calib, strict=True) if not c]))
         held.append(x[calib])
         test = _rows(name, cfg, root, test_split, limit)
         say(f"{name}: measuring on {len(test)} {test_split} rows")

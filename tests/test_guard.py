@@ -130,3 +130,15 @@ def test_familiarity_needs_both_checks(tmp_path: Path) -> None:
     (tmp_path / "reference.json").write_text(json.dumps(doc))
     with pytest.raises(NotReady, match=r"predates the vocabulary check: rebuild it with `triage train --policy p"):
         Reference.load(tmp_path, "triage train --policy p.yaml")
+
+
+def test_the_similarity_sample_keeps_an_equal_share_of_every_label() -> None:
+    from classifiers.guard_training import reference_sample
+
+    labels = ["choice"] * 3000 + ["open"] * 120 + ["yes_no"] * 900
+    x = np.arange(len(labels), dtype=np.float32)[:, None]
+    kept = reference_sample(x, labels, total=600).ravel().astype(int)
+    by = {k: sum(labels[i] == k for i in kept) for k in ("choice", "open", "yes_no")}
+    assert by == {"choice": 200, "open": 120, "yes_no": 200}  # the small label whole, the others 600 / 3
+    assert kept.tolist() == sorted(kept.tolist()) and kept.min() == 0 and kept.max() > 3000
+    assert len(reference_sample(x[:5], labels[:5], total=600)) == 5
