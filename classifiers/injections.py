@@ -127,13 +127,88 @@ _ASK = ("Explain {}.", "What is {}?", "Can you explain {}?", "Write a short guid
         "Tell me about {}.", "Write a paragraph on {}.", "For a blog post, explain {}.", "Quick question: {}?")
 
 
+# Developers' prompts: errors, logs, configs and operations questions whose words (force, skip,
+# override, priority, premium, upgrade, escalate, fallback, tier, model, route, bigger, debug)
+# are meant in their technical sense. The shared data has almost no such prompts, so without these
+# the head reads technical text as nearer its generated positives than its negatives.
+_TECH = (
+    "git push --force-with-lease was rejected: stale info. What does that mean?",
+    "! [rejected] main -> main (non-fast-forward)\nerror: failed to push some refs",
+    "How do I skip a flaky test in pytest only on CI?",
+    "npm ERR! ERESOLVE unable to resolve dependency tree. Should I use --force or --legacy-peer-deps?",
+    "How do I override values.yaml for one environment in Helm without copying the whole file?",
+    "kubectl get pods shows CrashLoopBackOff and the previous container logs are empty",
+    "What does priorityClassName do in a Kubernetes pod spec, and when does preemption kick in?",
+    "nginx returns 502 Bad Gateway after I moved the upstream to port 8081",
+    "upstream backend { server 10.0.0.5:8080 max_fails=3; server 10.0.0.6:8080 backup; } "
+    "why does the backup server never get traffic?",
+    "Should I upgrade from Postgres 13 to 16 with pg_upgrade or dump and restore?",
+    "ERROR: could not obtain lock on relation \"orders\"\nHow do I find which session holds it?",
+    "Premium SSD v2 or Ultra Disk for a 2 TB database with 20k IOPS?",
+    "Our PagerDuty escalation policy pages the manager before the secondary on-call. How do I reorder the tiers?",
+    "Route 53 weighted routing: 90/10 between two load balancers, but all traffic goes to one. Why?",
+    "Express router: app.use('/api', router) and router.get('/users') returns 404",
+    "Traceback (most recent call last):\n  File \"train.py\", line 88, in <module>\n    model.fit(X, y)\n"
+    "ValueError: Input contains NaN",
+    "RuntimeError: CUDA error: device-side assert triggered. How do I get a useful stack trace?",
+    "torch.cuda.OutOfMemoryError at batch size 16 on an A100 40GB. Gradient checkpointing or a smaller batch?",
+    "How much faster is bf16 than fp32 inference for a 7B model on an L4?",
+    "Which is cheaper per million tokens for a chatbot: a self-hosted 8B model on one GPU or a hosted API?",
+    "Our OpenAI API calls fail with 429 rate_limit_exceeded during the nightly batch. How should we back off?",
+    "How do I add a fallback model in my LangChain chain when the primary times out?",
+    "What is the difference between max_tokens and max_completion_tokens in the chat completions API?",
+    "Django: should this be a ForeignKey or a ManyToManyField on the Order model?",
+    "In Rails, how do I skip a before_action callback for one controller action?",
+    "Terraform wants to destroy and recreate my RDS instance after a provider upgrade. How do I stop it?",
+    "GitHub Actions: how do I force a job to run even if a previous job was skipped?",
+    "Dockerfile: the build cache is skipped every time after COPY . . — how do I order layers better?",
+    "systemd service keeps restarting: Restart=always and StartLimitBurst=5. How do I see why it exits?",
+    "Redis eviction policy allkeys-lru or volatile-lru for a session cache with TTLs?",
+    "Kafka consumer lag keeps growing on one partition only. Is a bigger instance the fix?",
+    "Celery tasks with priority=9 still wait behind low priority ones on RabbitMQ. What am I missing?",
+    "How does priority inversion happen with mutexes, and how does priority inheritance fix it?",
+    "Implement a skip list in Go with insert, search and delete.",
+    "Write a force-directed graph layout in D3 for 500 nodes that does not freeze the page.",
+    "Flask debug mode is on in production by mistake. What is the actual risk?",
+    "How do I override a method of a parent class in TypeScript and still call the parent?",
+    "CSS: my font-family fallback is ignored and Times New Roman shows up instead",
+    "Java: Exception in thread \"main\" java.lang.OutOfMemoryError: Java heap space. -Xmx is already 4g.",
+    "undefined reference to `pthread_create' when linking with gcc",
+    "error[E0502]: cannot borrow `v` as mutable because it is also borrowed as immutable",
+    "My SQL query does a sequential scan although there is an index on created_at. Why?",
+    "Write a SQL query that ranks customers into gold, silver and bronze tiers by yearly spend.",
+    "How do I upgrade a Kubernetes cluster from 1.28 to 1.30 on EKS with no downtime?",
+    "Cloudflare: should I route the API through a separate subdomain to bypass the cache?",
+    "Vault token expired in the middle of a deploy. How do I renew it automatically?",
+    "Load test shows p99 latency jumps at 800 rps. Scale the instance up to a bigger size or out?",
+    "S3 Intelligent-Tiering or lifecycle rules to Glacier for logs older than 90 days?",
+    "How do I choose between a small embedding model and a large one for semantic search on 1M documents?",
+    "vLLM: what do --max-num-seqs and --gpu-memory-utilization control, and how do I tune them?",
+    "The model serving pod gets OOMKilled when two requests with long prompts arrive together.",
+    "Prometheus alert: escalate to the SRE channel when error rate > 5% for 10 minutes. Write the rule.",
+    "Explain the circuit breaker pattern with retries, timeouts and a fallback response.",
+    "Grafana dashboard shows a gap every night at 02:00. Where do I look?",
+    "How do I make Webpack skip source maps in production builds?",
+    "Our Stripe webhook handler times out. Should we acknowledge first and process in a queue?",
+    "Which instance tier do I need for Elasticsearch with 300 GB of logs a day?",
+    "What does `--force` do in `terraform apply`? Is it safe?",
+    "pip: ResolutionImpossible between tensorflow 2.15 and numpy 2.0. Which one do I pin?",
+    "Write a bash one-liner that finds files bigger than 1 GB and sorts them by size.",
+)
+_TECH_ASKS = ("Quick question. {}", "{} Thanks!", "Hi, {}", "Can you help? {}")
+
+
 def hard_negatives(seed: str = "triage-injection-negative") -> Rows:
-    """Every topic of ``_ABOUT`` asked three different ways (labeled ``prompt``)."""
+    """Every topic of ``_ABOUT`` asked three different ways, and every developer prompt of ``_TECH``
+    twice, as it is and framed (all labeled ``prompt``)."""
     out = Rows()
     for t, topic in enumerate(_ABOUT):
         asks = sorted(_ASK, key=lambda a: hashlib.sha256(f"{seed}:{t}:{a}".encode()).digest())[:3]
         for k, ask in enumerate(asks):
             out.add(ask.format(topic), CLEAN, f"injection-negative-{t}-{k}")
+    for t, text in enumerate(_TECH):
+        out.add(text, CLEAN, f"injection-negative-tech-{t}-0")
+        out.add(_pick(_TECH_ASKS, seed, f"tech{t}").format(text), CLEAN, f"injection-negative-tech-{t}-1")
     return out
 
 
