@@ -26,12 +26,15 @@ WIDTH = 2
 # a) and a. at a line start are sub-items of open requests ("a) Company X ... b) Company Y ..."), never options
 _MARKERS = re.compile(r"(?:^|(?<=\s))(?:\(([A-Ja-j])\)|([A-J])[.):])(?=\s)")
 _MAX_RUN = 10
+WINDOW = 8192  # characters read from each end of a longer prompt (the encoder, too, keeps head and tail)
 
 
 def option_run(text: str | bytes) -> int:
     """How many option letters A, B, C ... the text lists in that order (gaps between them allowed)."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
+    if len(text) > 2 * WINDOW:  # bounded work on huge prompts: the regex runs on the request path
+        text = f"{text[:WINDOW]}\n{text[-WINDOW:]}"
     want, n = "A", 0
     for m in _MARKERS.finditer(text):
         letter = next(g for g in m.groups() if g).upper()

@@ -158,6 +158,8 @@ def test_synthetic_rows_are_fitted_on_never_calibrated_on() -> None:
     ("", 0),
     (" ".join(f"{chr(65 + i)}) o{i}" for i in range(14)), 10),  # capped at ten
     (b"A. x\nB. \xff", 2),
+    ("A) x B) y " + "filler " * 5000 + "C) z", 3),  # head and tail of a long prompt
+    ("A) x " + "filler " * 5000 + " B) y " + "filler " * 5000 + "C) z", 1),  # the middle is not read
 ])
 def test_option_run_counts_lettered_options_in_order(text: str | bytes, run: int) -> None:
     from classifiers import layout
