@@ -41,7 +41,7 @@ POSITIVES = 3000
 NEGATIVE_SEGMENTS = 20_000
 WRAP_MAX_WORDS = 40  # ordinary prompts an injection may be wrapped around
 PROBES = ("ood_probe.jsonl", "ood_probe_v2.jsonl", "ood_probe_v3.jsonl", "ood_probe_v4.jsonl", "ood_probe_v5.jsonl",
-          "ood_probe_v6.jsonl")
+          "ood_probe_v6.jsonl", "ood_probe_v7.jsonl")
 MIN_CONFIDENCE = 0.5  # a semantic model with this min_confidence escalates a less sure category
 
 

@@ -35,7 +35,9 @@ def test_generated_prompts_are_the_same_everywhere_and_varied() -> None:
     assert sum(t[:1].islower() for t in rows.texts) > 20  # some typed fast: lower case, typos
     negatives = injections.hard_negatives()
     assert set(negatives.labels) == {injections.CLEAN}
-    assert len(set(negatives.texts)) == 3 * len(injections._ABOUT) + 2 * len(injections._TECH)
+    developer = injections.developer_prompts()
+    assert len(set(developer.texts)) == len(developer) == 480
+    assert len(set(negatives.texts)) == 3 * len(injections._ABOUT) + 2 * len(injections._TECH) + len(developer)
 
 
 def test_read_gives_the_embedding_its_sentences_and_foreign_share(int8: Encoder) -> None:
