@@ -7,8 +7,10 @@ framings (a bare sentence, a fake system line, a config line, JSON), alone or wr
 ordinary prompt (before it, after it). Choices come from SHA-256 of a seed and the row number,
 never a random generator, so the rows are the same on every machine.
 
-The negatives are the other heads' own training prompts. The head is measured on probes written
-apart from these templates (``classifiers/data/ood_probe*.jsonl``), never on generated rows.
+The negatives are the other heads' own training prompts and the hard negatives below (questions
+about routers and tiers; developers' prompts, written and generated, that use an injection's words
+in their technical sense). The head is measured on probes written apart from these templates
+(``classifiers/data/ood_probe*.jsonl``), never on generated rows.
 """
 
 from __future__ import annotations
