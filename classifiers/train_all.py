@@ -21,7 +21,14 @@ from classifiers.artifacts import ExportSettings, locate
 from classifiers.calibration import auroc, ece
 from classifiers.encoder import Encoder, EncoderSettings, Reading
 from classifiers.guard import FOREIGN_QUANTILE, INJECTION, SIMILARITY_QUANTILE
-from classifiers.guard_training import ProbeResult, fit_injection, fit_reference, probe, reference_sample
+from classifiers.guard_training import (
+    REFERENCE_ROWS,
+    ProbeResult,
+    fit_injection,
+    fit_reference,
+    probe,
+    reference_sample,
+)
 from classifiers.heads import LinearHead
 from classifiers.options import OPTIONS
 from classifiers.options_training import OptionsFit, SetResult, train_options
@@ -194,7 +201,7 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
         cache.save()
     if not refs and INJECTION in cfg.heads:  # the injection head alone: ordinary prompts are the reference
         x, calib = cache.embed(ordinary.texts), held_back(ordinary.ids, 0.2)
-        refs.append(x[~calib][:: max(1, int((~calib).sum()) // 1500)])
+        refs.append(x[~calib][:: max(1, int((~calib).sum()) // REFERENCE_ROWS)])
         held.append(x[calib])
     if OPTIONS in cfg.heads:  # the option scorer: its own artifact and its own embedding cache file
         assert cache.path is not None
@@ -203,7 +210,7 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
         options_cache.save()
         results.extend(option_results(fitted, measured))
         if not refs:  # only the option head: its questions are the familiarity reference
-            refs.append(fitted.fitted[:: max(1, len(fitted.fitted) // 1500)])
+            refs.append(fitted.fitted[:: max(1, len(fitted.fitted) // REFERENCE_ROWS)])
             held.append(fitted.held)
     calib = held_back(ordinary.ids, 0.2)
     foreign = [encoder.encode(t).foreign for t, c in zip(ordinary.texts, calib, strict=True) if c]
