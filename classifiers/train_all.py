@@ -32,9 +32,11 @@ from classifiers.guard_training import (
 from classifiers.heads import LinearHead
 from classifiers.options import OPTIONS
 from classifiers.options_training import OptionsFit, SetResult, train_options
+from classifiers.router_training import RouterResult, train_routers
 from classifiers.service import artifacts_dir, data_dir
 from classifiers.training import fit_head, held_back
 from policies.schema import Classifier as ClassifierConfig
+from policies.schema import Policy
 
 Progress = Callable[[str], None]
 READINGS = "r2"  # bump when what Encoder.read returns besides the embedding changes (a new cache file)
@@ -141,12 +143,8 @@ class EmbeddingCache:
         tmp.replace(self.path)
 
 
-def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progress = print,
-          limit: int | None = None) -> TrainReport:
-    """Train, calibrate, save and measure every head; ``limit`` caps the rows per head and split
-    (for quick runs and tests)."""
-    t0 = time.perf_counter()
-    root, out = data_dir(cfg, policy_dir), artifacts_dir(cfg, policy_dir)
+def embedding_cache(cfg: ClassifierConfig, threads: int, suffix: str = "") -> EmbeddingCache:
+    """The served encoder, and its embeddings of training rows kept on disk."""
     e = cfg.encoder
     art = locate(settings=ExportSettings(layers=e.layers))
     settings = EncoderSettings(precision=e.precision, intra_op_threads=threads, provider=e.provider,
@@ -154,7 +152,29 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
     encoder = Encoder.load(settings, artifacts=art)
     # batched int8 rows differ; READINGS names the rules of sentences, foreign share and language
     tag = f"{art.key}-{e.precision}-{e.max_tokens}" + ("-apart" if settings.apart else "") + f"-{READINGS}"
-    cache = EmbeddingCache(encoder, cache_dir() / "embeddings" / f"{tag}.npz")
+    return EmbeddingCache(encoder, cache_dir() / "embeddings" / f"{tag}{suffix}.npz")
+
+
+def train_quality(policy: Policy, policy_dir: Path, threads: int = 2, say: Progress = print) -> list[RouterResult]:
+    """The quality heads of the policy's routed models (the learned router), into the heads' folder."""
+    assert policy.classifier is not None
+    cfg = policy.classifier
+    cache = embedding_cache(cfg, threads, "-labels")  # label files' prompts: a cache file of their own
+    try:
+        return train_routers(policy, data_dir(cfg, policy_dir), cache.embed, artifacts_dir(cfg, policy_dir), say)
+    finally:
+        cache.save()
+
+
+def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progress = print,
+          limit: int | None = None) -> TrainReport:
+    """Train, calibrate, save and measure every head; ``limit`` caps the rows per head and split
+    (for quick runs and tests)."""
+    t0 = time.perf_counter()
+    root, out = data_dir(cfg, policy_dir), artifacts_dir(cfg, policy_dir)
+    e = cfg.encoder
+    cache = embedding_cache(cfg, threads)
+    encoder = cache.encoder
     results: list[HeadResult] = []
     refs: list[np.ndarray] = []
     held: list[np.ndarray] = []

@@ -49,13 +49,18 @@ def error_response(exc: TriageError) -> Response:
 def route_headers(route: Route, switch: str | None) -> dict[str, str]:
     if switch in (None, "none"):
         reasoning = "unsupported"
-    elif switch == "client":
-        reasoning = "client"  # the request set the switch itself; the route's choice was not applied
+    elif switch in ("client", "engine"):
+        # client: the request set the switch itself; engine: the route leaves it to the engine's default
+        reasoning = switch
     else:
         reasoning = "on" if route.reasoning else "off"
     headers = {"x-triage-route": route.reason + ("+follow_up" if route.follow_up else ""),
                "x-triage-reasoning": reasoning, "x-triage-confidence": f"{route.confidence:.4f}",
                "x-triage-category": route.category or ""}
+    if (q := route.quality) is not None:  # the learned router: predicted P(right) and the expected cost
+        headers["x-triage-quality"] = (f"chosen={q.quality:.4f} best={q.best_quality:.4f} "
+                                       f"strongest={q.strongest_quality:.4f}")
+        headers["x-triage-expected-cost"] = f"{q.cost:.8f}"
     if (rule := route.rule) is not None:  # "0 intents=transfer 0.9312": the rule, its head's answer (%-encoded)
         headers["x-triage-rule"] = f"{rule.index} {rule.head}={quote(rule.label)} {rule.confidence:.4f}"
     return headers

@@ -15,7 +15,7 @@ from gateway.errors import UpstreamError
 from gateway.runtime import Runtime
 from policies import reasoning
 from policies.routing import candidates
-from policies.schema import SemanticModel
+from policies.schema import RoutedModel, SemanticModel
 from policies.semantic import Route
 
 log = structlog.get_logger("triage.dispatch")
@@ -33,11 +33,13 @@ class Served:
 
 
 async def decide_route(rt: Runtime, kind: Kind, body: Body) -> Route | None:
-    """The encoder's route when the request names a semantic virtual model, else None."""
+    """The encoder's route when the request names a semantic or routed virtual model, else None."""
     vm = rt.policy.virtual_models.get(body["model"])
-    if not isinstance(vm, SemanticModel):
+    if not isinstance(vm, SemanticModel | RoutedModel):
         return None
-    assert rt.encoding is not None, "a semantic model without a classifier fails validation"
+    assert rt.encoding is not None, "a semantic or routed model without a classifier fails validation"
+    if isinstance(vm, RoutedModel):
+        return await rt.encoding.route_quality(rt.policy, vm, rt.quality[body["model"]], kind, body)
     return await rt.encoding.route(vm, kind, body)
 
 
@@ -49,8 +51,10 @@ async def dispatch(rt: Runtime, kind: Kind, body: Body, request_id: str, attempt
         spec = rt.policy.models[name]
         backend = rt.backends[spec.backend]
         upstream_body, switch = {**body, "model": rt.policy.upstream_name(name)}, None
-        if route is not None:
+        if route is not None and route.apply_reasoning:
             upstream_body, switch = reasoning.apply(upstream_body, spec, route.reasoning)
+        elif route is not None:
+            switch = "engine"  # the candidate leaves reasoning to the engine's default
         call = Call(kind, upstream_body, request_id, attempts, affinity)
         try:
             if call.stream:

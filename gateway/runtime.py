@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +22,7 @@ from gateway.errors import NotReady, PolicyInvalid
 from policies.schema import Policy
 
 if TYPE_CHECKING:
+    from classifiers.quality import QualityHead
     from gateway.semantic import Encoding
 
 log = structlog.get_logger("triage.runtime")
@@ -34,6 +35,7 @@ class Runtime:
     backends: dict[str, Backend]
     key_hashes: frozenset[str]
     encoding: Encoding | None = None
+    quality: dict[str, QualityHead] = field(default_factory=dict)  # routed virtual model -> its heads
     in_flight: int = 0
     retired: bool = False
 
@@ -68,10 +70,12 @@ def _key_hashes(policy: Policy) -> frozenset[str]:
     return frozenset(hashes)
 
 
-async def _encoding(policy: Policy, previous: Runtime | None, base_dir: Path) -> Encoding | None:
+async def _encoding(policy: Policy, previous: Runtime | None, base_dir: Path
+                    ) -> tuple[Encoding | None, dict[str, QualityHead]]:
+    """The encoder and its heads (reused when unchanged), and the routed models' quality heads."""
     if policy.classifier is None:
-        return None
-    from gateway.semantic import Encoding, artifacts_signature  # ONNX Runtime: only when a policy asks
+        return None, {}
+    from gateway.semantic import Encoding, artifacts_signature, load_quality  # ONNX Runtime: only when asked
     from policies.semantic import label_problems
 
     old = previous.encoding if previous is not None else None
@@ -84,11 +88,13 @@ async def _encoding(policy: Policy, previous: Runtime | None, base_dir: Path) ->
         except NotReady as exc:
             raise PolicyInvalid([f"classifier: {exc.message}"]) from None
     problems = label_problems(policy, encoding.classifier.classes())
+    heads, quality_problems = load_quality(policy, base_dir, encoding.classifier.encoder.dim)
+    problems += quality_problems
     if problems:
         if encoding is not old:
             await encoding.close()
         raise PolicyInvalid(problems)
-    return encoding
+    return encoding, heads
 
 
 async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path = Path(".")) -> Runtime:
@@ -97,7 +103,7 @@ async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path 
     Relative paths in the policy (classifier data and artifacts) are taken from ``base_dir``.
     """
     keys = _key_hashes(policy)
-    encoding = await _encoding(policy, previous, base_dir)
+    encoding, quality = await _encoding(policy, previous, base_dir)
     backends: dict[str, Backend] = {}
     started: list[Backend] = []
     try:
@@ -118,7 +124,7 @@ async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path 
         if encoding is not None and (previous is None or encoding is not previous.encoding):
             await encoding.close()
         raise
-    return Runtime(policy, backends, keys, encoding)
+    return Runtime(policy, backends, keys, encoding, quality)
 
 
 class RuntimeHolder:

@@ -10,10 +10,13 @@ from pathlib import Path
 from backends.base import Body, Kind
 from classifiers.batching import MicroBatcher
 from classifiers.encoder import Reading
+from classifiers.quality import QualityHead, quality_head_name
 from classifiers.service import Classifier, artifacts_dir
+from gateway.errors import NotReady
 from gateway.messages import text as message_text
+from policies import routed
 from policies.schema import Classifier as ClassifierConfig
-from policies.schema import SemanticModel
+from policies.schema import Policy, RoutedModel, SemanticModel
 from policies.semantic import Route, decide, decide_turns, is_follow_up
 
 
@@ -49,11 +52,59 @@ class Encoding:
         [(heads, fam)] = self.classifier.classify_readings([await self.batcher.embed(last)], [last])
         return decide(vm, heads, fam.in_distribution, fam.readable)
 
+    async def route_quality(self, policy: Policy, vm: RoutedModel, head: QualityHead, kind: Kind,
+                            body: Body) -> Route:
+        """The learned router's route: quality predicted from the last user turn, cost from the whole prompt."""
+        last, _ = _turns(kind, body)
+        return quality_route(policy, vm, head, await self.batcher.embed(last), _input_tokens(kind, body))
+
+
+def load_quality(policy: Policy, policy_dir: Path, dim: int) -> tuple[dict[str, QualityHead], list[str]]:
+    """The quality heads of every routed virtual model, and what is wrong with them (missing,
+    another encoder width, other candidates than the policy's)."""
+    heads: dict[str, QualityHead] = {}
+    problems: list[str] = []
+    assert policy.classifier is not None
+    root = artifacts_dir(policy.classifier, policy_dir)
+    for name, vm in policy.virtual_models.items():
+        if not isinstance(vm, RoutedModel):
+            continue
+        try:
+            head = QualityHead.load(root, quality_head_name(name))
+        except NotReady as exc:
+            problems.append(f"virtual_models.{name}: {exc.message}")
+            continue
+        want = tuple(c.column for c in vm.candidates)
+        if head.models != want or head.dim != dim:
+            problems.append(f"virtual_models.{name}: its quality head was trained for {', '.join(head.models)} on "
+                            f"{head.dim}-d embeddings, the policy routes {', '.join(want)} on {dim}-d: retrain it "
+                            "with `triage train --policy POLICY`")
+            continue
+        heads[name] = head
+    return heads, problems
+
+
+def quality_route(policy: Policy, vm: RoutedModel, head: QualityHead, reading: Reading, tokens: int) -> Route:
+    """The learned router's route for one prompt's reading."""
+    choice = routed.decide(policy, vm, head.proba(reading.vector)[0], tokens)
+    return Route(choice.model, choice.reasoning == "on", "quality", None, choice.quality, None,
+                 quality=choice, apply_reasoning=choice.reasoning is not None)
+
 
 def artifacts_signature(config: ClassifierConfig, policy_dir: Path) -> tuple[tuple[str, int], ...]:
     root = artifacts_dir(config, policy_dir)
     files = sorted([*root.glob("*.npz"), *root.glob("*.json")]) if root.is_dir() else []
     return tuple((f.name, f.stat().st_mtime_ns) for f in files)
+
+
+def _input_tokens(kind: Kind, body: Body) -> int:
+    """The prompt's tokens, for the expected cost: about four characters a token, every message."""
+    if kind == "completion":
+        prompt = body.get("prompt")
+        chars = len(prompt) if isinstance(prompt, str) else sum(len(p) for p in prompt or () if isinstance(p, str))
+    else:
+        chars = sum(len(message_text(m.get("content"))) for m in body.get("messages") or ())
+    return max(1, chars // 4)
 
 
 def _turns(kind: Kind, body: Body) -> tuple[str, list[str]]:

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from gateway.errors import ModelNotFound
-from policies.schema import AliasModel, Policy
+from policies.schema import AliasModel, CascadeModel, Policy, RoutedModel
+
+
+def _price(policy: Policy, model: str) -> float:
+    p = policy.models[model].prices
+    return p.input_per_mtok + p.output_per_mtok + 1e6 * p.per_call
 
 
 def public_models(policy: Policy) -> list[str]:
@@ -19,8 +24,16 @@ def candidates(policy: Policy, requested: str) -> list[str]:
         heads = [requested]
     elif requested in policy.virtual_models:
         vm = policy.virtual_models[requested]
-        # a semantic model's route is decided by the encoder; without a decision, its default
-        heads = list(vm.targets) if isinstance(vm, AliasModel) else [vm.default]
+        # a semantic or routed model's choice is the encoder's; without one: its default, or
+        # a routed model's candidates from the dearest (the safest answer when nothing predicts)
+        if isinstance(vm, AliasModel):
+            heads = list(vm.targets)
+        elif isinstance(vm, RoutedModel):
+            heads = sorted(vm.routes(), key=lambda m: -_price(policy, m))
+        elif isinstance(vm, CascadeModel):
+            return candidates(policy, vm.open)
+        else:
+            heads = [vm.default]
     else:
         raise ModelNotFound(f"The model '{requested}' does not exist", param="model")
     chain: list[str] = []

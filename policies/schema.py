@@ -252,7 +252,43 @@ class CascadeModel(Strict):
     description: str = ""
 
 
-VirtualModel = Annotated[AliasModel | SemanticModel | CascadeModel, Field(discriminator="type")]
+class RoutedCandidate(Strict):
+    """One choice of a routed model: a model, with reasoning switched on or off where the labels
+    tell the two apart (``reasoning/`` files: columns ``direct`` and ``cot``)."""
+
+    model: str
+    labels_as: str | None = Field(None, description="the labels file's column for this candidate; default: model")
+    reasoning: Literal["on", "off"] | None = Field(None, description="reasoning for this candidate; "
+                                                                      "default: the engine's own")
+    reasoning_tokens: int = Field(0, ge=0, description="output tokens reasoning adds, for the expected cost")
+
+    @property
+    def column(self) -> str:
+        return self.labels_as or self.model
+
+
+class RoutedModel(Strict):
+    """A virtual model routed by predicted quality and cost (the learned router): per request, the
+    quality heads predict P(right) for every candidate, and ``rule`` picks one with ``knob``
+    (``triage calibrate --target strong_share=X | cost=X | quality=X`` fits it)."""
+
+    type: Literal["routed"]
+    labels: str = Field(description="the labels the quality heads learn from, under the classifier's data_dir, "
+                                    "e.g. model_labels/routellm_mmlu")
+    candidates: list[RoutedCandidate] = Field(min_length=2)
+    rule: Literal["utility", "margin"] = Field(
+        "utility", description="utility: max quality - knob * cost; margin: the cheapest within knob of the best")
+    knob: float = Field(0.0, ge=0, description="utility: quality points per unit of money; margin: a probability")
+    output_tokens: int = Field(256, ge=0, description="output tokens expected per call, for the expected cost")
+    learners: list[Literal["linear", "mf", "knn"]] = Field(
+        default_factory=lambda: ["linear", "mf", "knn"], description="learners `triage train` tries (dev rows)")
+    description: str = ""
+
+    def routes(self) -> list[str]:
+        return list(dict.fromkeys(c.model for c in self.candidates))
+
+
+VirtualModel = Annotated[AliasModel | SemanticModel | CascadeModel | RoutedModel, Field(discriminator="type")]
 
 
 class EncoderConfig(Strict):
@@ -381,6 +417,9 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
             if policy.cascade is None:
                 problems.append((("virtual_models", name), "a cascade model needs a `cascade` section"))
             continue
+        if isinstance(vm, RoutedModel):
+            problems.extend(_routed_problems(policy, name, vm))
+            continue
         if isinstance(vm, AliasModel):
             refs: list[tuple[Loc, str]] = [(("targets", i), t) for i, t in enumerate(vm.targets)]
         else:
@@ -402,6 +441,28 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
     for i, key in enumerate(policy.keys):
         if names.index(key.name) != i:
             problems.append((("keys", i, "name"), f"key name '{key.name}' is used twice"))
+    return problems
+
+
+def _routed_problems(policy: Policy, name: str, vm: RoutedModel) -> list[tuple[Loc, str]]:
+    """Candidates must be models with prices (the choice weighs cost), each once per reasoning mode."""
+    problems: list[tuple[Loc, str]] = []
+    if policy.classifier is None:
+        problems.append((("virtual_models", name), "a routed model needs a `classifier` section"))
+    seen: set[tuple[str, str | None]] = set()
+    for i, c in enumerate(vm.candidates):
+        where: Loc = ("virtual_models", name, "candidates", i)
+        spec = policy.models.get(c.model)
+        if spec is None:
+            problems.append(((*where, "model"), f"model '{c.model}' is not defined"))
+            continue
+        p = spec.prices
+        if p.input_per_mtok == p.output_per_mtok == p.per_call == 0:
+            problems.append(((*where, "model"), f"model '{c.model}' has no prices: the router weighs cost "
+                                                f"(set models.{c.model}.prices)"))
+        if (c.model, c.reasoning) in seen:
+            problems.append((where, f"candidate '{c.model}' (reasoning {c.reasoning or 'default'}) is listed twice"))
+        seen.add((c.model, c.reasoning))
     return problems
 
 

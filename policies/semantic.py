@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from classifiers.guard import INJECTION, ROUTER
 from classifiers.heads import Prediction
+from policies.routed import QualityChoice
 from policies.schema import HeadRule, Policy, ReasoningRule, SemanticModel
 
 
@@ -53,6 +54,8 @@ class Route:
     reasoning_probability: float | None
     follow_up: bool = False
     rule: RuleMatch | None = None  # the rule that decided (reason "rule")
+    quality: QualityChoice | None = None  # the learned router's choice (reason "quality")
+    apply_reasoning: bool = True  # False: leave the engine's own reasoning default alone
 
 
 def _reasoning(switch: ReasoningRule, mode: str | None, p_pays: float | None) -> bool:

@@ -16,7 +16,9 @@ from rich.table import Table
 from gateway.cli.policy_arg import load_or_exit
 
 _Policy = Annotated[Path, typer.Option(help="Policy YAML with a `cascade` section.")]
-_Data = Annotated[list[Path], typer.Option(help="Typed JSONL files (dev rows fit, test rows report).")]
+_Data = Annotated[list[Path] | None, typer.Option(help="Typed JSONL files (dev rows fit, test rows report).")]
+_Router = Annotated[str | None, typer.Option(
+    help="A routed virtual model: measure (or calibrate) the learned router on its labels file instead")]
 _Top = Annotated[str | None, typer.Option(help="A recorded model (model_labels) as the last tier.")]
 _TopPrice = Annotated[float, typer.Option(help="What one question to the recorded top tier costs.")]
 _DevCap = Annotated[int, typer.Option(help="Dev rows per set (a seeded sample).")]
@@ -24,12 +26,12 @@ _TestCap = Annotated[int, typer.Option(help="Test rows per set (a seeded sample)
 _Target = Annotated[str | None, typer.Option(
     help="accuracy=X (kept answers right X of the time), escalation=X (at most X past the first tier) or "
          "cost=X (best accuracy at a mean cost per question of at most X); default: a cheaper tier keeps "
-         "what it answers as well as the last tier")]
+         "what it answers as well as the last tier. With --router: strong_share=X, cost=X or quality=X")]
 
 
 def evaluate(
     policy: _Policy,
-    data: _Data,
+    data: _Data = None,
     out: Annotated[Path, typer.Option(help="Folder for the report, the plots and the tier caches.")] = Path("out/eval"),
     top: _Top = None,
     top_price: _TopPrice = 0.0,
@@ -41,10 +43,18 @@ def evaluate(
     fail_under: Annotated[str | None, typer.Option(
         help="Gates for CI, e.g. accuracy=0.8,ece=0.05 (also apgr, escalation): exit 1 when one is missed.")] = None,
     plots: Annotated[bool, typer.Option(help="Draw curves.png and reliability.png.")] = True,
+    router: _Router = None,
 ) -> None:
-    """Fit temperatures and thresholds on dev rows, then report each tier and the cascade on test rows."""
+    """Fit temperatures and thresholds on dev rows, then report each tier and the cascade on test rows.
+    With --router: the learned router of a routed model against every single model, random mixtures,
+    the category table and the oracle (gates: apgr=X, ...)."""
     from eval import gates
 
+    if router is not None:
+        from gateway.cli.router import evaluate_router
+
+        return evaluate_router(policy, router, out, fail_under, plots)
+    data = _need_data(data)
     console = Console(highlight=False)
     limits = _parsed(lambda: gates.parse(fail_under or ""), "--fail-under")
     goal = _parsed(lambda: _target(target), "--target")
@@ -63,17 +73,32 @@ def evaluate(
 
 def calibrate(
     policy: _Policy,
-    data: _Data,
+    data: _Data = None,
     patch: Annotated[Path, typer.Option(help="Where to write the YAML patch.")] = Path("out/calibrate/patch.yaml"),
     target: _Target = None,
     top: _Top = None,
     top_price: _TopPrice = 0.0,
     dev_cap: _DevCap = 300,
     test_cap: _TestCap = 300,
+    router: _Router = None,
 ) -> None:
     """Fit each tier's temperatures and thresholds on dev rows, check them on test rows, and write a
-    reviewable YAML patch (the policy file is never edited)."""
+    reviewable YAML patch (the policy file is never edited). With --router: the routed model's knob."""
+    if router is not None:
+        from gateway.cli.router import calibrate_router
+
+        if target is None:
+            typer.echo("--router needs --target strong_share=X, cost=X or quality=X", err=True)
+            raise typer.Exit(2)
+        return calibrate_router(policy, router, target, patch)
     evaluate(policy, data, patch.parent, top, top_price, dev_cap, test_cap, 0.0, target, patch, None, False)
+
+
+def _need_data(data: list[Path] | None) -> list[Path]:
+    if not data:
+        typer.echo("--data: give at least one typed JSONL file (or --router NAME)", err=True)
+        raise typer.Exit(2)
+    return data
 
 
 def _parsed(fn, flag: str):  # type: ignore[no-untyped-def]

@@ -11,7 +11,22 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from classifiers.router_training import RouterResult
 from gateway.cli.policy_arg import load_or_exit
+from policies.schema import RoutedModel
+
+
+def _routers(results: list[RouterResult], console: Console) -> None:
+    for r in results:
+        table = Table(title=f"router {r.name}: learners tried (held-back dev rows; highest AUROC wins)")
+        for col in ("learner", "setting", "log-loss", "AUROC"):
+            table.add_column(col)
+        for c in r.tried:
+            table.add_row(c.learner, c.setting, f"{c.log_loss:.4f}", f"{c.auroc:.3f}")
+        console.print(table)
+        aurocs = ", ".join(f"{m} {v:.3f}" for m, v in r.test_auroc.items())
+        console.print(f"router {r.name}: {r.head.meta['learner']} {r.head.meta['setting']} fitted on {r.fit_rows} "
+                      f"rows ({r.fitted_on}); test rows {r.test_rows}: AUROC {aurocs or 'n/a'}, ECE {r.test_ece:.3f}")
 
 
 def train(
@@ -19,17 +34,25 @@ def train(
     threads: Annotated[int, typer.Option(help="Encoder threads while training.")] = 2,
     report: Annotated[Path | None, typer.Option(help="Write the measured figures as JSON here.")] = None,
     limit: Annotated[int | None, typer.Option(help="At most this many rows per head and split (quick runs).")] = None,
+    routers_only: Annotated[bool, typer.Option("--routers-only",
+                                               help="Only the routed models' quality heads.")] = False,
 ) -> None:
-    """Train the heads on dev rows, calibrate them, measure them on test rows."""
+    """Train the heads on dev rows, calibrate them, measure them on test rows; then the quality
+    heads of every routed virtual model (the learned router)."""
     from classifiers.artifacts import ExportSettings
     from classifiers.export import ensure_exported
     from classifiers.train_all import train as run
+    from classifiers.train_all import train_quality
 
     console = Console(highlight=False)
     pol = load_or_exit(policy, "classifier", ": nothing to train")
     assert pol.classifier is not None
     art, built = ensure_exported(settings=ExportSettings(layers=pol.classifier.encoder.layers))
     console.print(f"encoder: {'exported to' if built else 'cached at'} {art.root}")
+    if any(isinstance(vm, RoutedModel) for vm in pol.virtual_models.values()):
+        _routers(train_quality(pol, policy.resolve().parent, threads=threads, say=console.print), console)
+    if routers_only:
+        return
     result = run(pol.classifier, policy.resolve().parent, threads=threads, say=console.print, limit=limit)
     table = Table(title=f"heads (test rows), trained in {result.seconds:.0f} s", expand=True)
     for col in ("head", "fit rows", "test rows", "accuracy", "ECE", "ECE (T=1)", "other"):

@@ -1,0 +1,123 @@
+"""Quality heads: per candidate model, the probability that it answers a prompt right, read from
+the prompt's embedding. Serving needs only numpy; training is :mod:`classifiers.quality_training`.
+
+Two kinds, chosen by measurement on dev rows (docs/router.md):
+
+- ``linear``: a weight row and a bias per model on the embedding (per-model logistic regression,
+  or the shared low-rank fit of matrix factorisation, which is the same shape once multiplied out);
+- ``knn``: the labels of the ``k`` most similar dev prompts (cosine), shrunk towards the model's
+  mean accuracy by ``prior`` pseudo-rows (RouterBench's KNN router);
+- ``blend``: the mean of the two (the best linear and the best knn setting).
+
+Either is followed by a per-model Platt calibration (``a * logit(p) + b``), fitted on held-back dev
+rows. Saved as ``<name>.npz`` (arrays) + ``<name>.json`` (the rest); nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from gateway.errors import NotReady
+
+FORMAT = 1
+Kind = Literal["linear", "knn", "blend"]
+_EPS = 1e-4
+
+
+def quality_head_name(virtual_model: str) -> str:
+    """The artifact name of a routed virtual model's quality head."""
+    return f"quality-{virtual_model}"
+
+
+def logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p, _EPS, 1 - _EPS)
+    return np.log(p / (1 - p))
+
+
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(z, -40, 40)))
+
+
+@dataclass(frozen=True, eq=False)
+class QualityHead:
+    name: str
+    models: tuple[str, ...]
+    kind: Kind
+    arrays: dict[str, np.ndarray]  # linear: weight (M, d), bias (M,); knn: reference (n, d), labels (n, M), mean (M,)
+    scale: np.ndarray  # (M,) Platt a
+    shift: np.ndarray  # (M,) Platt b
+    k: int = 0
+    prior: float = 0.0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dim(self) -> int:
+        return int(self.arrays["weight" if "weight" in self.arrays else "reference"].shape[1])
+
+    def raw(self, x: np.ndarray) -> np.ndarray:
+        """Uncalibrated P(right), (rows, models)."""
+        x = np.atleast_2d(np.asarray(x, dtype=np.float32))
+        a = self.arrays
+        linear = sigmoid(x @ a["weight"].T + a["bias"]) if self.kind != "knn" else None
+        near = None
+        if self.kind != "linear":
+            near = knn_proba(a["reference"], a["labels"], a["mean"], x, self.k, self.prior)
+        if linear is not None and near is not None:
+            return (linear + near) / 2
+        out = linear if linear is not None else near
+        assert out is not None
+        return out
+
+    def proba(self, x: np.ndarray) -> np.ndarray:
+        """Calibrated P(right) per model, (rows, models)."""
+        return sigmoid(self.scale * logit(self.raw(x)) + self.shift)
+
+    def save(self, directory: Path) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        np.savez(directory / f"{self.name}.npz", scale=self.scale, shift=self.shift,
+                 **{k: v.astype(np.float32) for k, v in self.arrays.items()})
+        doc = {"format": FORMAT, "name": self.name, "models": list(self.models), "kind": self.kind,
+               "k": self.k, "prior": self.prior, "meta": self.meta}
+        path = directory / f"{self.name}.json"
+        path.write_text(json.dumps(doc, indent=2, sort_keys=True))
+        return path
+
+    @classmethod
+    def load(cls, directory: Path, name: str, build_hint: str = "triage train --policy POLICY") -> QualityHead:
+        doc_path, arr_path = directory / f"{name}.json", directory / f"{name}.npz"
+        for path in (doc_path, arr_path):
+            if not path.is_file():
+                raise NotReady(f"quality head {path} is missing: build it with `{build_hint}`")
+        doc = json.loads(doc_path.read_text())
+        if doc.get("format") != FORMAT:
+            raise NotReady(f"quality head {doc_path} has format {doc.get('format')}, expected {FORMAT}: "
+                           f"rebuild it with `{build_hint}`")
+        with np.load(arr_path, allow_pickle=False) as a:
+            arrays = {k: a[k] for k in a.files if k not in ("scale", "shift")}
+            scale, shift = a["scale"], a["shift"]
+        return cls(doc["name"], tuple(doc["models"]), doc["kind"], arrays, scale, shift, int(doc["k"]),
+                   float(doc["prior"]), doc.get("meta", {}))
+
+
+def knn_proba(reference: np.ndarray, labels: np.ndarray, mean: np.ndarray, x: np.ndarray, k: int,
+              prior: float, exclude_self: bool = False) -> np.ndarray:
+    """Mean label of the ``k`` nearest reference rows (embeddings are unit-length: dot = cosine),
+    with ``prior`` pseudo-rows at each model's mean. NaN labels (no answer) are skipped.
+    ``exclude_self``: ``x`` is ``reference`` (leave-one-out, for fitting)."""
+    out = np.empty((len(x), labels.shape[1]))
+    known = ~np.isnan(labels)
+    filled = np.nan_to_num(labels)
+    for start in range(0, len(x), 512):
+        sim = x[start : start + 512] @ reference.T
+        if exclude_self:
+            sim[np.arange(len(sim)), np.arange(start, start + len(sim))] = -np.inf
+        near = np.argpartition(-sim, min(k, sim.shape[1] - 1), axis=1)[:, :k]
+        hits = (filled[near] * known[near]).sum(axis=1)
+        counts = known[near].sum(axis=1)
+        out[start : start + 512] = (hits + prior * mean) / (counts + prior)
+    return out

@@ -1,0 +1,186 @@
+"""Fit the quality heads of :mod:`classifiers.quality` on dev rows of a labels file, choosing the
+learner by held-back dev rows (never test rows).
+
+Learners tried (each a candidate every ``triage train`` measures again, see docs/router.md):
+``linear`` (logistic regression per model), ``mf`` (a shared rank-r projection with a vector per
+model, fitted jointly by Adam on the log-loss: matrix factorisation, as RouteLLM's MF router) and
+``knn`` (k nearest dev prompts, with shrinkage), and ``blend``, the mean of the best linear-shaped
+and the best knn. The one with the highest mean AUROC (P(right) against right, per model) on the
+held-back rows wins: the router acts on how the predictions rank requests, and Platt scaling sets
+their calibration afterwards (log-loss, dominated by each model's base rate, could not tell the
+learners apart: 0.5010 to 0.5013 on RouteLLM's MMLU). The winner is refitted on every dev row but
+the calibration share, and Platt-calibrated on that share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from classifiers.calibration import auroc, ece
+from classifiers.quality import QualityHead, knn_proba, logit, sigmoid
+from classifiers.training import held_back
+
+LINEAR_C = (0.05, 0.2, 1.0)
+MF_RANKS = (8, 32)
+KNN_K = (20, 50, 100, 200)
+KNN_PRIOR = 10.0
+
+
+@dataclass
+class Candidate:
+    learner: str
+    setting: str
+    log_loss: float  # mean over models, held-back dev rows
+    auroc: float  # mean over models
+
+
+@dataclass
+class QualityFit:
+    head: QualityHead
+    tried: list[Candidate] = field(default_factory=list)
+
+
+def _log_loss(p: np.ndarray, y: np.ndarray) -> float:
+    known = ~np.isnan(y)
+    p = np.clip(p[known], 1e-4, 1 - 1e-4)
+    t = y[known]
+    return float(-(t * np.log(p) + (1 - t) * np.log(1 - p)).mean())
+
+
+def _mean_auroc(p: np.ndarray, y: np.ndarray) -> float:
+    vals = []
+    for j in range(y.shape[1]):
+        known = ~np.isnan(y[:, j])
+        t = y[known, j] > 0.5
+        if t.any() and (~t).any():
+            vals.append(auroc(p[known, j], t))
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def fit_linear(x: np.ndarray, y: np.ndarray, c: float) -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.linear_model import LogisticRegression
+
+    weight = np.zeros((y.shape[1], x.shape[1]), dtype=np.float32)
+    bias = np.zeros(y.shape[1], dtype=np.float32)
+    for j in range(y.shape[1]):
+        known = ~np.isnan(y[:, j])
+        t = y[known, j] > 0.5
+        if t.all() or not t.any():
+            bias[j] = logit(np.array([t.mean()]))[0]
+            continue
+        model = LogisticRegression(C=c, max_iter=2000).fit(x[known], t)
+        weight[j], bias[j] = model.coef_[0], model.intercept_[0]
+    return weight, bias
+
+
+def fit_mf(x: np.ndarray, y: np.ndarray, rank: int, steps: int = 600, lr: float = 0.01, l2: float = 1e-3,
+           seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """P(right of model m | x) = sigmoid(u_m . (A x) + b_m), fitted jointly; returned multiplied out
+    as a linear head (weight = U A)."""
+    rng = np.random.default_rng(seed)  # a fixed seed: the same fit on every run
+    _n, d = x.shape
+    m = y.shape[1]
+    known = ~np.isnan(y)
+    t = np.nan_to_num(y)
+    a = rng.normal(0, 1 / np.sqrt(d), (rank, d))
+    u = rng.normal(0, 1 / np.sqrt(rank), (m, rank))
+    b = logit(np.clip(np.nanmean(y, axis=0), 0.01, 0.99))
+    params = [a, u, b]
+    moments = [(np.zeros_like(p), np.zeros_like(p)) for p in params]
+    for step in range(1, steps + 1):
+        h = x @ a.T
+        z = h @ u.T + b
+        g = (sigmoid(z) - t) * known / known.sum()
+        grads = [(g @ u).T @ x + l2 * a, g.T @ h + l2 * u, g.sum(axis=0)]
+        for i, (p, gr) in enumerate(zip(params, grads, strict=True)):
+            m1, m2 = moments[i]
+            m1[...] = 0.9 * m1 + 0.1 * gr
+            m2[...] = 0.999 * m2 + 0.001 * gr * gr
+            p -= lr * (m1 / (1 - 0.9**step)) / (np.sqrt(m2 / (1 - 0.999**step)) + 1e-8)
+    return (u @ a).astype(np.float32), b.astype(np.float32)
+
+
+def _fit(learner: str, setting: float, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
+    if learner == "linear":
+        w, b = fit_linear(x, y, setting)
+        return {"weight": w, "bias": b}
+    if learner == "mf":
+        w, b = fit_mf(x, y, int(setting))
+        return {"weight": w, "bias": b}
+    return {"reference": x.astype(np.float32), "labels": y.astype(np.float32), "mean": np.nanmean(y, axis=0)}
+
+
+def _raw(learner: str, setting: float, arrays: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    if learner == "knn":
+        return knn_proba(arrays["reference"], arrays["labels"], arrays["mean"], x, int(setting), KNN_PRIOR)
+    return sigmoid(x @ arrays["weight"].T + arrays["bias"])
+
+
+def platt(raw: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per model, a and b of sigmoid(a * logit(raw) + b), by logistic regression on the held-back rows."""
+    from sklearn.linear_model import LogisticRegression
+
+    scale, shift = np.ones(y.shape[1]), np.zeros(y.shape[1])
+    for j in range(y.shape[1]):
+        known = ~np.isnan(y[:, j])
+        t = y[known, j] > 0.5
+        if t.all() or not t.any():
+            continue
+        model = LogisticRegression(C=100.0).fit(logit(raw[known, j])[:, None], t)
+        scale[j], shift[j] = model.coef_[0, 0], model.intercept_[0]
+    return scale, shift
+
+
+def settings(only: Sequence[str] | None = None) -> list[tuple[str, float]]:
+    grid = [*(("linear", c) for c in LINEAR_C), *(("mf", float(r)) for r in MF_RANKS),
+            *(("knn", float(k)) for k in KNN_K)]
+    return [g for g in grid if only is None or g[0] in only]
+
+
+def fit_quality(name: str, models: Sequence[str], x: np.ndarray, y: np.ndarray, ids: Sequence[str],
+                learners: Sequence[str] | None = None, calibration_fraction: float = 0.2) -> QualityFit:
+    """``x``: dev embeddings; ``y``: (rows, models) 1/0/NaN. The setting is chosen on a held-back
+    share (salt ``quality-select``), then the head is refitted and Platt-calibrated on a second one."""
+    select = held_back(ids, 0.25, salt="triage-quality-select")
+    tried = []
+    for learner, setting in settings(learners):
+        arrays = _fit(learner, setting, x[~select], y[~select])
+        p = _raw(learner, setting, arrays, x[select])
+        tried.append(Candidate(learner, f"{setting:g}", _log_loss(p, y[select]), _mean_auroc(p, y[select])))
+    by_learner = {c.learner: c for c in sorted(tried, key=lambda c: c.auroc)}  # each learner's best
+    lin = max((c for c in by_learner.values() if c.learner != "knn"), key=lambda c: c.auroc, default=None)
+    if lin is not None and "knn" in by_learner:  # the blend of the best linear-shaped and the best knn
+        near = by_learner["knn"]
+        parts = [_fit(c.learner, float(c.setting), x[~select], y[~select]) for c in (lin, near)]
+        p = (_raw(lin.learner, float(lin.setting), parts[0], x[select])
+             + _raw("knn", float(near.setting), parts[1], x[select])) / 2
+        tried.append(Candidate("blend", f"{lin.learner} {lin.setting} + knn {near.setting}",
+                               _log_loss(p, y[select]), _mean_auroc(p, y[select])))
+    best = max(tried, key=lambda c: c.auroc)
+    calib = held_back(ids, calibration_fraction)
+    if best.learner == "blend":
+        assert lin is not None
+        k = int(float(by_learner["knn"].setting))
+        arrays = {**_fit(lin.learner, float(lin.setting), x[~calib], y[~calib]),
+                  **_fit("knn", k, x[~calib], y[~calib])}
+    else:
+        k = int(float(best.setting)) if best.learner == "knn" else 0
+        arrays = _fit(best.learner, float(best.setting), x[~calib], y[~calib])
+    kind = "blend" if best.learner == "blend" else "knn" if best.learner == "knn" else "linear"
+    head = QualityHead(name, tuple(models), kind, arrays, np.ones(len(models), np.float32),
+                       np.zeros(len(models), np.float32), k, KNN_PRIOR if k else 0.0)
+    scale, shift = platt(head.raw(x[calib]), y[calib])
+    meta = {"learner": best.learner, "setting": best.setting, "fit_rows": int((~calib).sum()),
+            "calibration_rows": int(calib.sum()), "tried": [c.__dict__ for c in tried]}
+    head = QualityHead(name, tuple(models), kind, arrays, scale.astype(np.float32), shift.astype(np.float32),
+                       k, head.prior, meta)
+    return QualityFit(head, tried)
+
+
+def quality_ece(p: np.ndarray, y: np.ndarray) -> float:
+    """ECE of P(right) over every (row, model) cell with a label."""
+    known = ~np.isnan(y)
+    return ece(p[known], y[known] > 0.5)

@@ -1,0 +1,155 @@
+"""``triage eval --router NAME`` and ``triage calibrate --router NAME --target ...``: the learned
+router of a routed virtual model, measured on its labels file's test rows, and its knob fitted."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gateway.cli.policy_arg import load_or_exit
+from policies.schema import Policy, RoutedModel
+
+
+def _routed(policy: Path, name: str) -> tuple[Policy, RoutedModel]:
+    pol = load_or_exit(policy, "classifier", ": a routed model reads the encoder")
+    vm = pol.virtual_models.get(name)
+    if not isinstance(vm, RoutedModel):
+        has = ", ".join(n for n, v in pol.virtual_models.items() if isinstance(v, RoutedModel)) or "none"
+        typer.echo(f"{policy}: no routed virtual model '{name}' (has: {has})", err=True)
+        raise typer.Exit(2)
+    return pol, vm
+
+
+def _embedder(pol: Policy, threads: int = 2):  # type: ignore[no-untyped-def]
+    from classifiers.artifacts import ExportSettings
+    from classifiers.export import ensure_exported
+    from classifiers.train_all import embedding_cache
+
+    assert pol.classifier is not None
+    ensure_exported(settings=ExportSettings(layers=pol.classifier.encoder.layers))
+    return embedding_cache(pol.classifier, threads, "-labels")
+
+
+def evaluate_router(policy: Path, name: str, out: Path, fail_under: str | None, plots: bool) -> None:
+    from classifiers.service import data_dir
+    from eval import router_run
+    from eval.router_plots import curve_plot
+
+    console = Console(highlight=False)
+    pol, vm = _routed(policy, name)
+    assert pol.classifier is not None
+    cache = _embedder(pol)
+    try:
+        result = router_run.run(pol, name, vm, data_dir(pol.classifier, policy.resolve().parent), cache.embed)
+    finally:
+        cache.save()
+    r = result.report
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"virtual_model": name, "labels": vm.labels, "protocol": result.protocol, "learner": result.learner,
+           "test_ece": result.test_ece, **asdict(r)}
+    (out / f"router-{name}.json").write_text(json.dumps(doc, indent=2))
+    if plots:
+        curve_plot(r, out / f"router-{name}.png")
+    _print(console, result)
+    limits = _gates(fail_under)
+    missed = [f"{k} {v:.3f} < {limits[k]}" for k, v in r.two_model.items()
+              if k in limits and isinstance(v, float) and v < limits[k]]
+    for line in missed:
+        console.print(f"[red]fail-under[/red]: {line}")
+    console.print(f"wrote {out / f'router-{name}.json'}" + (f" and {out / f'router-{name}.png'}" if plots else ""))
+    if missed:
+        raise typer.Exit(1)
+
+
+def _gates(spec: str | None) -> dict[str, float]:
+    out = {}
+    for part in filter(None, (spec or "").split(",")):
+        key, _, value = part.partition("=")
+        out[key.strip()] = float(value)
+    return out
+
+
+def _print(console: Console, result) -> None:  # type: ignore[no-untyped-def]
+    r = result.report
+    console.print(f"router {r.name} on {r.rows} test rows ({result.protocol}); learner {result.learner}; "
+                  f"ECE of P(right) {result.test_ece:.3f}; strongest on dev rows: {r.strongest}")
+    table = Table(title="single models, baselines and the router (test rows)", expand=True)
+    for col in ("", "accuracy", "mean cost", "strong share"):
+        table.add_column(col)
+    for m, p in sorted(r.singles.items(), key=lambda kv: kv[1].cost):
+        table.add_row(m, f"{p.accuracy:.4f}", f"{p.cost:.6f}", f"{p.strong_share:.3f}")
+    table.add_row("category table (dev)", f"{r.category_table.accuracy:.4f}", f"{r.category_table.cost:.6f}",
+                  f"{r.category_table.strong_share:.3f}")
+    table.add_row("oracle", f"{r.oracle.accuracy:.4f}", f"{r.oracle.cost:.6f}", f"{r.oracle.strong_share:.3f}")
+    console.print(table)
+    b = r.best_single_at_cost
+    console.print(f"best single model {b['best_accuracy']:.4f} at {b['best_cost']:.6f}; router at that cost "
+                  f"{b['router_accuracy_at_best_cost']:.4f}; router matches it at {b['router_cost_to_match']:.6f} "
+                  f"({b['cost_share_to_match']:.1%} of its cost)")
+    if r.two_model:
+        t = r.two_model
+        fmt = {k: ("-" if v is None else f"{v:.3f}") for k, v in t.items()}
+        console.print(f"RouteLLM measures: APGR {fmt['apgr']}, CPT(50%) {fmt['cpt_50']}, CPT(80%) {fmt['cpt_80']}, "
+                      f"strong share for 95% of the strong model {fmt['share_for_95pct_of_strong']}")
+
+
+def calibrate_router(policy: Path, name: str, target: str, patch: Path) -> None:
+    """Fit the knob on out-of-fold predictions of dev rows, check it on test rows, write the patch."""
+    from classifiers.model_labels import folds
+    from classifiers.quality_training import fit_quality
+    from classifiers.router_training import labels_for
+    from classifiers.service import data_dir
+    from eval.router_run import FOLDS, input_tokens
+    from policies.routed import Target, candidate_costs, fit_knob, outcome
+
+    console = Console(highlight=False)
+    try:
+        goal = Target.parse(target)
+    except ValueError as exc:
+        typer.echo(f"--target {exc}", err=True)
+        raise typer.Exit(2) from None
+    pol, vm = _routed(policy, name)
+    assert pol.classifier is not None
+    labels = labels_for(vm, data_dir(pol.classifier, policy.resolve().parent))
+    dev, test = labels.split("dev"), labels.split("test")
+    if not len(dev) or not len(test):
+        typer.echo(f"{vm.labels} has no dev/test split to fit and check a knob on", err=True)
+        raise typer.Exit(2)
+    cache = _embedder(pol)
+    try:
+        x_dev, x_test = cache.embed(dev.texts), cache.embed(test.texts)
+    finally:
+        cache.save()
+    whole = fit_quality(name, labels.models, x_dev, dev.correct, dev.ids, learners=vm.learners)
+    chosen = [str(whole.head.meta["learner"])]
+    q_dev = np.zeros(dev.correct.shape)
+    fold = folds(dev.ids, FOLDS)
+    for k in range(FOLDS):  # out of fold: the knob is fitted on predictions of rows their head never saw
+        inside = fold != k
+        part = fit_quality(name, labels.models, x_dev[inside], dev.correct[inside],
+                           [i for i, m in zip(dev.ids, inside, strict=True) if m], learners=chosen)
+        q_dev[~inside] = part.head.proba(x_dev[~inside])
+    strongest = int(np.nanmean(dev.correct, axis=0).argmax())
+    try:
+        fitted = fit_knob(q_dev, candidate_costs(pol, vm, input_tokens(dev.texts)), vm.rule, goal, strongest,
+                          dev.correct)
+    except ValueError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
+    checked = outcome(whole.head.proba(x_test), candidate_costs(pol, vm, input_tokens(test.texts)), vm.rule,
+                      fitted.knob, strongest, test.correct)
+    for side, o in (("dev (out of fold)", fitted), ("test", checked)):
+        console.print(f"{side:>18}: knob {o.knob:.6g}, accuracy {o.accuracy:.4f}, mean cost {o.mean_cost:.6f}, "
+                      f"strong share {o.strong_share:.3f}")
+    patch.parent.mkdir(parents=True, exist_ok=True)
+    patch.write_text(f"# triage calibrate --router {name} --target {target}: fitted on {len(dev)} dev rows "
+                     f"(out of fold), checked on {len(test)} test rows: accuracy {checked.accuracy:.4f}, "
+                     f"mean cost {checked.mean_cost:.6g}, strong share {checked.strong_share:.3f}\n"
+                     f"virtual_models:\n  {name}:\n    knob: {fitted.knob:.6g}\n")
+    console.print(f"wrote {patch} (review it, then merge it into {policy} yourself)")

@@ -1,0 +1,177 @@
+"""The learned router's choice: per request, the model worth its cost. Pure (numpy only).
+
+Each candidate has a predicted probability of answering right (the quality heads) and an
+expected cost (its prices times the request's tokens). Two rules:
+
+- ``utility``: the candidate with the highest ``quality - lam * cost``; ``lam`` is quality points
+  per unit of money (0: always the best predicted; large: always the cheapest);
+- ``margin``: the cheapest candidate whose predicted quality is within ``margin`` of the best one's.
+
+The knob (``lam`` or ``margin``) is set by a target, fitted on dev rows (:func:`fit_knob`): a share
+of calls to the strongest candidate (RouteLLM's measure), a mean cost per request, or a quality
+floor (accuracy on the dev rows, where labels say which answers were right).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from policies.schema import Policy, RoutedModel
+
+Rule = Literal["utility", "margin"]
+TargetKind = Literal["strong_share", "cost", "quality"]
+MAX_KNOB = 1e12
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: TargetKind
+    value: float
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        """``strong_share=0.3``, ``cost=0.002`` or ``quality=0.6``."""
+        kind, sep, value = text.partition("=")
+        if not sep or kind not in ("strong_share", "cost", "quality"):
+            raise ValueError(f"a router target is strong_share=X, cost=X or quality=X, not {text!r}")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"router target {text!r}: {value!r} is not a number") from None
+        if number < 0 or (kind != "cost" and number > 1):
+            raise ValueError(f"router target {text!r}: a share or accuracy is between 0 and 1, a cost at least 0")
+        return cls(kind, number)  # type: ignore[arg-type]
+
+
+def expected_costs(prices: np.ndarray, input_tokens: float | np.ndarray, output_tokens: float) -> np.ndarray:
+    """Cost of one call per candidate: ``prices`` rows are (input per Mtok, output per Mtok, per call).
+    With an array of input tokens, one row of costs per request."""
+    p = np.asarray(prices, dtype=np.float64)
+    tokens = np.asarray(input_tokens, dtype=np.float64)[..., None]
+    return tokens * p[:, 0] / 1e6 + output_tokens * p[:, 1] / 1e6 + p[:, 2]
+
+
+def choose(quality: np.ndarray, cost: np.ndarray, rule: Rule, knob: float) -> np.ndarray:
+    """The chosen candidate per row. ``quality``: (rows, models); ``cost``: (models,) or (rows, models).
+    Ties go to the cheaper candidate."""
+    q = np.atleast_2d(np.asarray(quality, dtype=np.float64))
+    c = np.broadcast_to(np.asarray(cost, dtype=np.float64), q.shape)
+    cheap_first = np.argsort(c, axis=1, kind="stable")
+    score = q - knob * c if rule == "utility" else np.where(q >= q.max(axis=1, keepdims=True) - knob, -c, -np.inf)
+    ordered = np.take_along_axis(score, cheap_first, axis=1)
+    return np.take_along_axis(cheap_first, ordered.argmax(axis=1)[:, None], axis=1)[:, 0]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    knob: float
+    accuracy: float  # on the rows given, where labels are known (NaN without labels)
+    mean_cost: float
+    strong_share: float
+
+
+def outcome(quality: np.ndarray, cost: np.ndarray, rule: Rule, knob: float, strongest: int,
+            correct: np.ndarray | None = None) -> Outcome:
+    picked = choose(quality, cost, rule, knob)
+    c = np.broadcast_to(np.asarray(cost, dtype=np.float64), np.atleast_2d(quality).shape)
+    rows = np.arange(len(picked))
+    acc = float("nan")
+    if correct is not None:
+        got = np.asarray(correct, dtype=np.float64)[rows, picked]
+        acc = float(np.nanmean(np.nan_to_num(got, nan=0.0)))  # no answer counts as wrong
+    return Outcome(knob, acc, float(c[rows, picked].mean()), float((picked == strongest).mean()))
+
+
+def knob_grid(quality: np.ndarray, cost: np.ndarray, rule: Rule, points: int = 400) -> np.ndarray:
+    """Candidate knob values that span every choice from the best predicted to the cheapest."""
+    q = np.atleast_2d(quality)
+    if rule == "margin":
+        return np.unique(np.concatenate([[0.0], np.quantile(q.max(1, keepdims=True) - q, np.linspace(0, 1, points)),
+                                         [1.0]]))
+    c = np.broadcast_to(np.asarray(cost, dtype=np.float64), q.shape)
+    dq = (q[:, :, None] - q[:, None, :]).ravel()
+    dc = (c[:, :, None] - c[:, None, :]).ravel()
+    keep = (dc > 0) & (dq > 0)  # a dearer, better candidate: the lam at which the cheaper one wins
+    breaks = dq[keep] / dc[keep]
+    grid = np.quantile(breaks, np.linspace(0, 1, points)) if breaks.size else np.array([])
+    return np.unique(np.concatenate([[0.0], grid * (1 + 1e-9), [MAX_KNOB]]))
+
+
+def fit_knob(quality: np.ndarray, cost: np.ndarray, rule: Rule, target: Target, strongest: int,
+             correct: np.ndarray | None = None) -> Outcome:
+    """The knob that meets ``target`` on these rows at the least cost (``quality``: the best accuracy
+    under the cost; ``cost`` and ``strong_share``: the best accuracy, or the best predicted quality
+    without labels, within the budget). Raises ValueError when no knob meets it."""
+    if target.kind == "quality" and correct is None:
+        raise ValueError("a quality target needs labelled rows")
+    best: Outcome | None = None
+    best_key: tuple[float, float] = (-np.inf, -np.inf)
+    q = np.atleast_2d(quality)
+    for knob in knob_grid(q, cost, rule):
+        o = outcome(q, cost, rule, float(knob), strongest, correct)
+        value = o.accuracy if correct is not None else float(np.take_along_axis(
+            q, choose(q, cost, rule, float(knob))[:, None], axis=1).mean())
+        if target.kind == "quality":
+            if o.accuracy + 1e-12 < target.value:
+                continue
+            key = (-o.mean_cost, o.accuracy)
+        else:
+            spent = o.strong_share if target.kind == "strong_share" else o.mean_cost
+            if spent > target.value + 1e-12:
+                continue
+            key = (value, -o.mean_cost)
+        if best is None or key > best_key:
+            best, best_key = o, key
+    if best is None:
+        raise ValueError(f"no setting of the router meets {target.kind}={target.value} on these rows")
+    return best
+
+
+@dataclass(frozen=True)
+class QualityChoice:
+    """What a routed model chose for one request, and why (the response headers and the log say it)."""
+
+    candidate: int  # index in the virtual model's candidates
+    model: str
+    reasoning: str | None  # "on", "off" or None (the engine's own)
+    quality: float  # predicted P(right) of the chosen candidate
+    best_quality: float  # of the candidate predicted best
+    strongest_quality: float  # of the dearest candidate (the one a fixed route would pick)
+    cost: float  # expected cost of the call
+    predictions: tuple[tuple[str, float, float], ...]  # (candidate label, P(right), expected cost) each
+
+
+def candidate_label(model: str, reasoning: str | None) -> str:
+    return model if reasoning is None else f"{model}+reasoning:{reasoning}"
+
+
+def price_matrix(policy: Policy, vm: RoutedModel) -> np.ndarray:
+    """(candidates, 3): input per Mtok, output per Mtok, per call; reasoning's tokens priced as output."""
+    rows = []
+    for c in vm.candidates:
+        p = policy.models[c.model].prices
+        rows.append((p.input_per_mtok, p.output_per_mtok, p.per_call))
+    return np.array(rows, dtype=np.float64)
+
+
+def candidate_costs(policy: Policy, vm: RoutedModel, input_tokens: float | np.ndarray) -> np.ndarray:
+    prices = price_matrix(policy, vm)
+    extra = np.array([c.reasoning_tokens if c.reasoning == "on" else 0 for c in vm.candidates], dtype=np.float64)
+    base = expected_costs(prices, input_tokens, vm.output_tokens)
+    return base + extra * prices[:, 1] / 1e6
+
+
+def decide(policy: Policy, vm: RoutedModel, quality: np.ndarray, input_tokens: float) -> QualityChoice:
+    """The candidate for one request: ``quality`` is the heads' P(right), one per candidate."""
+    q = np.asarray(quality, dtype=np.float64).reshape(1, -1)
+    cost = candidate_costs(policy, vm, input_tokens)
+    i = int(choose(q, cost, vm.rule, vm.knob)[0])
+    dearest = int(np.argmax(cost))
+    c = vm.candidates[i]
+    preds = tuple((candidate_label(k.model, k.reasoning), float(q[0, j]), float(cost[j]))
+                  for j, k in enumerate(vm.candidates))
+    return QualityChoice(i, c.model, c.reasoning, float(q[0, i]), float(q.max()), float(q[0, dearest]),
+                         float(cost[i]), preds)
