@@ -131,7 +131,7 @@ class LlamaCppBackend(Strict):
     gguf: GGUFSource
     chat_format: str | None = Field(None, description="llama-cpp-python chat format, for files without a template")
     n_ctx: int = Field(2048, ge=128)
-    n_threads: int = Field(1, ge=1, description="1 is fastest on two cores: see DESIGN.md")
+    n_threads: int = Field(1, ge=1, description="1 is fastest on two cores: see docs/design.md")
     n_batch: int = Field(256, ge=1)
     timeouts: Timeouts = Timeouts()
 
@@ -157,7 +157,7 @@ class GGUFScorerBackend(Strict):
     type: Literal["gguf_scorer"]
     gguf: GGUFSource
     n_ctx: int = Field(2048, ge=128, description="prompt + every option's tokens must fit")
-    n_threads: int = Field(1, ge=1, description="1 is fastest on two cores: see DESIGN.md")
+    n_threads: int = Field(1, ge=1, description="1 is fastest on two cores: see docs/design.md")
     n_batch: int = Field(512, ge=16)
 
 

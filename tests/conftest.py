@@ -65,7 +65,7 @@ def start_llama_server(log_dir: Path) -> LlamaServer:
         proc = subprocess.Popen(
             [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_path()), "--model_alias", "smollm2",
              "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
-             "--n_threads", "1", "--n_threads_batch", "1",  # prompt threads default to every core: see DESIGN.md
+             "--n_threads", "1", "--n_threads_batch", "1",  # prompt threads default to every core: see docs/design.md
              # by default a new request (even a health probe) cuts short the one being generated
              "--interrupt_requests", "False"],
             stdout=log, stderr=subprocess.STDOUT,
