@@ -14,7 +14,7 @@ from backends.base import Body, Call
 from backends.registry import register
 from backends.remote import RemoteBackend
 from backends.replicas import ReplicaState
-from gateway.errors import UpstreamError, UpstreamRejected
+from gateway.errors import InvalidRequest, UpstreamError, UpstreamRejected
 
 _PATHS = {"chat": "/chat/completions", "completion": "/completions"}
 
@@ -48,7 +48,11 @@ class OpenAICompatBackend(RemoteBackend):
         assert self._session is not None, "backend not started"
         url = replica.api_base + _PATHS[call.kind]
         try:
-            resp = await self._session.post(url, data=orjson.dumps(call.body), headers=self._headers(replica))
+            data = orjson.dumps(call.body)
+        except orjson.JSONEncodeError as exc:  # the edge bounds nesting; this is the backstop
+            raise InvalidRequest(f"The request cannot be sent on: {exc}", code="nested_too_deep") from None
+        try:
+            resp = await self._session.post(url, data=data, headers=self._headers(replica))
         except aiohttp.ClientError as exc:
             raise UpstreamError(f"cannot reach upstream {self.name}: {exc}") from None
         if resp.status >= 400:

@@ -15,7 +15,7 @@ import orjson
 from backends import shapes
 from backends.base import Attempt, Body, Call, Capabilities, ChunkStream, Completion, Stopwatch
 from backends.registry import register
-from gateway.errors import UpstreamError, UpstreamTimeout
+from gateway.errors import InvalidRequest, UpstreamError, UpstreamTimeout
 
 
 class ScriptedBackend:
@@ -37,7 +37,10 @@ class ScriptedBackend:
 
     def _text(self, call: Call) -> str:
         if self.spec.echo:  # what a router test needs to see: the body as this backend got it
-            return orjson.dumps(call.body, option=orjson.OPT_SORT_KEYS).decode()
+            try:
+                return orjson.dumps(call.body, option=orjson.OPT_SORT_KEYS).decode()
+            except orjson.JSONEncodeError as exc:  # the edge bounds nesting; this is the backstop
+                raise InvalidRequest(f"The request cannot be sent on: {exc}", code="nested_too_deep") from None
         return self.spec.text
 
     def _pieces(self, call: Call) -> list[str]:

@@ -22,7 +22,7 @@ from gateway.batch_store import BatchStore, Pending, new_id
 from gateway.dispatch import decide_route, dispatch
 from gateway.errors import InvalidRequest, PolicyInvalid, TriageError
 from gateway.runtime import RuntimeHolder
-from gateway.schemas import ChatRequest, CompletionRequest, check
+from gateway.schemas import MAX_DEPTH, ChatRequest, CompletionRequest, check, check_depth
 from policies.routing import public_models
 from policies.schema import CascadeModel, Policy
 
@@ -246,6 +246,7 @@ def check_lines(raw: bytes, endpoint: str, models: set[str], max_requests: int,
             if not isinstance(doc, dict):
                 raise InvalidRequest("the line is not a JSON object")
             cid = doc.get("custom_id") if isinstance(doc.get("custom_id"), str) else None
+            check_depth(line, doc, MAX_DEPTH + 1)  # the body nests as deep as the API lets it
             body = _check_line(doc, endpoint, models, seen)
             if len(rows) >= max_requests:
                 raise InvalidRequest(f"over the limit of {max_requests} requests per batch")

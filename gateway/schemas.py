@@ -13,6 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from gateway.errors import InvalidRequest, MalformedJSON
 
+# JSON nesting a body may have. orjson parses 1,024 levels but serialises at most 254, and every
+# body is serialised again (to the engine, to the batch store, to the log): refuse it up front.
+MAX_DEPTH = 128
+
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -61,9 +65,37 @@ class CompletionRequest(_Common):
 
 def parse_any_json(raw: bytes) -> Any:
     try:
-        return orjson.loads(raw)
+        value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise MalformedJSON(f"We could not parse the JSON body of your request: {exc}") from None
+    check_depth(raw, value)
+    return value
+
+
+def check_depth(raw: bytes, value: Any, limit: int = MAX_DEPTH) -> None:
+    """A 400 naming the top-level field when ``value`` (parsed from ``raw``) nests deeper than
+    ``limit`` containers. Free for most bodies: it cannot, unless ``raw`` has that many brackets."""
+    if raw.count(b"{") + raw.count(b"[") <= limit:
+        return
+    tops = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in tops:
+        if _deeper_than(item, limit - 1):
+            raise InvalidRequest(f"'{key}' is nested more than {limit} levels deep", param=str(key),
+                                 code="nested_too_deep")
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """``value`` holds more than ``limit`` levels of nested objects and arrays (no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
