@@ -44,8 +44,14 @@ def typed_ask(body: Body, spec: Cascade) -> TypedAsk | None:
     rf = body.get("response_format")
     if not isinstance(rf, dict) or rf.get("type") != "json_schema":
         return None
-    schema = (rf.get("json_schema") or {}).get("schema")
-    props = schema.get("properties") if isinstance(schema, dict) else None
+    json_schema = rf.get("json_schema")
+    if not isinstance(json_schema, dict):
+        raise InvalidRequest("response_format.json_schema must be an object", param="response_format.json_schema")
+    schema = json_schema.get("schema")
+    if schema is not None and not isinstance(schema, dict):
+        raise InvalidRequest("response_format.json_schema.schema must be an object",
+                             param="response_format.json_schema.schema")
+    props = schema.get("properties") if schema is not None else None
     if not isinstance(props, dict) or len(props) != 1:
         return None
     [(prop, sub)] = props.items()

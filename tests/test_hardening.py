@@ -88,3 +88,25 @@ def test_json_nested_within_the_limit_reaches_the_backend(gateway: Callable[...,
     assert resp.status_code == 200, resp.text
     echoed = json.loads(resp.json()["choices"][0]["message"]["content"])
     assert json.dumps(echoed["metadata"]).count("{") == 120
+
+
+# --- 2. response_format.json_schema that is not an object -------------------------------------------------
+
+
+@pytest.mark.parametrize(("json_schema", "param"), [
+    ('"x"', "response_format.json_schema"),
+    ("5", "response_format.json_schema"),
+    ("[]", "response_format.json_schema"),
+    ("null", "response_format.json_schema"),
+    ('{"name": "x", "schema": "x"}', "response_format.json_schema.schema"),
+    ('{"name": "x", "schema": [1]}', "response_format.json_schema.schema"),
+])
+def test_a_json_schema_that_is_not_an_object_is_a_400_naming_it(
+        gateway: Callable[..., Gateway], json_schema: str, param: str) -> None:
+    gw = gateway(policy())
+    body = chat("auto", response_format=f'{{"type": "json_schema", "json_schema": {json_schema}}}')
+    with gw.http() as http:
+        resp = http.post("/v1/chat/completions", content=body)
+    assert resp.status_code == 400, resp.text
+    assert error_of(resp)["param"] == param
+    still_serving(gw)
