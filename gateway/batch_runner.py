@@ -158,18 +158,26 @@ class BatchRunner:
         return tokens
 
     async def _one(self, batch_id: str, endpoint: str, req: Pending, affinity: str) -> None:
+        """One request and its result, whatever happens to it: this is the line's edge. A line
+        whose handling raises anything (a bug, a body the store cannot write) is answered with its
+        own error entry, so it neither fails the batch nor cancels the requests beside it."""
         rid = new_id("batch_req_")
+        try:
+            status, body = await self._serve(endpoint, req, rid, affinity)
+            await asyncio.to_thread(self.store.finish_request, batch_id, req.line, status == 200,
+                                    _result(rid, req.custom_id, status, body))
+        except Exception:  # the line's edge (see above); cancellation is not an Exception and goes on
+            log.exception("batch_request_failed", batch_id=batch_id, line=req.line, request_id=rid)
+            err = TriageError("The server had an error while processing this request")
+            await asyncio.to_thread(self.store.finish_request, batch_id, req.line, False,
+                                    _result(rid, req.custom_id, err.status, err.body()))
+
+    async def _serve(self, endpoint: str, req: Pending, rid: str, affinity: str) -> tuple[int, dict[str, Any]]:
         rt = self.holder.acquire()
         try:
-            status, body = await serve(rt, endpoint, dict(req.body), rid, affinity)
+            return await serve(rt, endpoint, dict(req.body), rid, affinity)
         finally:
             await self.holder.release(rt)
-        result: dict[str, Any] = {"id": rid, "custom_id": req.custom_id,
-                                  "response": {"status_code": status, "request_id": rid, "body": body}, "error": None}
-        if status != 200:
-            err = body.get("error") or {}
-            result["error"] = {"code": err.get("code") or err.get("type"), "message": err.get("message")}
-        await asyncio.to_thread(self.store.finish_request, batch_id, req.line, status == 200, result)
 
     async def _finalize(self, doc: dict[str, Any]) -> None:
         batch_id, now = doc["id"], int(time.time())
@@ -218,6 +226,16 @@ class _Progress:
         if force or time.monotonic() - self.last >= self.every_s:
             self.last = time.monotonic()
             await self.runner._update(self.batch_id, counts=True)
+
+
+def _result(rid: str, custom_id: str, status: int, body: dict[str, Any]) -> dict[str, Any]:
+    """One line of the output file (status 200) or of the error file."""
+    result: dict[str, Any] = {"id": rid, "custom_id": custom_id,
+                              "response": {"status_code": status, "request_id": rid, "body": body}, "error": None}
+    if status != 200:
+        err = body.get("error") or {}
+        result["error"] = {"code": err.get("code") or err.get("type"), "message": err.get("message")}
+    return result
 
 
 def _decode(body: dict[str, Any]) -> int:

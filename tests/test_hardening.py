@@ -4,13 +4,18 @@ triage gateways, or a small fake engine where an upstream must misbehave."""
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
 
+from backends.base import Call, ChunkStream, Completion
 from tests.conftest import Gateway
+from tests.test_batches import jsonl, wait_batch
 from tests.test_errors import MSG, error_of
 
 POLICY = """version: 1
@@ -110,3 +115,80 @@ def test_a_json_schema_that_is_not_an_object_is_a_400_naming_it(
     assert resp.status_code == 400, resp.text
     assert error_of(resp)["param"] == param
     still_serving(gw)
+
+
+# --- 3. one bad line never loses a batch --------------------------------------------------------------------
+
+
+class Exploding:
+    """A fake backend: a real one that, for a prompt saying "explode", raises what a bug raises (not
+    the gateway's own error type). Put in a running gateway's runtime in place of the real one."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.name, self.capabilities = inner, inner.name, inner.capabilities
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def healthy(self) -> bool:
+        return self.inner.healthy()
+
+    def _check(self, call: Call) -> None:
+        if "explode" in json.dumps(call.body.get("messages")):
+            raise ZeroDivisionError("a bug in a backend")
+
+    async def complete(self, call: Call) -> Completion:
+        self._check(call)
+        return await self.inner.complete(call)
+
+    async def open_stream(self, call: Call) -> ChunkStream:
+        self._check(call)
+        return await self.inner.open_stream(call)
+
+
+def explode_in(gw: Gateway, backend: str = "script") -> None:
+    backends = gw.app.state.triage.holder.current.backends  # type: ignore[attr-defined]
+    backends[backend] = Exploding(backends[backend])
+
+
+def batch_line(cid: str, body: dict[str, Any] | str) -> str:
+    text = body if isinstance(body, str) else json.dumps(body)
+    return f'{{"custom_id": "{cid}", "method": "POST", "url": "/v1/chat/completions", "body": {text}}}'
+
+
+def test_lines_that_raise_become_error_lines_and_the_batch_completes(
+        gateway: Callable[..., Gateway], tmp_path: Path) -> None:
+    gw = gateway(policy(latency=0.3, extra=f'batches: {{dir: "{tmp_path / "b"}", concurrency: 4}}\n'))
+    explode_in(gw)
+    client = gw.client()
+    good = [batch_line(f"ok{i}", {"model": "scripted", "messages": [{"role": "user", "content": f"q{i}"}]})
+            for i in range(10)]
+    bad = {
+        "boom": batch_line("boom", {"model": "scripted", "messages": [{"role": "user", "content": "explode"}]}),
+        "deep": batch_line("deep", json.loads(chat("scripted")) | {"metadata": "DEEP"}).replace(
+            '"DEEP"', nested(300)),
+        "typed": batch_line("typed", {"model": "auto", "messages": MSG,
+                                      "response_format": {"type": "json_schema", "json_schema": "x"}}),
+    }
+    lines = good[:1] + [bad["boom"]] + good[1:5] + [bad["deep"], bad["typed"]] + good[5:]  # boom while 3 in flight
+    f = client.files.create(file=("in.jsonl", io.BytesIO("\n".join(lines).encode())), purpose="batch")
+    with structlog.testing.capture_logs() as logs:
+        batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        batch = wait_batch(client, batch.id, timeout=60)
+    assert batch.status == "completed", batch
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (13, 10, 3)
+    out, errors = jsonl(client, batch.output_file_id), jsonl(client, batch.error_file_id)
+    assert sorted(o["custom_id"] for o in out) == sorted(f"ok{i}" for i in range(10))  # each once
+    assert all(o["response"]["body"]["choices"][0]["message"]["content"] == "fine thanks" for o in out)
+    by_id = {e["custom_id"]: e for e in errors}
+    assert sorted(by_id) == ["boom", "deep", "typed"] and len(errors) == 3
+    assert by_id["boom"]["response"]["status_code"] == 500
+    assert by_id["boom"]["error"]["code"] == "server_error" and "a bug" not in json.dumps(by_id["boom"])
+    assert "nested more than" in by_id["deep"]["error"]["message"]
+    assert by_id["typed"]["response"]["status_code"] == 400
+    assert by_id["typed"]["response"]["body"]["error"]["param"] == "response_format.json_schema"
+    [event] = [e for e in logs if e["event"] == "batch_request_failed"]
+    assert event["batch_id"] == batch.id and event["exc_info"]
