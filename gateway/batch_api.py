@@ -5,7 +5,9 @@ Errors are raised: the app's one ``TriageError`` handler turns them into OpenAI-
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -13,7 +15,7 @@ from fastapi import APIRouter, Request, Response
 
 from gateway.api import read_body
 from gateway.batch_runner import ENDPOINTS, BatchRunner
-from gateway.batch_store import new_id
+from gateway.batch_store import BatchStore, new_id
 from gateway.errors import InvalidRequest, NotFound, NotReady, PayloadTooLarge, Unauthorized
 from gateway.schemas import parse_json
 
@@ -25,19 +27,33 @@ def _json(body: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
 
 
-def _runner(request: Request) -> BatchRunner:
+@dataclass(frozen=True)
+class _Caller:
+    runner: BatchRunner
+    viewer: str | None  # the key's sha256: what its files and batches are kept under; None without keys
+
+    @property
+    def store(self) -> BatchStore:
+        return self.runner.store
+
+
+def _caller(request: Request) -> _Caller:
+    """The runner, and who asks: another key's files and batches read as absent (404), as on OpenAI."""
     state = request.app.state.triage
-    if not state.holder.current.check_key(request.headers.get("authorization")):
+    rt = state.holder.current
+    authorization = request.headers.get("authorization")
+    if not rt.check_key(authorization):
         raise Unauthorized("Incorrect or missing API key: send 'Authorization: Bearer <key>'")
     if state.batches is None:
         raise NotReady("the Batch API is off: its store is held by another gateway process (see the log)")
-    return state.batches
+    viewer = hashlib.sha256(authorization[7:].strip().encode()).hexdigest() if rt.key_hashes else None  # as check_key
+    return _Caller(state.batches, viewer)
 
 
 @router.post("/v1/files")
 async def upload(request: Request) -> Response:
-    runner = _runner(request)
-    limit = runner.holder.current.policy.batches.max_file_bytes
+    caller = _caller(request)
+    limit = caller.runner.holder.current.policy.batches.max_file_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit + _OVERHEAD:
         raise PayloadTooLarge(f"the file is over the limit of {limit} bytes")
@@ -51,24 +67,24 @@ async def upload(request: Request) -> Response:
         name = upload_.filename or "input.jsonl"
     if len(content) > limit:
         raise PayloadTooLarge(f"the file is over the limit of {limit} bytes")
-    return _json(await asyncio.to_thread(runner.store.add_file, content, name, "batch"))
+    return _json(await asyncio.to_thread(caller.store.add_file, content, name, "batch", caller.viewer))
 
 
 @router.get("/v1/files/{file_id}")
 async def get_file(request: Request, file_id: str) -> Response:
-    return _json(await _file(_runner(request), file_id))
+    return _json(await _file(_caller(request), file_id))
 
 
 @router.get("/v1/files/{file_id}/content")
 async def file_content(request: Request, file_id: str) -> Response:
-    runner = _runner(request)
-    await _file(runner, file_id)
-    content = await asyncio.to_thread(runner.store.file_path(file_id).read_bytes)
+    caller = _caller(request)
+    await _file(caller, file_id)
+    content = await asyncio.to_thread(caller.store.file_path(file_id).read_bytes)
     return Response(content, media_type="application/jsonl")
 
 
-async def _file(runner: BatchRunner, file_id: str) -> dict[str, Any]:
-    doc = await asyncio.to_thread(runner.store.file, file_id)
+async def _file(caller: _Caller, file_id: str) -> dict[str, Any]:
+    doc = await asyncio.to_thread(caller.store.file, file_id, caller.viewer)
     if doc is None:
         raise NotFound(f"No such file: {file_id}", param="file_id")
     return doc
@@ -76,10 +92,11 @@ async def _file(runner: BatchRunner, file_id: str) -> dict[str, Any]:
 
 @router.post("/v1/batches")
 async def create_batch(request: Request) -> Response:
-    runner = _runner(request)
-    body = parse_json(await read_body(request, runner.holder.current.policy.limits.max_body_bytes))
+    caller = _caller(request)
+    body = parse_json(await read_body(request, caller.runner.holder.current.policy.limits.max_body_bytes))
     file_id, endpoint = body.get("input_file_id"), body.get("endpoint")
-    if not isinstance(file_id, str) or (f := await asyncio.to_thread(runner.store.file, file_id)) is None:
+    f = await asyncio.to_thread(caller.store.file, file_id, caller.viewer) if isinstance(file_id, str) else None
+    if f is None:
         raise NotFound(f"No such file: {file_id}", param="input_file_id")
     if f["purpose"] != "batch":
         raise InvalidRequest("the input file's purpose is not 'batch'", param="input_file_id")
@@ -95,30 +112,30 @@ async def create_batch(request: Request) -> Response:
            "expired_at": None, "cancelling_at": None, "cancelled_at": None,
            "request_counts": {"total": 0, "completed": 0, "failed": 0},
            "metadata": body.get("metadata") if isinstance(body.get("metadata"), dict) else None}
-    await asyncio.to_thread(runner.store.add_batch, doc)
-    runner.wake()
+    await asyncio.to_thread(caller.store.add_batch, doc, caller.viewer)
+    caller.runner.wake()
     return _json(doc)
 
 
 @router.get("/v1/batches/{batch_id}")
 async def get_batch(request: Request, batch_id: str) -> Response:
-    runner = _runner(request)
-    doc = await asyncio.to_thread(runner.store.batch, batch_id)
+    caller = _caller(request)
+    doc = await asyncio.to_thread(caller.store.batch, batch_id, caller.viewer)
     if doc is None:
         raise NotFound(f"No such batch: {batch_id}", param="batch_id")
     if doc["status"] in ("in_progress", "cancelling", "finalizing"):  # live progress, request by request
-        doc["request_counts"] = await asyncio.to_thread(runner.store.counts, batch_id)
+        doc["request_counts"] = await asyncio.to_thread(caller.store.counts, batch_id)
     return _json(doc)
 
 
 @router.get("/v1/batches")
 async def list_batches(request: Request) -> Response:
-    runner = _runner(request)
+    caller = _caller(request)
     raw_limit = request.query_params.get("limit", "20")
     if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 100:
         raise InvalidRequest("limit must be between 1 and 100", param="limit")
     limit, after = int(raw_limit), request.query_params.get("after")
-    docs = await asyncio.to_thread(runner.store.batches, limit + 1, after)
+    docs = await asyncio.to_thread(caller.store.batches, limit + 1, after, caller.viewer)
     page = docs[:limit]
     return _json({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
                   "last_id": page[-1]["id"] if page else None, "has_more": len(docs) > limit})
@@ -126,7 +143,8 @@ async def list_batches(request: Request) -> Response:
 
 @router.post("/v1/batches/{batch_id}/cancel")
 async def cancel_batch(request: Request, batch_id: str) -> Response:
-    doc = await _runner(request).cancel(batch_id)
+    caller = _caller(request)
+    doc = await caller.runner.cancel(batch_id, caller.viewer)
     if doc is None:
         raise NotFound(f"No such batch: {batch_id}", param="batch_id")
     return _json(doc)

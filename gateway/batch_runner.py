@@ -47,11 +47,12 @@ class BatchRunner:
     def wake(self) -> None:
         self._wake.set()
 
-    async def cancel(self, batch_id: str) -> dict[str, Any] | None:
+    async def cancel(self, batch_id: str, viewer: str | None = None) -> dict[str, Any] | None:
         """Stop starting the batch's requests; it ends ``cancelled`` with what finished. A batch
-        already finalizing (or done) is not cancelled: the check and the write hold the lock."""
+        already finalizing (or done) is not cancelled: the check and the write hold the lock.
+        None when ``viewer`` has no such batch (see :class:`BatchStore`)."""
         async with self._writing:
-            doc = await asyncio.to_thread(self.store.batch, batch_id)
+            doc = await asyncio.to_thread(self.store.batch, batch_id, viewer)
             if doc is None or doc["status"] not in ("validating", "in_progress"):
                 return doc
             self._cancelled.add(batch_id)
@@ -184,12 +185,13 @@ class BatchRunner:
         doc = await self._update(batch_id, status="finalizing", finalizing_at=now)
         cancelled = batch_id in self._cancelled  # a cancel lands before that write, or sees "finalizing"
         fields: dict[str, Any] = {"request_counts": await asyncio.to_thread(self.store.counts, batch_id)}
+        owner = await asyncio.to_thread(self.store.batch_owner, batch_id)  # its outputs are its owner's
         for state, key, purpose in (("done", "output_file_id", "batch_output"), ("error", "error_file_id",
                                                                                   "batch_output")):
             lines = await asyncio.to_thread(self.store.results, batch_id, state)
             if lines:
                 content = ("\n".join(lines) + "\n").encode()
-                f = await asyncio.to_thread(self.store.add_file, content, f"{batch_id}_{state}.jsonl", purpose)
+                f = await asyncio.to_thread(self.store.add_file, content, f"{batch_id}_{state}.jsonl", purpose, owner)
                 fields[key] = f["id"]
         fields.update({"status": "cancelled", "cancelled_at": now} if cancelled else
                       {"status": "completed", "completed_at": now})

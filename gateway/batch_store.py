@@ -4,6 +4,10 @@ Every request of a batch is a row; its result is written in the same transaction
 done, so a gateway restarted mid-batch runs exactly the requests that were not finished, and
 never a finished one again. Synchronous (sqlite3 from the standard library): callers run it in
 a worker thread. One connection, guarded by a lock.
+
+Files and batches belong to the key that made them (``owner``: the key's sha256, None when the
+gateway runs without keys). A ``viewer`` of None sees everything (no keys, or the runner itself);
+any other viewer sees only what it owns, and anything else reads as absent.
 """
 
 from __future__ import annotations
@@ -21,15 +25,18 @@ from typing import Any
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
     id TEXT PRIMARY KEY, purpose TEXT NOT NULL, filename TEXT NOT NULL, bytes INTEGER NOT NULL,
-    created_at INTEGER NOT NULL);
+    created_at INTEGER NOT NULL, owner TEXT);
 CREATE TABLE IF NOT EXISTS batches (
-    id TEXT PRIMARY KEY, doc TEXT NOT NULL, status TEXT NOT NULL, created_at INTEGER NOT NULL);
+    id TEXT PRIMARY KEY, doc TEXT NOT NULL, status TEXT NOT NULL, created_at INTEGER NOT NULL, owner TEXT);
 CREATE TABLE IF NOT EXISTS requests (
     batch_id TEXT NOT NULL, line INTEGER NOT NULL, custom_id TEXT, body TEXT, state TEXT NOT NULL,
     result TEXT, PRIMARY KEY (batch_id, line));
 CREATE INDEX IF NOT EXISTS requests_pending ON requests (batch_id, state);
 """
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+
+
+_MINE = " AND (? IS NULL OR owner = ?)"  # the viewer's rows; a viewer of None sees all
 
 
 def new_id(prefix: str) -> str:
@@ -61,6 +68,9 @@ class BatchStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        for table in ("files", "batches"):  # a store made before owners: its rows have none
+            if "owner" not in {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT")
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -73,21 +83,21 @@ class BatchStore:
     def file_path(self, file_id: str) -> Path:
         return self.root / "files" / file_id
 
-    def add_file(self, content: bytes, filename: str, purpose: str) -> dict[str, Any]:
+    def add_file(self, content: bytes, filename: str, purpose: str, owner: str | None = None) -> dict[str, Any]:
         file_id = new_id("file-")
         tmp = self.file_path(file_id).with_suffix(".part")
         tmp.write_bytes(content)
         tmp.rename(self.file_path(file_id))  # the row only ever points at a whole file
         now = int(time.time())
         with self._lock:
-            self._db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?)",
-                             (file_id, purpose, filename, len(content), now))
+            self._db.execute("INSERT INTO files (id, purpose, filename, bytes, created_at, owner) "
+                             "VALUES (?, ?, ?, ?, ?, ?)", (file_id, purpose, filename, len(content), now, owner))
         return self.file(file_id) or {}
 
-    def file(self, file_id: str) -> dict[str, Any] | None:
+    def file(self, file_id: str, viewer: str | None = None) -> dict[str, Any] | None:
         with self._lock:
-            row = self._db.execute("SELECT id, purpose, filename, bytes, created_at FROM files WHERE id = ?",
-                                   (file_id,)).fetchone()
+            row = self._db.execute("SELECT id, purpose, filename, bytes, created_at FROM files WHERE id = ?"
+                                   + _MINE, (file_id, viewer, viewer)).fetchone()
         if row is None:
             return None
         return {"id": row[0], "object": "file", "purpose": row[1], "filename": row[2], "bytes": row[3],
@@ -95,31 +105,38 @@ class BatchStore:
 
     # --- batches ----------------------------------------------------------------------------------------------
 
-    def add_batch(self, doc: dict[str, Any]) -> None:
+    def add_batch(self, doc: dict[str, Any], owner: str | None = None) -> None:
         with self._lock:
-            self._db.execute("INSERT INTO batches VALUES (?, ?, ?, ?)",
-                             (doc["id"], json.dumps(doc), doc["status"], doc["created_at"]))
+            self._db.execute("INSERT INTO batches (id, doc, status, created_at, owner) VALUES (?, ?, ?, ?, ?)",
+                             (doc["id"], json.dumps(doc), doc["status"], doc["created_at"], owner))
 
-    def batch(self, batch_id: str) -> dict[str, Any] | None:
+    def batch(self, batch_id: str, viewer: str | None = None) -> dict[str, Any] | None:
         with self._lock:
-            row = self._db.execute("SELECT doc FROM batches WHERE id = ?", (batch_id,)).fetchone()
+            row = self._db.execute("SELECT doc FROM batches WHERE id = ?" + _MINE,
+                                   (batch_id, viewer, viewer)).fetchone()
         return json.loads(row[0]) if row else None
+
+    def batch_owner(self, batch_id: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT owner FROM batches WHERE id = ?", (batch_id,)).fetchone()
+        return row[0] if row else None
 
     def save_batch(self, doc: dict[str, Any]) -> None:
         with self._lock:
             self._db.execute("UPDATE batches SET doc = ?, status = ? WHERE id = ?",
                              (json.dumps(doc), doc["status"], doc["id"]))
 
-    def batches(self, limit: int, after: str | None) -> list[dict[str, Any]]:
+    def batches(self, limit: int, after: str | None, viewer: str | None = None) -> list[dict[str, Any]]:
         """Newest first; ``after`` is the id of the last batch of the previous page."""
         with self._lock:
             if after is None:
-                rows = self._db.execute("SELECT doc FROM batches ORDER BY created_at DESC, id DESC LIMIT ?",
-                                        (limit,)).fetchall()
+                rows = self._db.execute("SELECT doc FROM batches WHERE 1" + _MINE
+                                        + " ORDER BY created_at DESC, id DESC LIMIT ?",
+                                        (viewer, viewer, limit)).fetchall()
             else:
                 rows = self._db.execute(
                     "SELECT doc FROM batches WHERE (created_at, id) < (SELECT created_at, id FROM batches WHERE id = ?)"
-                    " ORDER BY created_at DESC, id DESC LIMIT ?", (after, limit)).fetchall()
+                    + _MINE + " ORDER BY created_at DESC, id DESC LIMIT ?", (after, viewer, viewer, limit)).fetchall()
         return [json.loads(r[0]) for r in rows]
 
     def active_batches(self) -> list[dict[str, Any]]:

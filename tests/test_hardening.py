@@ -4,16 +4,19 @@ triage gateways, or a small fake engine where an upstream must misbehave."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 import structlog
 
 from backends.base import Call, ChunkStream, Completion
+from gateway.batch_store import BatchStore
 from tests.conftest import Gateway
 from tests.test_batches import jsonl, wait_batch
 from tests.test_errors import MSG, error_of
@@ -192,3 +195,67 @@ def test_lines_that_raise_become_error_lines_and_the_batch_completes(
     assert by_id["typed"]["response"]["body"]["error"]["param"] == "response_format.json_schema"
     [event] = [e for e in logs if e["event"] == "batch_request_failed"]
     assert event["batch_id"] == batch.id and event["exc_info"]
+
+
+# --- 4. batch data belongs to its key -----------------------------------------------------------------------
+
+
+def keys(*names: str) -> str:
+    return "keys:\n" + "".join(f"  - {{name: {n}, sha256: '{hashlib.sha256(n.encode()).hexdigest()}'}}\n"
+                               for n in names)
+
+
+def test_a_key_cannot_see_or_touch_another_keys_files_and_batches(
+        gateway: Callable[..., Gateway], tmp_path: Path) -> None:
+    gw = gateway(policy(latency=0.2, extra=f'batches: {{dir: "{tmp_path / "b"}", concurrency: 1}}\n'
+                        + keys("sk-alice", "sk-bob")))
+    alice, bob = gw.client("sk-alice"), gw.client("sk-bob")
+    data = "\n".join(batch_line(f"c{i}", {"model": "scripted", "messages": MSG}) for i in range(3)).encode()
+    f = alice.files.create(file=("secret.jsonl", io.BytesIO(data)), purpose="batch")
+    done = wait_batch(alice, alice.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                                  completion_window="24h").id)
+    assert done.status == "completed" and done.output_file_id is not None
+    running = alice.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    for file_id in (f.id, done.output_file_id):
+        with pytest.raises(openai.NotFoundError):
+            bob.files.retrieve(file_id)
+        with pytest.raises(openai.NotFoundError):
+            bob.files.content(file_id)
+    for batch_id in (done.id, running.id):
+        with pytest.raises(openai.NotFoundError):
+            bob.batches.retrieve(batch_id)
+        with pytest.raises(openai.NotFoundError):
+            bob.batches.cancel(batch_id)
+    with pytest.raises(openai.NotFoundError):
+        bob.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert bob.batches.list().data == []
+    assert bob.batches.list(after=done.id).data == []
+    mine = bob.files.create(file=("b.jsonl", io.BytesIO(data)), purpose="batch")  # bob's own work is his
+    theirs = bob.batches.create(input_file_id=mine.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert [b.id for b in bob.batches.list().data] == [theirs.id]
+    # the owner still sees and runs all of hers
+    assert {b.id for b in alice.batches.list().data} == {done.id, running.id}
+    assert len(jsonl(alice, done.output_file_id)) == 3
+    assert wait_batch(alice, running.id).status == "completed"
+
+
+def test_a_store_made_before_owners_opens_and_keeps_its_rows(tmp_path: Path) -> None:
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "batches.sqlite3")
+    db.executescript("""
+CREATE TABLE files (id TEXT PRIMARY KEY, purpose TEXT NOT NULL, filename TEXT NOT NULL, bytes INTEGER NOT NULL,
+    created_at INTEGER NOT NULL);
+CREATE TABLE batches (id TEXT PRIMARY KEY, doc TEXT NOT NULL, status TEXT NOT NULL, created_at INTEGER NOT NULL);
+INSERT INTO files VALUES ('file-old', 'batch', 'in.jsonl', 3, 0);
+INSERT INTO batches VALUES ('batch_old', '{"id": "batch_old", "status": "completed"}', 'completed', 0);
+""")
+    db.close()
+    store = BatchStore(tmp_path)
+    try:
+        assert store.file("file-old") is not None and store.batch("batch_old") is not None  # no keys: as before
+        assert store.file("file-old", "somekey") is None and store.batches(10, None, "somekey") == []
+        store.add_file(b"x", "new.jsonl", "batch", "somekey")
+        assert store.batches(10, None) == [{"id": "batch_old", "status": "completed"}]
+    finally:
+        store.close()
