@@ -13,6 +13,7 @@ import openai
 from backends.base import Body, Call
 from backends.openai_compat import OpenAICompatBackend
 from backends.registry import register
+from backends.remote import upstream_failure
 from backends.replicas import ReplicaState
 from gateway.errors import UpstreamError, UpstreamRejected, UpstreamTimeout
 
@@ -58,19 +59,16 @@ class LiteLLMBackend(OpenAICompatBackend):
             async for chunk in response:
                 yield chunk.model_dump(exclude_none=True)
         except openai.OpenAIError as exc:
-            raise UpstreamError(f"upstream {self.name} failed mid-stream: {exc}", retryable=False) from None
+            raise UpstreamError(f"upstream {self.name} failed mid-stream", retryable=False, detail=str(exc)) from None
 
 
 def _mapped(name: str, exc: openai.OpenAIError) -> UpstreamError | UpstreamRejected:
     message = getattr(exc, "message", None) or str(exc)
     if isinstance(exc, openai.APITimeoutError):
-        return UpstreamTimeout(f"upstream {name} timed out: {message}")
+        return UpstreamTimeout(f"upstream {name} timed out", detail=message)
     if isinstance(exc, openai.APIConnectionError):
-        return UpstreamError(f"cannot reach upstream {name}: {message}")
-    status = getattr(exc, "status_code", None) or 502
-    if status >= 500 or status == 429:
-        return UpstreamError(f"upstream {name} answered {status}: {message}", upstream_status=status)
-    return UpstreamRejected(message, status=status)
+        return UpstreamError(f"cannot reach upstream {name}", detail=message)
+    return upstream_failure(name, getattr(exc, "status_code", None) or 502, message)
 
 
 @register("litellm")

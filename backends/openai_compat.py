@@ -12,9 +12,9 @@ import orjson
 
 from backends.base import Body, Call
 from backends.registry import register
-from backends.remote import RemoteBackend
+from backends.remote import RemoteBackend, upstream_failure
 from backends.replicas import ReplicaState
-from gateway.errors import InvalidRequest, UpstreamError, UpstreamRejected
+from gateway.errors import InvalidRequest, UpstreamError
 
 _PATHS = {"chat": "/chat/completions", "completion": "/completions"}
 
@@ -54,21 +54,18 @@ class OpenAICompatBackend(RemoteBackend):
         try:
             resp = await self._session.post(url, data=data, headers=self._headers(replica))
         except aiohttp.ClientError as exc:
-            raise UpstreamError(f"cannot reach upstream {self.name}: {exc}") from None
+            raise UpstreamError(f"cannot reach upstream {self.name}", detail=str(exc)) from None
         if resp.status >= 400:
-            raw = await _read(resp)
+            raw = await _read(resp, self.name)
             resp.release()
             message, code = _error_of(raw, resp.status)
-            if resp.status >= 500 or resp.status == 429:
-                raise UpstreamError(f"upstream {self.name} answered {resp.status}: {message}",
-                                    upstream_status=resp.status)
-            raise UpstreamRejected(message, status=resp.status, code=code)
+            raise upstream_failure(self.name, resp.status, message, code)
         return resp
 
     async def _call_once(self, replica: ReplicaState, call: Call) -> Body:
         resp = await self._post(replica, call)
         try:
-            raw = await _read(resp)
+            raw = await _read(resp, self.name)
         finally:
             resp.release()
         try:
@@ -93,11 +90,11 @@ class OpenAICompatBackend(RemoteBackend):
             return False
 
 
-async def _read(resp: aiohttp.ClientResponse) -> bytes:
+async def _read(resp: aiohttp.ClientResponse, name: str) -> bytes:
     try:
         return await resp.read()
     except aiohttp.ClientError as exc:
-        raise UpstreamError(f"upstream connection broke: {exc}") from None
+        raise UpstreamError(f"upstream {name}'s connection broke", detail=str(exc)) from None
 
 
 def _error_of(raw: bytes, status: int) -> tuple[str, str | None]:
@@ -136,11 +133,11 @@ async def _sse_events(resp: aiohttp.ClientResponse, name: str) -> AsyncIterator[
                     raise UpstreamError(f"upstream {name} sent a stream event that is not a chunk", retryable=False)
                 if chunk.get("error"):
                     message, _ = _error_of(data, 502)
-                    raise UpstreamError(f"upstream {name} failed mid-stream: {message}", retryable=False)
+                    raise UpstreamError(f"upstream {name} failed mid-stream", retryable=False, detail=message)
                 finished = finished or any(c.get("finish_reason") for c in chunk.get("choices") or ())
                 yield chunk
     except aiohttp.ClientError as exc:
-        raise UpstreamError(f"upstream {name} stream broke: {exc}", retryable=False) from None
+        raise UpstreamError(f"upstream {name}'s stream broke", retryable=False, detail=str(exc)) from None
     finally:
         resp.release()
     if not finished:

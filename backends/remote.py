@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -21,6 +22,30 @@ from backends.secrets import resolve
 from gateway.errors import UpstreamError, UpstreamRejected, UpstreamTimeout
 
 log = structlog.get_logger("triage.backend")
+
+# What an upstream's own words may hold that a client must never see: a credential, an address.
+_LEAKS = re.compile(r"(?i)\bbearer\s+\S+|\bsk-[\w-]{4,}|\b[a-z][a-z0-9+.-]*://\S+"
+                    r"|\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?|\[[0-9a-f:]+\](?::\d+)?|\blocalhost:\d+")
+
+
+def scrub(text: str) -> str:
+    """``text`` with anything that looks like a credential or an address replaced."""
+    return _LEAKS.sub("[redacted]", text)
+
+
+def upstream_failure(name: str, status: int, message: str, code: str | None = None,
+                     ) -> UpstreamError | UpstreamRejected:
+    """An upstream's error answer as the client may see it; its own message goes to the log.
+
+    401 and 403 are about the gateway's credentials for that replica, never the client's: a
+    replica fault (ejected, tried elsewhere). 429 and 5xx are replica faults too. Any other 4xx
+    is the request's fault and passes through, scrubbed."""
+    if status in (401, 403):
+        return UpstreamError(f"upstream {name} refused the gateway's credentials (HTTP {status})",
+                             upstream_status=status, detail=message, code="upstream_auth_failed")
+    if status >= 500 or status == 429:
+        return UpstreamError(f"upstream {name} answered {status}", upstream_status=status, detail=message)
+    return UpstreamRejected(scrub(message), status=status, code=code)
 
 
 class RemoteBackend:
@@ -216,7 +241,8 @@ class RemoteBackend:
         self._record(call, replica, "timeout" if timed_out else "error", watch)
         self.replicas.eject(replica)
         log.warning("upstream_failed", backend=self.name, replica=replica.api_base,
-                    request_id=call.request_id, error=exc.message)
+                    request_id=call.request_id, error=exc.message, status=exc.upstream_status,
+                    detail=exc.detail)
         if not exc.retryable or (timed_out and not self.spec.retries.on_timeout):
             raise exc
         return exc

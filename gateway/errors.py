@@ -88,7 +88,10 @@ class NotReady(TriageError):
 
 
 class UpstreamError(TriageError):
-    """The upstream answered with an error, refused the connection, or died."""
+    """The upstream answered with an error, refused the connection, or died.
+
+    ``message`` goes to the client and names no address or credential; ``detail`` (what the
+    upstream said, which host refused) goes to the log only."""
 
     status = 502
     type = "upstream_error"
@@ -100,12 +103,14 @@ class UpstreamError(TriageError):
         *,
         retryable: bool = True,
         upstream_status: int | None = None,
+        detail: str | None = None,
         param: str | None = None,
         code: str | None = None,
     ) -> None:
         super().__init__(message, param=param, code=code)
         self.retryable = retryable
         self.upstream_status = upstream_status
+        self.detail = detail
 
 
 class UpstreamTimeout(UpstreamError):

@@ -7,17 +7,24 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 import structlog
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from backends.base import Call, ChunkStream, Completion
 from gateway.batch_store import BatchStore
-from tests.conftest import Gateway
+from tests.conftest import Gateway, free_port
 from tests.test_batches import jsonl, wait_batch
 from tests.test_errors import MSG, error_of
 
@@ -259,3 +266,74 @@ INSERT INTO batches VALUES ('batch_old', '{"id": "batch_old", "status": "complet
         assert store.batches(10, None) == [{"id": "batch_old", "status": "completed"}]
     finally:
         store.close()
+
+
+# --- 7. upstream credentials and addresses never reach the client -------------------------------------------
+
+SECRET = "sk-upstream-0123456789abcdef"
+
+
+def fake_engine(request: Request) -> JSONResponse:
+    """An engine that answers every call with the error its path names."""
+    if request.url.path.startswith("/leaky"):
+        return JSONResponse({"error": {"message": f"bad request at 10.1.2.3:8000 from http://pool.internal:81/v1 "
+                                                  f"with Bearer {SECRET}", "type": "invalid_request_error"}}, 400)
+    return JSONResponse({"error": {"message": f"Incorrect API key provided: Bearer {SECRET}",
+                                   "type": "invalid_request_error", "code": "invalid_api_key"}}, 401)
+
+
+@pytest.fixture
+def engine() -> Iterator[str]:
+    """The fake engine under a real uvicorn; its base URL."""
+    app = Starlette(routes=[Route("/{path:path}", fake_engine, methods=["GET", "POST"])])
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_upstream_credentials_and_addresses_never_reach_the_client(
+        gateway: Callable[..., Gateway], engine: str) -> None:
+    upstream = gateway(policy())  # a real OpenAI-compatible engine: a triage gateway on a scripted backend
+    refused_port = str(free_port())  # nothing listens there
+    refused = f"http://127.0.0.1:{refused_port}/v1"
+    gw = gateway(f"""version: 1
+backends:
+  mixed:
+    type: openai
+    strategy: round_robin
+    replicas: [{{api_base: "{engine}/v1"}}, {{api_base: "{upstream.base_url}/v1"}}]
+    health: {{enabled: false}}
+  unauthorized: {{type: openai, replicas: [{{api_base: "{engine}/v1"}}], health: {{enabled: false}}}}
+  refused: {{type: openai, replicas: [{{api_base: "{refused}"}}], health: {{enabled: false}}}}
+  leaky: {{type: openai, replicas: [{{api_base: "{engine}/leaky"}}], health: {{enabled: false}}}}
+models:
+  scripted: {{backend: mixed}}
+  unauthorized: {{backend: unauthorized, upstream: scripted}}
+  refused: {{backend: refused, upstream: scripted}}
+  leaky: {{backend: leaky, upstream: scripted}}
+""")
+    client = gw.client()
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(4):  # the replica that refuses the gateway's key is a replica fault: the other answers
+            assert client.chat.completions.create(model="scripted", messages=MSG).choices[0].message.content
+        answers = {}
+        with gw.http() as http:
+            for model in ("unauthorized", "refused", "leaky"):
+                answers[model] = http.post("/v1/chat/completions", json={"model": model, "messages": MSG})
+    for model, status in (("unauthorized", 502), ("refused", 502), ("leaky", 400)):
+        resp = answers[model]
+        assert resp.status_code == status, (model, resp.text)
+        err, raw = error_of(resp), resp.text
+        leaks = (SECRET, "Bearer", "127.0.0.1", engine.rsplit(":", 1)[1], refused_port, "10.1.2.3", "pool.internal")
+        assert not [leak for leak in leaks if leak in raw], (model, raw)
+        assert err["type"] == ("upstream_error" if status == 502 else "invalid_request_error")
+    assert error_of(answers["unauthorized"])["code"] == "upstream_auth_failed"  # never the client's invalid_api_key
+    failed = [e for e in logs if e["event"] == "upstream_failed"]
+    assert any(e["status"] == 401 and SECRET in e["detail"] and e["replica"] == engine + "/v1" for e in failed)
+    assert any(refused_port in (e["detail"] or "") for e in failed)  # the operator sees where
