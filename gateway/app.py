@@ -13,6 +13,7 @@ import structlog
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway import batch_api, logs, runtime
 from gateway.api import HOT_ROUTES, error_response, router
@@ -109,10 +110,36 @@ def create_app(settings: Settings) -> FastAPI:
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
         return error_response(InvalidRequest(str(exc.errors()[0].get("msg", "invalid request"))))
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> Response:
-        # The edge: the one place that catches everything, so the server keeps serving.
-        log.exception("unhandled_error", path=request.url.path)
-        return error_response(TriageError("The server had an error while processing your request"))
-
+    app.add_middleware(_Edge)
     return app
+
+
+class _Edge:
+    """The edge: the one place that catches everything, so the server keeps serving. An exception a
+    route lets out becomes an OpenAI-shaped 500 and a log event with its traceback, and goes no
+    further: Starlette's last-resort handler would re-raise it to uvicorn, which then drops the
+    keep-alive connection without a ``Connection: close``. An answer already started cannot be
+    replaced: that exception goes on, and the server closes the connection, as it must."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception:  # the edge (see above)
+            log.exception("unhandled_error", method=scope.get("method"), path=scope.get("path"), started=started)
+            if started:
+                raise
+            await error_response(TriageError("The server had an error while processing your request"))(
+                scope, receive, send)

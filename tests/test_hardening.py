@@ -5,6 +5,7 @@ triage gateways, or a small fake engine where an upstream must misbehave."""
 from __future__ import annotations
 
 import hashlib
+import http.client
 import io
 import json
 import threading
@@ -13,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import structlog
@@ -337,3 +339,38 @@ models:
     failed = [e for e in logs if e["event"] == "upstream_failed"]
     assert any(e["status"] == 401 and SECRET in e["detail"] and e["replica"] == engine + "/v1" for e in failed)
     assert any(refused_port in (e["detail"] or "") for e in failed)  # the operator sees where
+
+
+# --- 8. after a 500 the keep-alive connection still works ---------------------------------------------------
+
+
+def test_after_a_500_the_same_keep_alive_connection_keeps_working(gateway: Callable[..., Gateway]) -> None:
+    gw = gateway(policy())
+    explode_in(gw)
+    host, port = gw.base_url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+
+    def post(body: dict[str, Any]) -> tuple[int, dict[str, Any], str | None]:
+        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read()), resp.getheader("connection")
+
+    boom = {"model": "scripted", "messages": [{"role": "user", "content": "explode"}]}
+    try:
+        with structlog.testing.capture_logs() as logs:
+            status, body, _ = post(boom)
+            conn_port = conn.sock.getsockname()[1]
+            assert status == 500 and body["error"]["type"] == "server_error" and "a bug" not in json.dumps(body)
+            status, body, _ = post(boom | {"stream": True})  # a stream that fails before its first byte: the same
+            assert status == 500 and set(body["error"]) == {"message", "type", "param", "code"}
+            for _ in range(5):
+                status, body, connection = post({"model": "scripted", "messages": MSG})
+                assert status == 200 and body["choices"][0]["message"]["content"] == "fine thanks"
+                assert connection != "close" and conn.sock.getsockname()[1] == conn_port  # one connection all along
+    finally:
+        conn.close()
+    unhandled = [e for e in logs if e["event"] == "unhandled_error"]
+    assert len(unhandled) == 2 and all(e["exc_info"] for e in unhandled)
+    assert [e["status"] for e in logs if e["event"] == "request"] == [500, 500, 200, 200, 200, 200, 200]
+    with httpx.Client(base_url=gw.base_url) as h:
+        assert h.get("/metrics").status_code == 200
