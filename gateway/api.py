@@ -22,6 +22,7 @@ from gateway.errors import (
     ModelNotFound,
     NotFound,
     PayloadTooLarge,
+    RequestTimeout,
     TriageError,
     Unauthorized,
 )
@@ -38,10 +39,13 @@ T = TypeVar("T")
 log = structlog.get_logger("triage.api")
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+BODY_TIMEOUT_S = 30.0  # for a request's whole body once its headers are in: a stalled client is cut off
 
 
 def error_response(exc: TriageError) -> Response:
     headers = {"Retry-After": "1"} if exc.status == 429 else None
+    if exc.status in (408, 413):  # the rest of the body is not read: the connection cannot be reused
+        headers = {"Connection": "close"}
     return Response(orjson.dumps(exc.body()), status_code=exc.status, media_type="application/json",
                     headers=headers)
 
@@ -71,15 +75,21 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
 
 
 async def read_body(request: Request, limit: int) -> bytes:
+    """The body, at most ``limit`` bytes, within ``BODY_TIMEOUT_S`` (slowloris: a client that sends
+    its headers and then stalls holds nothing but its socket, and not for long)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"Request body of {declared} bytes is over the limit of {limit} bytes")
     parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise PayloadTooLarge(f"Request body is over the limit of {limit} bytes")
-        parts.append(part)
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            async for part in request.stream():
+                size += len(part)
+                if size > limit:
+                    raise PayloadTooLarge(f"Request body is over the limit of {limit} bytes")
+                parts.append(part)
+    except TimeoutError:
+        raise RequestTimeout(f"The request body did not arrive within {BODY_TIMEOUT_S:g} s") from None
     return b"".join(parts)
 
 
@@ -128,8 +138,9 @@ async def _generate(request: Request, kind: Kind) -> Response:
     ex = Exchange.begin(state.holder, state.metrics, state.gate, endpoint, request.headers.get("x-request-id"))
     try:
         _authorize(request, ex)
-        ex.take_slot()
-        body = parse_json(await read_body(request, ex.rt.policy.limits.max_body_bytes))
+        raw = await read_body(request, ex.rt.policy.limits.max_body_bytes)
+        ex.take_slot()  # only once the body is in: a slow sender holds no slot
+        body = parse_json(raw)
         ex.model = body.get("model") if isinstance(body.get("model"), str) else None
         request_ = check(ChatRequest if kind == "chat" else CompletionRequest, body)
         body["stream"] = ex.stream = request_.stream  # the validated value, not a truthy string
@@ -151,6 +162,8 @@ async def _generate(request: Request, kind: Kind) -> Response:
                    "x-triage-backend": served.backend}
         if served.route is not None:
             headers.update(route_headers(served.route, served.reasoning_switch))
+            if served.model != served.route.model:  # the route's model failed: a fallback answered
+                headers["x-triage-fallback-from"] = served.route.model
         if served.stream is not None:
             return _SSEResponse(ex, served, headers)  # it finishes the exchange when it ends
         assert served.completion is not None
@@ -193,11 +206,12 @@ async def _decide(request: Request, batch: bool) -> Response:
                         request.headers.get("x-request-id"))
     try:
         _authorize(request, ex)
-        ex.take_slot()
         spec = ex.rt.policy.cascade
         if spec is None:
             raise NotFound("this policy has no cascade section: /v1/decide is not served")
-        raw = parse_any_json(await read_body(request, ex.rt.policy.limits.max_body_bytes))
+        body = await read_body(request, ex.rt.policy.limits.max_body_bytes)
+        ex.take_slot()  # only once the body is in: a slow sender holds no slot
+        raw = parse_any_json(body)
         tasks = set(ex.rt.policy.classifier.tasks) if ex.rt.policy.classifier is not None else set()
         if not batch:
             q, overrides = decide.parse(raw, spec, tasks)

@@ -56,7 +56,7 @@ class Encoding:
                             body: Body) -> Route:
         """The learned router's route: quality predicted from the last user turn, cost from the whole prompt."""
         last, _ = _turns(kind, body)
-        return quality_route(policy, vm, head, await self.batcher.embed(last), _input_tokens(kind, body))
+        return quality_route(policy, vm, head, await self.batcher.embed(last), input_tokens(kind, body))
 
 
 def load_quality(policy: Policy, policy_dir: Path, dim: int) -> tuple[dict[str, QualityHead], list[str]]:
@@ -97,7 +97,7 @@ def artifacts_signature(config: ClassifierConfig, policy_dir: Path) -> tuple[tup
     return tuple((f.name, f.stat().st_mtime_ns) for f in files)
 
 
-def _input_tokens(kind: Kind, body: Body) -> int:
+def input_tokens(kind: Kind, body: Body) -> int:
     """The prompt's tokens, for the expected cost: about four characters a token, every message."""
     if kind == "completion":
         prompt = body.get("prompt")

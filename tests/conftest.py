@@ -95,6 +95,25 @@ def spare_llama_server(tmp_path: Path) -> Iterator[LlamaServer]:
     server.kill()
 
 
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+HEADS = ["question_type", "category", "reasoning", "injection"]
+
+
+@pytest.fixture(scope="session")
+def trained_heads(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The encoder's heads (``HEADS``) trained on a small seeded sample of the shared data, once per
+    run, for every test that serves the encoder tier (policies: ``data_dir`` SHARED_DATA, these heads)."""
+    from classifiers.export import ensure_exported
+    from classifiers.train_all import train
+    from policies.schema import Classifier
+
+    ensure_exported()
+    out = tmp_path_factory.mktemp("heads")
+    train(Classifier(data_dir=str(SHARED_DATA), artifacts=str(out), heads=HEADS), out, threads=2,
+          say=lambda _: None, limit=300)
+    return out
+
+
 @dataclass
 class Gateway:
     base_url: str

@@ -10,7 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -18,7 +18,6 @@ import pytest
 import structlog
 
 from classifiers.export import ensure_exported
-from classifiers.train_all import train
 from gateway import runtime
 from gateway.errors import PolicyInvalid
 from policies import loader
@@ -66,13 +65,8 @@ limits: {{max_body_bytes: 2000000}}
 
 
 @pytest.fixture(scope="session")
-def heads(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    ensure_exported()
-    out = tmp_path_factory.mktemp("heads")
-    pol = loader.parse(policy_yaml(out, "http://127.0.0.1:9/v1"))
-    assert pol.classifier is not None
-    train(pol.classifier, out, threads=2, say=lambda _: None, limit=300)
-    yield out
+def heads(trained_heads: Path) -> Path:
+    return trained_heads
 
 
 @pytest.fixture

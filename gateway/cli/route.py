@@ -12,7 +12,7 @@ from rich.console import Console
 
 from gateway.errors import NotReady, PolicyInvalid
 from policies import loader
-from policies.schema import SemanticModel
+from policies.schema import Policy, RoutedModel, SemanticModel
 from policies.semantic import decide, label_problems
 
 
@@ -21,23 +21,24 @@ def route(
     policy: Annotated[Path, typer.Option(help="Policy YAML with a `classifier` section.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     top: Annotated[int, typer.Option(help="Classes shown per head.")] = 3,
-    model: Annotated[str | None, typer.Option(help="The semantic virtual model whose decision to show "
-                                                   "(default: the policy's first).")] = None,
+    model: Annotated[str | None, typer.Option(help="The semantic or routed virtual model whose decision to "
+                                                   "show (default: the policy's first semantic one).")] = None,
 ) -> None:
-    """Print the decision of a semantic virtual model (the policy's first, or --model), every head's
-    top classes and probabilities (the injection head's is P(router) of the prompt or its most
-    router-like sentence), the familiarity guard and the latency."""
+    """Print the decision of a semantic or routed virtual model (the policy's first semantic one, or
+    --model; a routed model's decision lists every candidate's predicted P(right) and expected cost),
+    every head's top classes and probabilities (the injection head's is P(router) of the prompt or
+    its most router-like sentence), the familiarity guard and the latency."""
     from classifiers.service import Classifier
 
     try:
         pol = loader.load(policy)
         if pol.classifier is None:
             raise PolicyInvalid([f"{policy}: the policy has no `classifier` section"])
-        semantic = {n: vm for n, vm in pol.virtual_models.items() if isinstance(vm, SemanticModel)}
+        semantic = {n: vm for n, vm in pol.virtual_models.items() if isinstance(vm, SemanticModel | RoutedModel)}
         if model is not None and model not in semantic:
             has = ", ".join(semantic) or "none"
-            raise PolicyInvalid([f"{policy}: no semantic virtual model '{model}' (has: {has})"])
-        chosen = model or next(iter(semantic), None)
+            raise PolicyInvalid([f"{policy}: no semantic or routed virtual model '{model}' (has: {has})"])
+        chosen = model or next((n for n, vm in semantic.items() if isinstance(vm, SemanticModel)), None)
         clf = Classifier.load(pol.classifier, policy.resolve().parent, str(policy))
         if problems := label_problems(pol, clf.classes()):
             raise PolicyInvalid([f"{policy}: {p}" for p in problems])
@@ -57,8 +58,12 @@ def route(
                         "in_distribution": out.familiarity.in_distribution},
         "tokens": out.tokens, "truncated": out.truncated, "latency_ms": round(out.latency_ms, 3),
     }
-    if chosen is not None:
-        decision = decide(semantic[chosen], out.heads, out.familiarity.in_distribution, out.familiarity.readable)
+    vm = semantic.get(chosen) if chosen is not None else None
+    if isinstance(vm, RoutedModel):
+        assert chosen is not None
+        doc = {"decision": _routed(pol, policy, chosen, vm, clf, prompt), **doc}
+    elif isinstance(vm, SemanticModel):
+        decision = decide(vm, out.heads, out.familiarity.in_distribution, out.familiarity.readable)
         doc = {"decision": {"virtual_model": chosen, **asdict(decision)}, **doc}
     if as_json:
         typer.echo(json.dumps(doc))
@@ -71,6 +76,12 @@ def route(
         console.print(f"{'route':>14}: {d['virtual_model']} -> [bold]{d['model']}[/bold] ({d['reason']}), "
                       f"reasoning {'on' if d['reasoning'] else 'off'}, category {d['category']} "
                       f"({d['confidence']:.2f}){by}")
+        for c in d.get("candidates", ()):
+            mark = "*" if c["chosen"] else " "
+            console.print(f"{mark:>14} {c['candidate']}: P(right) {c['quality']:.3f}, "
+                          f"expected cost {c['expected_cost']:.6g}")
+        if "router_ms" in d:
+            console.print(f"{'router':>14}: {d['router_ms']:.3f} ms beside the encoder's pass")
     for name, head in doc["heads"].items():
         tops = ", ".join(f"{c} {v:.2f}" for c, v in head["top"])
         console.print(f"{name:>14}: [bold]{head['label']}[/bold] ({head['confidence']:.2f})   {tops}")
@@ -81,3 +92,32 @@ def route(
                   f"language {fam['language']}: {verdict}")
     console.print(f"{'latency':>14}: {doc['latency_ms']:.2f} ms for {doc['tokens']} tokens"
                   + (" (truncated)" if doc["truncated"] else ""))
+
+
+def _routed(pol: Policy, policy: Path, name: str, vm: RoutedModel, clf, prompt: str) -> dict:  # type: ignore[no-untyped-def]
+    """A routed model's decision for the prompt: every candidate's P(right) and expected cost."""
+    import time
+
+    from classifiers.quality import QualityHead, quality_head_name
+    from classifiers.service import artifacts_dir
+    from gateway.semantic import input_tokens, quality_route
+
+    assert pol.classifier is not None
+    try:
+        head = QualityHead.load(artifacts_dir(pol.classifier, policy.resolve().parent), quality_head_name(name),
+                                f"triage train --policy {policy}")
+    except NotReady as exc:
+        typer.echo(exc.message, err=True)
+        raise typer.Exit(2) from None
+    reading = clf.encoder.read_encoded([clf.encoder.encode(prompt)])[0]
+    t0 = time.perf_counter()
+    route = quality_route(pol, vm, head, reading, input_tokens("chat", {"messages": [{"role": "user",
+                                                                                     "content": prompt}]}))
+    router_ms = (time.perf_counter() - t0) * 1000
+    q = route.quality
+    assert q is not None
+    return {"virtual_model": name, "model": route.model, "reason": route.reason, "reasoning": route.reasoning,
+            "category": None, "confidence": round(q.quality, 4), "rule": None, "quality": round(q.quality, 4),
+            "candidates": [{"candidate": label, "quality": round(p, 4), "expected_cost": cost,
+                            "chosen": i == q.candidate} for i, (label, p, cost) in enumerate(q.predictions)],
+            "router_ms": round(router_ms, 3)}

@@ -1,0 +1,167 @@
+"""The learned router's pure parts: the cost-aware choice, the knob fitted to a target, the quality
+heads (fit, calibration, save/load without pickles), the RouteLLM measures, the policy checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from classifiers.quality import QualityHead
+from classifiers.quality_training import fit_quality
+from eval.router_eval import evaluate, routellm_measures
+from gateway.errors import PolicyInvalid
+from policies import loader
+from policies.routed import Target, choose, fit_knob, outcome
+
+
+def test_choice_rules_and_ties() -> None:
+    q = np.array([[0.5, 0.9], [0.8, 0.81], [0.7, 0.7]])
+    cost = np.array([1.0, 10.0])
+    assert choose(q, cost, "utility", 0.0).tolist() == [1, 1, 0]  # the best predicted; a tie: the cheaper
+    assert choose(q, cost, "utility", 1e9).tolist() == [0, 0, 0]  # money above all: the cheapest
+    # 0.02 quality points per unit of money: row 0 gains 0.4 for 9 units (0.044 a unit), row 1 0.01
+    assert choose(q, cost, "utility", 0.02).tolist() == [1, 0, 0]
+    assert choose(q, cost, "margin", 0.05).tolist() == [1, 0, 0]  # the cheapest within 0.05 of the best
+    assert choose(q, cost, "margin", 1.0).tolist() == [0, 0, 0]
+    per_row = np.array([[1.0, 10.0], [10.0, 1.0], [1.0, 10.0]])  # costs may differ per request
+    assert choose(q, per_row, "utility", 1e9).tolist() == [0, 1, 0]
+
+
+def synthetic(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A weak cheap model and a strong dear one; predictions that rank rows by how much the strong
+    model helps, with noise."""
+    rng = np.random.default_rng(seed)
+    hardness = rng.uniform(0, 1, n)
+    weak_right = rng.uniform(0, 1, n) > hardness
+    strong_right = rng.uniform(0, 1, n) > hardness * 0.4
+    correct = np.stack([weak_right, strong_right], axis=1).astype(float)
+    noisy = np.clip(hardness + rng.normal(0, 0.15, n), 0, 1)
+    quality = np.stack([1 - noisy, 1 - 0.4 * noisy], axis=1)
+    return quality, correct, np.array([1.0, 20.0])
+
+
+@pytest.mark.parametrize("share", [0.1, 0.3, 0.5, 0.8])
+def test_knob_meets_a_strong_share_target_and_holds_on_fresh_rows(share: float) -> None:
+    q, y, cost = synthetic(4000, seed=1)
+    fitted = fit_knob(q, cost, "utility", Target("strong_share", share), strongest=1, correct=y)
+    assert fitted.strong_share <= share + 1e-9
+    assert fitted.strong_share >= share - 0.02  # the budget is used, not left idle
+    q2, y2, _ = synthetic(4000, seed=2)
+    fresh = outcome(q2, cost, "utility", fitted.knob, strongest=1, correct=y2)
+    assert abs(fresh.strong_share - share) < 0.04
+    weak, strong = y2[:, 0].mean(), y2[:, 1].mean()
+    assert fresh.accuracy > weak + share * (strong - weak)  # better than a random mixture at that share
+
+
+def test_knob_meets_cost_and_quality_targets() -> None:
+    q, y, cost = synthetic(3000, seed=3)
+    by_cost = fit_knob(q, cost, "utility", Target("cost", 8.0), strongest=1, correct=y)
+    assert by_cost.mean_cost <= 8.0 + 1e-9
+    floor = 0.5 * (y[:, 0].mean() + y[:, 1].mean())
+    by_quality = fit_knob(q, cost, "margin", Target("quality", floor), strongest=1, correct=y)
+    assert by_quality.accuracy >= floor
+    assert by_quality.mean_cost < cost[1]  # cheaper than always-strong
+    with pytest.raises(ValueError, match="no setting"):
+        fit_knob(q, cost, "utility", Target("quality", 0.999), strongest=1, correct=y)
+    with pytest.raises(ValueError, match="labelled"):
+        fit_knob(q, cost, "utility", Target("quality", 0.5), strongest=1)
+
+
+@pytest.mark.parametrize("text", ["share=0.3", "strong_share", "strong_share=x", "strong_share=1.5", "cost=-1"])
+def test_bad_targets_say_what_a_target_is(text: str) -> None:
+    with pytest.raises(ValueError, match=r"router target|strong_share=X"):
+        Target.parse(text)
+
+
+def clusters(n: int, seed: int, dim: int = 16) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
+    """Unit vectors in two clusters: 'easy' rows (the weak model is right 90% of the time) and 'hard'
+    ones (10%); the strong model is right 90% on both."""
+    rng = np.random.default_rng(seed)
+    easy = rng.uniform(0, 1, n) < 0.5
+    centre = np.where(easy[:, None], np.eye(dim)[0], np.eye(dim)[1])
+    x = centre + rng.normal(0, 0.3, (n, dim))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    weak = rng.uniform(0, 1, n) < np.where(easy, 0.9, 0.1)
+    strong = rng.uniform(0, 1, n) < 0.9
+    y = np.stack([weak, strong], axis=1).astype(float)
+    y[rng.uniform(0, 1, n) < 0.05, 1] = np.nan  # some rows without an answer of the strong model
+    return x.astype(np.float32), y, [f"row-{seed}-{i}" for i in range(n)], easy
+
+
+@pytest.mark.parametrize("learner", ["linear", "mf", "knn"])
+def test_quality_head_ranks_an_easy_hard_split_and_is_calibrated(learner: str, tmp_path: Path) -> None:
+    x, y, ids, _ = clusters(1200, seed=5)
+    fit = fit_quality("quality-test", ("weak", "strong"), x, y, ids, learners=[learner])
+    head = fit.head
+    assert head.meta["learner"] == learner
+    xt, _, _, easy = clusters(600, seed=6)
+    p = head.proba(xt)
+    assert p[easy, 0].mean() > 0.75 > 0.25 > p[~easy, 0].mean()  # the weak model: right on easy rows only
+    assert abs(p[:, 1].mean() - 0.9) < 0.06  # the strong model: its base rate everywhere
+    head.save(tmp_path)
+    assert not list(tmp_path.glob("*.pkl"))
+    again = QualityHead.load(tmp_path, "quality-test")
+    np.testing.assert_allclose(again.proba(xt), p, rtol=1e-5, atol=1e-6)
+
+
+def test_the_learner_with_the_best_held_back_auroc_wins() -> None:
+    x, y, ids, _ = clusters(1000, seed=7)
+    fit = fit_quality("quality-test", ("weak", "strong"), x, y, ids)
+    best = max(fit.tried, key=lambda c: c.auroc)
+    assert fit.head.meta["learner"] == best.learner
+    assert {c.learner for c in fit.tried} >= {"linear", "mf", "knn"}
+
+
+def test_router_report_against_baselines() -> None:
+    q, y, cost = synthetic(3000, seed=11)
+    _, yd, _ = synthetic(1000, seed=12)
+    report = evaluate("r", ["weak", "strong"], q, y, cost, ["a"] * 3000, yd, ["a"] * 1000)
+    assert report.strongest == "strong"
+    assert report.oracle.accuracy >= max(p.accuracy for p in report.singles.values())
+    t = report.two_model
+    assert t["apgr"] is not None and 0.5 < t["apgr"] <= 1.0  # better than random routing
+    assert report.router[0].cost <= report.router[-1].cost
+    # a router with no signal: APGR near random (0.5)
+    rng = np.random.default_rng(0)
+    blind = evaluate("r", ["weak", "strong"], rng.uniform(0, 1, q.shape), y, cost, ["a"] * 3000, yd, ["a"] * 1000)
+    assert abs(blind.two_model["apgr"] - 0.5) < 0.06
+
+
+def test_routellm_measures_of_the_diagonal_and_of_a_perfect_router() -> None:
+    from eval.router_eval import Point
+
+    diagonal = [Point(0.6 + 0.2 * s, 0, s) for s in np.linspace(0, 1, 21)]
+    m = routellm_measures(diagonal, 0.6, 0.8)
+    assert abs(m["apgr"] - 0.5) < 0.03 and abs(m["cpt_50"] - 0.5) < 0.03
+    perfect = [Point(0.6, 0, 0.0), Point(0.8, 0, 0.2), Point(0.8, 0, 1.0)]
+    assert routellm_measures(perfect, 0.6, 0.8)["share_for_95pct_of_strong"] <= 0.2
+
+
+ROUTED = """version: 1
+classifier: {{data_dir: data, artifacts: heads}}
+backends:
+  echo: {{type: scripted, echo: true}}
+models:
+  cheap: {{backend: echo, prices: {{input_per_mtok: 0.1, output_per_mtok: 0.2}}}}
+  dear: {{backend: echo{dear_prices}}}
+virtual_models:
+  r:
+    type: routed
+    labels: model_labels/small
+    candidates:
+      - {{model: cheap}}
+      - {{model: {second}}}
+"""
+
+
+def test_a_routed_model_needs_prices_and_known_candidates() -> None:
+    ok = ROUTED.format(dear_prices=", prices: {input_per_mtok: 5, output_per_mtok: 15}", second="dear")
+    assert "r" in loader.parse(ok).virtual_models
+    with pytest.raises(PolicyInvalid) as err:
+        loader.parse(ROUTED.format(dear_prices="", second="dear"), file="p.yaml")
+    assert any("p.yaml:" in p and "has no prices" in p for p in err.value.problems), err.value.problems
+    with pytest.raises(PolicyInvalid) as err:
+        loader.parse(ROUTED.format(dear_prices="", second="nowhere"), file="p.yaml")
+    assert any("'nowhere' is not defined" in p for p in err.value.problems), err.value.problems

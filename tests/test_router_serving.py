@@ -1,0 +1,183 @@
+"""The learned router end to end: quality heads trained by the real encoder on a small labels file
+(a cheap model right on easy prompts only, a dear one right on both), served by a real uvicorn as a
+routed virtual model; headers, log event, fallback, `triage calibrate --router` and `triage route`."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from classifiers.calibration import auroc
+from classifiers.router_training import LabelsProblem, labels_for, train_router
+from classifiers.train_all import embedding_cache
+from gateway.cli import app as cli
+from policies import loader
+from policies.routed import candidate_costs
+from policies.schema import RoutedModel
+from tests.conftest import HEADS, Gateway
+
+EASY = ["What is {a} plus {b}?", "Say hello to {name}.", "What colour is a ripe banana, {name}?",
+        "Spell the word '{word}' backwards.", "Is {a} bigger than {b}?", "Write the number {a} in words."]
+HARD = ["Derive the {topic} for a relativistic particle in a curved spacetime with torsion, and prove uniqueness.",
+        "Prove that every {topic} on a compact Riemannian manifold admits a harmonic representative.",
+        "Explain the renormalisation-group flow of the {topic} near the Wilson-Fisher fixed point in 4-e dims.",
+        "Construct a counterexample to the {topic} conjecture for non-Noetherian rings and justify each step."]
+NAMES = ["Ann", "Bob", "Chen", "Dana", "Eli", "Fay", "Gus", "Hiro"]
+WORDS = ["apple", "river", "stone", "cloud", "table", "garden"]
+TOPICS = ["Hamiltonian", "cohomology class", "quartic coupling", "spectral sequence", "Lagrangian density",
+          "Killing vector field", "Chern character", "beta function"]
+
+
+def toy_rows(n: int, split: str, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        easy = i % 2 == 0
+        template = rng.choice(EASY if easy else HARD)
+        text = template.format(a=rng.randint(2, 99), b=rng.randint(2, 99), name=rng.choice(NAMES),
+                               word=rng.choice(WORDS), topic=rng.choice(TOPICS))
+        cheap = rng.random() < (0.95 if easy else 0.05)
+        dear = rng.random() < 0.95
+        rows.append({"id": f"toy-{split}-{i}", "source": "toy", "question_id": None, "split": split,
+                     "category": "easy" if easy else "hard", "prompt": text, "correct": {"cheap": cheap, "dear": dear}})
+    return rows
+
+
+POLICY = """version: 1
+classifier:
+  data_dir: {data}
+  artifacts: {heads}
+  heads: {head_list}
+backends:
+  echo: {{type: scripted, echo: true}}
+  down: {{type: scripted, fail_first: 1000000}}
+models:
+  cheap: {{backend: {cheap_backend}, upstream: cheap-1b, prices: {{input_per_mtok: 0.1, output_per_mtok: 0.1}}}}
+  dear: {{backend: echo, upstream: dear-400b, prices: {{input_per_mtok: 10, output_per_mtok: 30}}}}
+  backup: {{backend: echo, upstream: backup-8b}}
+virtual_models:
+  pick:
+    type: routed
+    labels: model_labels/toy
+    rule: margin
+    knob: 0.2
+    candidates: [{{model: cheap}}, {{model: dear}}]
+fallback_model: backup
+"""
+
+
+@pytest.fixture(scope="module")
+def toy(trained_heads: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A data dir holding model_labels/toy.jsonl, and the heads' folder with the quality head trained."""
+    data = tmp_path_factory.mktemp("toy-data")
+    (data / "model_labels").mkdir()
+    rows = toy_rows(240, "dev", 1) + toy_rows(80, "test", 2)
+    (data / "model_labels" / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pol = loader.parse(policy(data, trained_heads))
+    vm = pol.virtual_models["pick"]
+    assert isinstance(vm, RoutedModel) and pol.classifier is not None
+    cache = embedding_cache(pol.classifier, threads=2, suffix="-test")
+    result = train_router("pick", vm, data, cache.embed, trained_heads)
+    assert result.fitted_on == "dev" and result.test_rows == 80
+    # the easy/hard split is learnt: every easy test prompt ranks above every hard one for the cheap
+    # model (labels are 5% noisy, so AUROC against them is bounded near 0.95)
+    test = labels_for(vm, data).split("test")
+    p_cheap = result.head.proba(cache.embed(test.texts))[:, 0]
+    easy = np.array([c == "easy" for c in test.categories])
+    assert auroc(p_cheap, easy) > 0.97, auroc(p_cheap, easy)
+    assert result.test_auroc["cheap"] > 0.8, result.test_auroc
+    return data, trained_heads
+
+
+def policy(data: Path, heads: Path, cheap_backend: str = "echo") -> str:
+    return POLICY.format(data=data, heads=heads, head_list=json.dumps(HEADS), cheap_backend=cheap_backend)
+
+
+def ask(gw: Gateway, prompt: str) -> tuple[dict, dict]:
+    raw = gw.client().chat.completions.with_raw_response.create(
+        model="pick", messages=[{"role": "user", "content": prompt}], max_tokens=4)
+    return dict(raw.headers), raw.parse().model_dump()
+
+
+def test_easy_prompts_go_to_the_cheap_model_and_hard_ones_to_the_dear(gateway: Callable[..., Gateway],
+                                                                     toy: tuple[Path, Path]) -> None:
+    gw = gateway(policy(*toy))
+    headers, answer = ask(gw, "What is 17 plus 25?")
+    assert headers["x-triage-model"] == "cheap", headers
+    assert headers["x-triage-route"] == "quality"
+    assert headers["x-triage-reasoning"] == "engine"  # the candidate leaves reasoning to the engine
+    chosen = dict(part.split("=") for part in headers["x-triage-quality"].split())
+    assert float(chosen["chosen"]) > 0.7 and float(chosen["strongest"]) > 0.7
+    assert float(headers["x-triage-expected-cost"]) < 1e-4
+    assert json.loads(answer["choices"][0]["message"]["content"])["model"] == "cheap-1b"
+    headers, _ = ask(gw, "Prove that every Chern character on a compact Riemannian manifold admits a harmonic "
+                         "representative, and derive the Hamiltonian of the flow.")
+    assert headers["x-triage-model"] == "dear", headers
+    chosen = dict(part.split("=") for part in headers["x-triage-quality"].split())
+    assert float(chosen["chosen"]) == float(chosen["best"]) > 0.7
+
+
+def test_a_failed_choice_falls_back_and_says_so(gateway: Callable[..., Gateway], toy: tuple[Path, Path]) -> None:
+    gw = gateway(policy(*toy, cheap_backend="down"))
+    headers, answer = ask(gw, "What is 3 plus 4?")
+    assert headers["x-triage-model"] == "backup" and headers["x-triage-fallback-from"] == "cheap", headers
+    assert json.loads(answer["choices"][0]["message"]["content"])["model"] == "backup-8b"
+
+
+def test_a_labels_file_without_the_candidate_is_a_clear_error(toy: tuple[Path, Path]) -> None:
+    data, heads = toy
+    pol = loader.parse(policy(data, heads).replace("[{model: cheap}, {model: dear}]",
+                                                   "[{model: cheap}, {model: backup}]").replace(
+        "upstream: backup-8b}", "upstream: backup-8b, prices: {input_per_mtok: 1}}"))
+    vm = pol.virtual_models["pick"]
+    assert isinstance(vm, RoutedModel)
+    with pytest.raises(LabelsProblem, match="no column backup"):
+        labels_for(vm, data)
+
+
+def test_calibrate_writes_a_patch_that_holds_on_test_rows(toy: tuple[Path, Path], tmp_path: Path) -> None:
+    data, heads = toy
+    path = tmp_path / "routed.yaml"
+    path.write_text(policy(data, heads))
+    patch = tmp_path / "patch.yaml"
+    out = CliRunner().invoke(cli, ["calibrate", "--policy", str(path), "--router", "pick",
+                                   "--target", "strong_share=0.5", "--patch", str(patch)])
+    assert out.exit_code == 0, out.output
+    knob = float(patch.read_text().split("knob:")[1])
+    # the patched knob, applied to the test rows by the served head, holds the target
+    pol = loader.parse(policy(data, heads).replace("knob: 0.2", f"knob: {knob}"))
+    vm = pol.virtual_models["pick"]
+    assert isinstance(vm, RoutedModel) and pol.classifier is not None
+    from classifiers.quality import QualityHead
+    from eval.router_run import input_tokens
+
+    test = labels_for(vm, data).split("test")
+    head = QualityHead.load(heads, "quality-pick")
+    cache = embedding_cache(pol.classifier, threads=2, suffix="-test")
+    q = head.proba(cache.embed(test.texts))
+    from policies.routed import outcome
+
+    got = outcome(q, candidate_costs(pol, vm, input_tokens(test.texts)), vm.rule, vm.knob, 1, test.correct)
+    assert got.strong_share <= 0.5 + 0.1, got
+    assert got.accuracy >= 0.85, got  # the dear model where it matters: near its 0.95
+
+
+def test_route_shows_every_candidates_prediction(toy: tuple[Path, Path], tmp_path: Path) -> None:
+    data, heads = toy
+    path = tmp_path / "routed.yaml"
+    path.write_text(policy(data, heads))
+    out = CliRunner().invoke(cli, ["route", "What is 2 plus 2?", "--policy", str(path), "--model", "pick", "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    preds = {c["candidate"]: c for c in doc["decision"]["candidates"]}
+    assert set(preds) == {"cheap", "dear"}
+    assert doc["decision"]["model"] == "cheap" and doc["decision"]["reason"] == "quality"
+    assert all(0 <= c["quality"] <= 1 and c["expected_cost"] > 0 for c in preds.values())
+    assert np.isclose(preds["cheap"]["quality"], doc["decision"]["quality"])
+
