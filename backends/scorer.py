@@ -3,19 +3,26 @@
 It is a backend like the others (started and closed by the runtime, kept across reloads when
 its spec is unchanged) but it serves no chat: a model that points at it fails validation, and
 ``complete`` refuses. Scoring runs in a worker thread, one question at a time per context.
+
+Two modes, chosen per tier: ``score`` (cloze: each option as a continuation of a prompt the
+tier wrote) and ``score_question`` (lettered: the options listed with letters in the model's
+chat template, read from the next token; see ``backends.lettered``).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from backends import gguf
 from backends.base import Call, Capabilities, ChunkStream, Completion
-from backends.logprob import OptionScorer, OptionScores, PromptTooLong
+from backends.lettered import ChatScorer, LetteredInputError, NoChatTemplate
+from backends.logprob import OptionScores, PromptTooLong
 from backends.registry import register
 from backends.serial import Serial
 from gateway.errors import InvalidRequest, UpstreamError, UpstreamTimeout
+from policies.cascade import Question
 
 
 class ScorerBackend:
@@ -24,12 +31,12 @@ class ScorerBackend:
     def __init__(self, name: str, spec: Any) -> None:
         self.name = name
         self.spec = spec
-        self._scorer: OptionScorer | None = None
+        self._scorer: ChatScorer | None = None
         self._serial = Serial()
 
     async def start(self) -> None:
         path = await asyncio.to_thread(gguf.resolve, self.spec.gguf.package, self.spec.gguf.path)
-        self._scorer = await asyncio.to_thread(OptionScorer, path, self.spec.n_ctx, self.spec.n_threads,
+        self._scorer = await asyncio.to_thread(ChatScorer, path, self.spec.n_ctx, self.spec.n_threads,
                                                self.spec.n_batch)
 
     async def close(self) -> None:
@@ -42,15 +49,25 @@ class ScorerBackend:
         return self._scorer is not None
 
     async def score(self, prompt: str, options: list[str], timeout_s: float) -> OptionScores:
+        """Cloze: log P(option | prompt) per option."""
+        return await self._run(lambda s: s.score(prompt, options), timeout_s)
+
+    async def score_question(self, question: Question, timeout_s: float) -> OptionScores:
+        """Lettered: log P(label) per option, renormalised over the labels (one token each)."""
+        return await self._run(lambda s: s.score_question(question), timeout_s)
+
+    async def _run(self, fn: Callable[[ChatScorer], OptionScores], timeout_s: float) -> OptionScores:
         scorer = self._scorer
         if scorer is None:
             raise UpstreamError(f"scorer {self.name} is not loaded")
 
         def work() -> OptionScores:
             try:
-                return scorer.score(prompt, options)
-            except PromptTooLong as exc:
+                return fn(scorer)
+            except (PromptTooLong, LetteredInputError) as exc:
                 raise InvalidRequest(str(exc)) from None
+            except NoChatTemplate as exc:
+                raise UpstreamError(f"scorer {self.name}: {exc}", retryable=False) from None
             except (RuntimeError, ValueError) as exc:  # llama_decode failures, bad option counts
                 raise UpstreamError(f"scorer {self.name} failed: {exc}", retryable=False) from None
 

@@ -68,6 +68,10 @@ class ScorerTier(_Tier):
 
     type: Literal["scorer"]
     backend: str
+    mode: Literal["cloze", "lettered"] = Field(
+        "cloze", description="cloze: each option scored as a continuation of `templates` (base models); lettered: "
+                             "the options listed with letters (or yes/no, or a scale's values) in the model's chat "
+                             "template, read from the next token's distribution over the letters (instruct models)")
     templates: ScorerTemplates = ScorerTemplates()
     length_norm: Literal["none", "tokens"] = Field(
         "tokens", description="multi-token options: sum of log-probabilities, or their mean per token")

@@ -1,0 +1,160 @@
+"""Lettered scoring, for instruct models: the options listed with letters (or yes/no, or a
+scale's digits) in the model's own chat template, the answer read from the distribution of the
+next token over the labels. One prefill, one position, no generation.
+
+A label's probability is the mass of its single-token spellings (``A`` and `` A``; ``yes``,
+``Yes``, `` yes``; ...), renormalised over the labels; ``label_mass`` says how much of the
+next token's distribution fell on any label at all (a model that wants to start its answer with
+"The" puts little there). The prompt is the pool tier's question text (``gateway.tiers``), so a
+tier's answer means the same whichever engine reads it.
+
+Pure prompt building (:func:`lettered_prompt`) apart from the engine (:class:`ChatScorer`, an
+:class:`~backends.logprob.OptionScorer` that also renders chat templates); callers serialise
+access to the engine as for the option scorer.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from backends.logprob import OptionScorer, OptionScores, PromptTooLong
+from policies.cascade import Question
+
+LETTERS = string.ascii_uppercase
+PROMPT_VERSION = "1"  # the question text below; change it when the text changes
+
+
+class LetteredInputError(ValueError):
+    """A question lettered scoring cannot take (the caller's fault: a 400, or an escalation)."""
+
+
+class NoChatTemplate(RuntimeError):
+    """The GGUF file carries no chat template, so it cannot be scored lettered."""
+
+
+@dataclass(frozen=True)
+class LetteredPrompt:
+    messages: tuple[dict[str, str], ...]
+    labels: tuple[str, ...]  # one per option, in the options' order
+
+
+@dataclass(frozen=True)
+class LetteredScores(OptionScores):
+    label_mass: float  # P(the next token is any label's spelling), before renormalising
+
+
+def labels_for(qtype: str, options: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """What the model answers with: yes/no; the digits of a scale within 0-9; else letters."""
+    if len(options) < 2:
+        raise LetteredInputError(f"lettered scoring needs at least 2 options, not {len(options)}")
+    empty = [i + 1 for i, o in enumerate(options) if not o.strip()]
+    if empty:
+        raise LetteredInputError(f"option {empty[0]} is empty")
+    if qtype == "yes_no":
+        if tuple(o.lower() for o in options) != ("yes", "no"):
+            raise LetteredInputError("a yes_no question's options are ('yes', 'no')")
+        return ("yes", "no")
+    if qtype == "score" and all(len(o) == 1 and o.isdigit() for o in options):
+        return tuple(options)
+    if len(options) > len(LETTERS):
+        raise LetteredInputError(f"lettered scoring takes at most {len(LETTERS)} options (A-Z), not {len(options)}")
+    return tuple(LETTERS[: len(options)])
+
+
+def lettered_prompt(q: Question) -> LetteredPrompt:
+    """The chat messages for a question, and the label of each option."""
+    if q.numeric:
+        raise LetteredInputError("a numeric answer without a scale needs generation")
+    if not q.question.strip():
+        raise LetteredInputError("the question is empty")
+    labels = labels_for(q.type, q.options)
+    context = f"{q.context}\n\n" if q.context else ""
+    if q.type == "yes_no":
+        text = f"{context}Question: {q.question}\n\nAnswer with yes or no only."
+    elif labels[0].isdigit():
+        lo, hi = q.scale or (int(labels[0]), int(labels[-1]))
+        text = f"{context}Question: {q.question}\n\nAnswer with one whole number from {lo} to {hi} only."
+    else:
+        listed = "\n".join(f"{label}. {o}" for label, o in zip(labels, q.options, strict=True))
+        text = (f"{context}Question: {q.question}\n\nOptions:\n{listed}\n\n"
+                "Answer with the letter of the correct option only.")
+    return LetteredPrompt(({"role": "user", "content": text},), labels)
+
+
+def spellings(label: str) -> tuple[str, ...]:
+    """The ways a model may write a label as its first answer token."""
+    bases = (label, label.capitalize()) if label.islower() else (label,)  # never "a" for A
+    return tuple(dict.fromkeys(f for base in bases for f in (base, " " + base)))
+
+
+def _logsumexp(values: np.ndarray) -> float:
+    m = float(values.max())
+    return m + math.log(float(np.exp(values - m).sum()))
+
+
+class ChatScorer(OptionScorer):
+    """The option scorer, plus lettered scoring through the file's chat template."""
+
+    def __init__(self, path: Path, n_ctx: int = 2048, n_threads: int = 1, n_batch: int = 512) -> None:
+        super().__init__(path, n_ctx, n_threads, n_batch)
+        self._formatter: object | None = None
+        self._label_ids: dict[tuple[str, ...], list[list[int]]] = {}
+
+    def chat_template(self) -> str | None:
+        return self._model.metadata().get("tokenizer.chat_template")
+
+    def render(self, messages: tuple[dict[str, str], ...]) -> str:
+        """The prompt text the chat template makes of ``messages``, with the assistant's turn opened."""
+        if self._formatter is None:
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+            template = self.chat_template()
+            if not template:
+                raise NoChatTemplate("the GGUF file has no chat template: score it with mode cloze")
+            m = self._model
+            text = lambda tok: m.token_get_text(tok) if tok != -1 else ""  # noqa: E731
+            self._formatter = Jinja2ChatFormatter(template, eos_token=text(m.token_eos()),
+                                                  bos_token=text(m.token_bos()), add_generation_prompt=True)
+        return self._formatter(messages=list(messages)).prompt  # type: ignore[operator]
+
+    def label_ids(self, labels: tuple[str, ...]) -> list[list[int]]:
+        """Per label, the token ids of its single-token spellings; an error if a label has none
+        or two labels share a token (the tokenizer cannot tell them apart)."""
+        if labels in self._label_ids:
+            return self._label_ids[labels]
+        out: list[list[int]] = []
+        for label in labels:
+            toks = [self.tokenize(s, bos=False) for s in spellings(label)]
+            ids = list(dict.fromkeys(t[0] for t in toks if len(t) == 1))
+            if not ids:
+                raise LetteredInputError(f"the model's tokenizer has no single token for the label {label!r}")
+            out.append(ids)
+        flat = [i for ids in out for i in ids]
+        if len(flat) != len(set(flat)):
+            raise LetteredInputError(f"the model's tokenizer cannot tell the labels {', '.join(labels)} apart")
+        self._label_ids[labels] = out
+        return out
+
+    def score_lettered(self, prompt: LetteredPrompt) -> LetteredScores:
+        """Log P(label) for each option's label, renormalised over the labels, from one prefill."""
+        ids = self.label_ids(prompt.labels)
+        text = self.render(prompt.messages)
+        # As llama-cpp-python's chat handler: the template writes any BOS itself; special tokens parsed.
+        tokens = list(self._model.tokenize(text.encode("utf-8", "replace"), add_bos=False, special=True))
+        if not tokens or len(tokens) > self.n_ctx:
+            raise PromptTooLong(f"the lettered prompt needs {len(tokens)} tokens, the scorer's context holds "
+                                f"{self.n_ctx}")
+        row, reused = self._prefill(tokens)
+        logp = row.astype(np.float64) - _logsumexp(row.astype(np.float64))
+        mass = np.array([_logsumexp(logp[i]) for i in ids])
+        total = _logsumexp(mass)
+        return LetteredScores(tuple(float(v) for v in mass - total), (1,) * len(ids), len(tokens), reused,
+                              label_mass=math.exp(total))
+
+    def score_question(self, q: Question) -> LetteredScores:
+        return self.score_lettered(lettered_prompt(q))
