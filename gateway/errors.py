@@ -75,6 +75,14 @@ class PayloadTooLarge(TriageError):
     default_code = "payload_too_large"
 
 
+class RequestTimeout(TriageError):
+    """The request's body did not arrive in time (a stalled or trickling client)."""
+
+    status = 408
+    type = "invalid_request_error"
+    default_code = "request_timeout"
+
+
 class RateLimited(TriageError):
     status = 429
     type = "rate_limit_exceeded"

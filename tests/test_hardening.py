@@ -4,10 +4,12 @@ triage gateways, or a small fake engine where an upstream must misbehave."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import io
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -374,3 +376,43 @@ def test_after_a_500_the_same_keep_alive_connection_keeps_working(gateway: Calla
     assert [e["status"] for e in logs if e["event"] == "request"] == [500, 500, 200, 200, 200, 200, 200]
     with httpx.Client(base_url=gw.base_url) as h:
         assert h.get("/metrics").status_code == 200
+
+
+# --- 5. slowloris -------------------------------------------------------------------------------------------
+
+
+def raw_socket(gw: Gateway) -> socket.socket:
+    host, port = gw.base_url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def read_all(s: socket.socket) -> bytes:
+    chunks = []
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_stalled_senders_hold_no_slot_and_are_cut_off(gateway: Callable[..., Gateway],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway import api
+
+    monkeypatch.setattr(api, "BODY_TIMEOUT_S", 1.5)  # time, shortened: 30 s in service
+    gw = gateway(policy(extra="limits: {max_concurrency: 16}\n"))
+    stalled = [raw_socket(gw) for _ in range(16)]
+    for s in stalled:  # headers and 13 bytes of a declared 1,000-byte body, then nothing
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                  b'Content-Length: 1000\r\n\r\n{"model": "sc')
+    time.sleep(0.3)  # every one of them is inside, waiting for its body
+    t0 = time.monotonic()
+    for _ in range(3):  # a 17th client, and more, are served at once
+        assert gw.client().chat.completions.create(model="scripted", messages=MSG).choices
+    assert time.monotonic() - t0 < 1.0
+    for s in stalled:
+        answer = read_all(s)
+        s.close()
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408") and b"connection: close" in head.lower(), answer
+        assert json.loads(body)["error"]["code"] == "request_timeout"
+    still_serving(gw)
