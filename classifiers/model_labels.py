@@ -56,6 +56,16 @@ def folds(ids: list[str], k: int, salt: str = "triage-router-folds") -> np.ndarr
                      for i in ids])
 
 
+def group_folds(groups: list[str], k: int, salt: str = "triage-router-folds") -> np.ndarray:
+    """A fold number per row such that each group (a task, a category) lies in one fold: the groups,
+    ordered by SHA-256 of salt and name, are dealt to the folds in turn (every fold gets some)."""
+    names = sorted(set(groups), key=lambda g: hashlib.sha256(f"{salt}:{g}".encode()).digest())
+    if len(names) < k:
+        raise ValueError(f"{len(names)} groups cannot fill {k} group-disjoint folds")
+    fold_of = {g: i % k for i, g in enumerate(names)}
+    return np.array([fold_of[g] for g in groups])
+
+
 def _typed_index(data_dir: Path, name: str) -> dict[str, dict[str, Any]]:
     return {r["id"]: r for r in read_jsonl(find(data_dir, "typed", name))}
 

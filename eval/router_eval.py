@@ -23,6 +23,8 @@ import numpy as np
 
 from policies.routed import Rule, choose, knob_grid
 
+AT_SHARES = (0.3, 0.4, 0.5)
+
 
 @dataclass
 class Point:
@@ -131,8 +133,13 @@ def routellm_measures(points: Sequence[Point], weak: float, strong: float) -> di
     xs, ys = pgr_curve(points, weak, strong)
     need = {f"cpt_{int(q * 100)}": _first_share(xs, ys, q) for q in (0.5, 0.8)}
     ninety_five = (0.95 * strong - weak) / (strong - weak) if strong != weak else 0.0
+    # the accuracy reached at (at most) a share of strong calls, as a share of the strong model's
+    at = {f"of_strong_at_{int(s * 100)}pct": float((weak + np.interp(s, xs, ys) * (strong - weak)) / strong)
+          for s in AT_SHARES} if strong else {}
     return {"apgr": float(np.trapezoid(ys, xs)), **need, "share_for_95pct_of_strong": _first_share(xs, ys, ninety_five),
-            "weak_accuracy": weak, "strong_accuracy": strong}
+            "share_for_98pct_of_strong": _first_share(xs, ys, (0.98 * strong - weak) / (strong - weak)
+                                                      if strong != weak else 0.0),
+            **at, "weak_accuracy": weak, "strong_accuracy": strong}
 
 
 def _first_share(xs: np.ndarray, ys: np.ndarray, level: float) -> float | None:

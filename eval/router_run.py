@@ -1,9 +1,11 @@
 """``triage eval --router``: fit a routed model's quality heads on dev rows, predict test rows, and
 measure the router against its baselines (:mod:`eval.router_eval`), in money from the policy's prices.
 
-A labels file with no dev rows (RouteLLM's GSM8K) is cross-validated: five folds by a hash of the
-row id, each predicted by heads fitted on the other four; its category table is then fitted on
-every row (a slight advantage to that baseline).
+A labels file without both dev and test rows (RouteLLM's GSM8K: test only; BBH: dev only) is
+cross-validated: five folds by a hash of the row id (``cv_by="row"``) or of its category
+(``cv_by="category"``: BBH's tasks, so that no task is both fitted and measured), each predicted by
+heads fitted on the other four; its category table is then fitted on every row (a slight advantage
+to that baseline; with task-disjoint folds it is an oracle of the task).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from classifiers.model_labels import LabelSet, folds
+from classifiers.model_labels import LabelSet, folds, group_folds
 from classifiers.quality_training import fit_quality, quality_ece
 from classifiers.router_training import labels_for
 from eval.router_eval import RouterReport, evaluate
@@ -40,7 +42,8 @@ def input_tokens(texts: list[str]) -> np.ndarray:
     return np.array([max(1, len(t) // 4) for t in texts], dtype=np.float64)
 
 
-def run(policy: Policy, name: str, vm: RoutedModel, data_dir, embed: Embed) -> RouterRun:  # type: ignore[no-untyped-def]
+def run(policy: Policy, name: str, vm: RoutedModel, data_dir, embed: Embed,  # type: ignore[no-untyped-def]
+        cv_by: str = "row") -> RouterRun:
     labels = labels_for(vm, data_dir)
     names = [candidate_label(c.model, c.reasoning) for c in vm.candidates]
     dev, test = labels.split("dev"), labels.split("test")
@@ -51,7 +54,7 @@ def run(policy: Policy, name: str, vm: RoutedModel, data_dir, embed: Embed) -> R
     else:
         test = dev = labels
         x = embed(labels.texts)
-        fold = folds(labels.ids, FOLDS)
+        fold = group_folds(labels.categories, FOLDS) if cv_by == "category" else folds(labels.ids, FOLDS)
         quality = np.zeros(labels.correct.shape)
         chosen = []
         for k in range(FOLDS):
@@ -60,7 +63,8 @@ def run(policy: Policy, name: str, vm: RoutedModel, data_dir, embed: Embed) -> R
                               [i for i, m in zip(labels.ids, inside, strict=True) if m], learners=vm.learners)
             quality[~inside] = fit.head.proba(x[~inside])
             chosen.append(f"{fit.head.meta['learner']} {fit.head.meta['setting']}")
-        protocol, learner = f"{FOLDS}-fold cross-validation", ", ".join(sorted(set(chosen)))
+        protocol = f"{FOLDS}-fold cross-validation" + (", category-disjoint folds" if cv_by == "category" else "")
+        learner = ", ".join(sorted(set(chosen)))
     costs = candidate_costs(policy, vm, input_tokens(test.texts))
     report = evaluate(name, names, quality, test.correct, costs, test.categories, dev.correct, dev.categories,
                       vm.rule)

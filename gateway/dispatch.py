@@ -40,7 +40,12 @@ async def decide_route(rt: Runtime, kind: Kind, body: Body) -> Route | None:
     assert rt.encoding is not None, "a semantic or routed model without a classifier fails validation"
     if isinstance(vm, RoutedModel):
         return await rt.encoding.route_quality(rt.policy, vm, rt.quality[body["model"]], kind, body)
-    return await rt.encoding.route(vm, kind, body)
+    router = vm.reasoning.router  # `reasoning: {mode: router}`: that routed model switches reasoning
+    if router is None:
+        return await rt.encoding.route(vm, kind, body)
+    reasoning_router = rt.policy.virtual_models[router]
+    assert isinstance(reasoning_router, RoutedModel), "validated: mode router names a routed model"
+    return await rt.encoding.route(vm, kind, body, (rt.policy, reasoning_router, rt.quality[router]))
 
 
 async def dispatch(rt: Runtime, kind: Kind, body: Body, request_id: str, attempts: list[Attempt],

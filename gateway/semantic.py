@@ -4,7 +4,7 @@ decide the route of a semantic virtual model."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from backends.base import Body, Kind
@@ -18,6 +18,8 @@ from policies import routed
 from policies.schema import Classifier as ClassifierConfig
 from policies.schema import Policy, RoutedModel, SemanticModel
 from policies.semantic import Route, decide, decide_turns, is_follow_up
+
+ReasoningRouter = tuple[Policy, RoutedModel, QualityHead]
 
 
 @dataclass
@@ -41,16 +43,28 @@ class Encoding:
     async def close(self) -> None:
         await self.batcher.aclose()
 
-    async def route(self, vm: SemanticModel, kind: Kind, body: Body) -> Route:
+    async def route(self, vm: SemanticModel, kind: Kind, body: Body,
+                    reasoning_router: ReasoningRouter | None = None) -> Route:
+        """The semantic model's route; with ``reasoning: {mode: router}``, its reasoning switch is the
+        reasoning router's choice for the last turn (``reasoning_router``: the policy, that routed
+        model and its quality head)."""
         last, earlier = _turns(kind, body)
         if is_follow_up(vm, last, len(earlier)):
             texts = [last, "\n".join(earlier)]
             readings = await asyncio.gather(*(self.batcher.embed(t) for t in texts))
             (own, own_fam), (prev, prev_fam) = self.classifier.classify_readings(list(readings), texts)
-            return decide_turns(vm, (own, own_fam.in_distribution, own_fam.readable),
-                                (prev, prev_fam.in_distribution, prev_fam.readable))
-        [(heads, fam)] = self.classifier.classify_readings([await self.batcher.embed(last)], [last])
-        return decide(vm, heads, fam.in_distribution, fam.readable)
+            route = decide_turns(vm, (own, own_fam.in_distribution, own_fam.readable),
+                                 (prev, prev_fam.in_distribution, prev_fam.readable))
+            reading = readings[0]
+        else:
+            reading = await self.batcher.embed(last)
+            [(heads, fam)] = self.classifier.classify_readings([reading], [last])
+            route = decide(vm, heads, fam.in_distribution, fam.readable)
+        if route.reasoning_by_router and reasoning_router is not None:
+            policy, rvm, head = reasoning_router
+            choice = routed.decide(policy, rvm, head.proba(reading.vector)[0], input_tokens(kind, body))
+            route = replace(route, reasoning=choice.reasoning == "on", quality=choice)
+        return route
 
     async def route_quality(self, policy: Policy, vm: RoutedModel, head: QualityHead, kind: Kind,
                             body: Body) -> Route:

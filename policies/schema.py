@@ -204,8 +204,18 @@ class AliasModel(Strict):
 
 
 class ReasoningRule(Strict):
-    mode: Literal["auto", "on", "off"] = "auto"
+    mode: Literal["auto", "on", "off", "router"] = Field(
+        "auto", description="auto: the reasoning head's P(pays) against `threshold`; router: the choice of the "
+                            "routed model `router` between its reasoning-off and reasoning-on candidates")
     threshold: float = Field(0.5, ge=0, le=1, description="P(reasoning pays) from which it is switched on")
+    router: str | None = Field(None, description="mode router: a routed virtual model whose candidates are one "
+                                                 "model with reasoning off and on")
+
+    @model_validator(mode="after")
+    def _router_named(self) -> ReasoningRule:
+        if (self.mode == "router") != (self.router is not None):
+            raise ValueError("`router` names the routed model of `mode: router`, and only of it")
+        return self
 
 
 class HeadRule(Strict):
@@ -414,9 +424,9 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
             problems.append((("virtual_models", name), f"'{name}' is also a model name"))
         if isinstance(vm, CascadeModel):
             target = policy.virtual_models.get(vm.open)
-            if vm.open not in models and not isinstance(target, AliasModel | SemanticModel):
+            if vm.open not in models and not isinstance(target, AliasModel | SemanticModel | RoutedModel):
                 problems.append((("virtual_models", name, "open"),
-                                 f"'{vm.open}' is not a model or an alias/semantic virtual model"))
+                                 f"'{vm.open}' is not a model or an alias/semantic/routed virtual model"))
             if policy.cascade is None:
                 problems.append((("virtual_models", name), "a cascade model needs a `cascade` section"))
             continue
@@ -434,6 +444,7 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
                 problems.append((("virtual_models", name), "a semantic model needs a `classifier` section"))
             else:
                 problems.extend(_rule_head_problems(name, vm, policy.classifier))
+            problems.extend(_reasoning_router_problems(policy, name, vm))
         for where, target in refs:
             if target not in models:
                 problems.append((("virtual_models", name, *where), f"model '{target}' is not defined"))
@@ -445,6 +456,21 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
         if names.index(key.name) != i:
             problems.append((("keys", i, "name"), f"key name '{key.name}' is used twice"))
     return problems
+
+
+def _reasoning_router_problems(policy: Policy, name: str, vm: SemanticModel) -> list[tuple[Loc, str]]:
+    """``reasoning: {mode: router}`` names a routed model that chooses between reasoning off and on."""
+    if vm.reasoning.router is None:
+        return []
+    where: Loc = ("virtual_models", name, "reasoning", "router")
+    target = policy.virtual_models.get(vm.reasoning.router)
+    if not isinstance(target, RoutedModel):
+        return [(where, f"'{vm.reasoning.router}' is not a routed virtual model")]
+    modes = {c.reasoning for c in target.candidates}
+    if modes != {"on", "off"}:
+        return [(where, f"routed model '{vm.reasoning.router}' must have candidates with reasoning off and on, "
+                        f"and only those (has: {', '.join(sorted(str(m) for m in modes))})")]
+    return []
 
 
 def _routed_problems(policy: Policy, name: str, vm: RoutedModel) -> list[tuple[Loc, str]]:
@@ -505,6 +531,8 @@ def _cascade_problems(policy: Policy) -> list[tuple[Loc, str]]:
                     problems.append(((*where, "task_thresholds", task), f"task '{task}' is not in classifier.tasks"))
         if isinstance(tier, ScorerTier) and not isinstance(policy.backends.get(tier.backend), GGUFScorerBackend):
             problems.append(((*where, "backend"), f"backend '{tier.backend}' is not a gguf_scorer backend"))
-        if isinstance(tier, ModelTier) and tier.model not in policy.models:
-            problems.append(((*where, "model"), f"model '{tier.model}' is not defined"))
+        routed = isinstance(policy.virtual_models.get(getattr(tier, "model", "")), RoutedModel)
+        if isinstance(tier, ModelTier) and tier.model not in policy.models and not routed:
+            problems.append(((*where, "model"), f"model '{tier.model}' is not defined (a model or a routed "
+                                                f"virtual model)"))
     return problems

@@ -56,6 +56,7 @@ class Route:
     rule: RuleMatch | None = None  # the rule that decided (reason "rule")
     quality: QualityChoice | None = None  # the learned router's choice (reason "quality")
     apply_reasoning: bool = True  # False: leave the engine's own reasoning default alone
+    reasoning_by_router: bool = False  # `reasoning: {mode: router}`: the routed model's choice sets it
 
 
 def _reasoning(switch: ReasoningRule, mode: str | None, p_pays: float | None) -> bool:
@@ -82,6 +83,7 @@ def decide(vm: SemanticModel, heads: Mapping[str, Prediction], familiar: bool, r
     pays = heads.get("reasoning")
     p_pays = pays.probabilities.get("pays") if pays is not None else None
     reasoning = _reasoning(vm.reasoning, None, p_pays)
+    router = vm.reasoning.mode == "router"  # the switch is the reasoning router's, set by the caller
     guard = heads.get(INJECTION)
     aimed = guard is not None and guard.label == ROUTER
     if aimed and readable:
@@ -89,16 +91,17 @@ def decide(vm: SemanticModel, heads: Mapping[str, Prediction], familiar: bool, r
     if not familiar:  # flagged as aimed at the router too: never escalate_to, what such a prompt asks for
         model = vm.unfamiliar or (vm.default if aimed else vm.escalate_to) or vm.default
         on = vm.reasoning.mode == "on" if aimed else reasoning
-        return Route(model, on, "unfamiliar", category, confidence, p_pays)
+        return Route(model, on, "unfamiliar", category, confidence, p_pays, reasoning_by_router=router and not aimed)
     if (match := _matching_rule(vm.rules, heads)) is not None:
         rule = vm.rules[match.index]
         return Route(rule.model, _reasoning(vm.reasoning, rule.reasoning, p_pays), "rule", category, confidence,
-                     p_pays, rule=match)
+                     p_pays, rule=match, reasoning_by_router=router and rule.reasoning is None)
     if category is not None and confidence < vm.min_confidence and vm.escalate_to:
-        return Route(vm.escalate_to, reasoning, "escalated", category, confidence, p_pays)
+        return Route(vm.escalate_to, reasoning, "escalated", category, confidence, p_pays, reasoning_by_router=router)
     if category is not None and category in vm.categories and confidence >= vm.min_confidence:
-        return Route(vm.categories[category], reasoning, "category", category, confidence, p_pays)
-    return Route(vm.default, reasoning, "default", category, confidence, p_pays)
+        return Route(vm.categories[category], reasoning, "category", category, confidence, p_pays,
+                     reasoning_by_router=router)
+    return Route(vm.default, reasoning, "default", category, confidence, p_pays, reasoning_by_router=router)
 
 
 def is_follow_up(vm: SemanticModel, last_turn: str, earlier_turns: int) -> bool:

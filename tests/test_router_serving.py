@@ -34,7 +34,7 @@ TOPICS = ["Hamiltonian", "cohomology class", "quartic coupling", "spectral seque
           "Killing vector field", "Chern character", "beta function"]
 
 
-def toy_rows(n: int, split: str, seed: int) -> list[dict]:
+def toy_rows(n: int, split: str, seed: int, columns: tuple[str, str] = ("cheap", "dear")) -> list[dict]:
     rng = random.Random(seed)
     rows = []
     for i in range(n):
@@ -45,7 +45,8 @@ def toy_rows(n: int, split: str, seed: int) -> list[dict]:
         cheap = rng.random() < (0.95 if easy else 0.05)
         dear = rng.random() < 0.95
         rows.append({"id": f"toy-{split}-{i}", "source": "toy", "question_id": None, "split": split,
-                     "category": "easy" if easy else "hard", "prompt": text, "correct": {"cheap": cheap, "dear": dear}})
+                     "category": "easy" if easy else "hard", "prompt": text,
+                     "correct": {columns[0]: cheap, columns[1]: dear}})
     return rows
 
 
@@ -181,3 +182,54 @@ def test_route_shows_every_candidates_prediction(toy: tuple[Path, Path], tmp_pat
     assert all(0 <= c["quality"] <= 1 and c["expected_cost"] > 0 for c in preds.values())
     assert np.isclose(preds["cheap"]["quality"], doc["decision"]["quality"])
 
+
+
+THINKING = """version: 1
+classifier:
+  data_dir: {data}
+  artifacts: {heads}
+  heads: {head_list}
+backends:
+  echo: {{type: scripted, echo: true}}
+models:
+  qwen: {{backend: echo, upstream: qwen3-8b, family: qwen3, prices: {{input_per_mtok: 0.2, output_per_mtok: 0.2}}}}
+virtual_models:
+  think:
+    type: routed
+    labels: model_labels/toy_reasoning
+    rule: margin
+    knob: 0.2
+    output_tokens: 16
+    candidates:
+      - {{model: qwen, reasoning: "off", labels_as: direct}}
+      - {{model: qwen, reasoning: "on", labels_as: cot, reasoning_tokens: 300}}
+  auto:
+    type: semantic
+    default: qwen
+    reasoning: {{mode: router, router: think}}
+"""
+
+
+def test_a_reasoning_router_switches_reasoning_where_it_pays(gateway: Callable[..., Gateway], trained_heads: Path,
+                                                              tmp_path: Path) -> None:
+    # direct answers right on easy prompts only, chain of thought right on both
+    data = tmp_path / "data"
+    (data / "model_labels").mkdir(parents=True)
+    rows = toy_rows(240, "dev", 3, ("direct", "cot")) + toy_rows(40, "test", 4, ("direct", "cot"))
+    (data / "model_labels" / "toy_reasoning.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = THINKING.format(data=data, heads=trained_heads, head_list=json.dumps(HEADS))
+    pol = loader.parse(text)
+    vm = pol.virtual_models["think"]
+    assert isinstance(vm, RoutedModel) and pol.classifier is not None
+    train_router("think", vm, data, embedding_cache(pol.classifier, threads=2, suffix="-test").embed, trained_heads)
+    gw = gateway(text)
+    for prompt, on in (("What is 12 plus 30?", False),
+                       ("Prove that every spectral sequence on a compact Riemannian manifold admits a harmonic "
+                        "representative.", True)):
+        raw = gw.client().chat.completions.with_raw_response.create(
+            model="auto", messages=[{"role": "user", "content": prompt}], max_tokens=4)
+        assert raw.headers["x-triage-reasoning"] == ("on" if on else "off"), dict(raw.headers)
+        assert raw.headers["x-triage-route"] in ("default", "unfamiliar")  # the guard may find it far
+        assert "x-triage-quality" in raw.headers
+        body = json.loads(raw.parse().choices[0].message.content or "")
+        assert body["chat_template_kwargs"] == {"enable_thinking": on}

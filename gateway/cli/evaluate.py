@@ -44,6 +44,9 @@ def evaluate(
         help="Gates for CI, e.g. accuracy=0.8,ece=0.05 (also apgr, escalation): exit 1 when one is missed.")] = None,
     plots: Annotated[bool, typer.Option(help="Draw curves.png and reliability.png.")] = True,
     router: _Router = None,
+    cv_by: Annotated[str, typer.Option(
+        help="With --router, for a labels file without dev and test rows: cross-validation folds by 'row' or "
+             "by 'category' (BBH's tasks: no task both fitted and measured)")] = "row",
 ) -> None:
     """Fit temperatures and thresholds on dev rows, then report each tier and the cascade on test rows.
     With --router: the learned router of a routed model against every single model, random mixtures,
@@ -53,7 +56,10 @@ def evaluate(
     if router is not None:
         from gateway.cli.router import evaluate_router
 
-        return evaluate_router(policy, router, out, fail_under, plots)
+        if cv_by not in ("row", "category"):
+            typer.echo(f"--cv-by is 'row' or 'category', not {cv_by!r}", err=True)
+            raise typer.Exit(2)
+        return evaluate_router(policy, router, out, fail_under, plots, cv_by)
     data = _need_data(data)
     console = Console(highlight=False)
     limits = _parsed(lambda: gates.parse(fail_under or ""), "--fail-under")

@@ -36,7 +36,8 @@ def _embedder(pol: Policy, threads: int = 2):  # type: ignore[no-untyped-def]
     return embedding_cache(pol.classifier, threads, "-labels")
 
 
-def evaluate_router(policy: Path, name: str, out: Path, fail_under: str | None, plots: bool) -> None:
+def evaluate_router(policy: Path, name: str, out: Path, fail_under: str | None, plots: bool,
+                    cv_by: str = "row") -> None:
     from classifiers.service import data_dir
     from eval import router_run
     from eval.router_plots import curve_plot
@@ -46,7 +47,8 @@ def evaluate_router(policy: Path, name: str, out: Path, fail_under: str | None, 
     assert pol.classifier is not None
     cache = _embedder(pol)
     try:
-        result = router_run.run(pol, name, vm, data_dir(pol.classifier, policy.resolve().parent), cache.embed)
+        result = router_run.run(pol, name, vm, data_dir(pol.classifier, policy.resolve().parent), cache.embed,
+                                cv_by)
     finally:
         cache.save()
     r = result.report
