@@ -6,7 +6,8 @@ A label's probability is the mass of its single-token spellings (``A`` and `` A`
 ``Yes``, `` yes``; ...), renormalised over the labels; ``label_mass`` says how much of the
 next token's distribution fell on any label at all (a model that wants to start its answer with
 "The" puts little there). The prompt is the pool tier's question text (``gateway.tiers``), so a
-tier's answer means the same whichever engine reads it.
+tier's answer means the same whichever engine reads it. A file without a chat template (a base
+model, such as the packaged Gemma 3 270M) gets that text as plain text, followed by ``Answer:``.
 
 Pure prompt building (:func:`lettered_prompt`) apart from the engine (:class:`ChatScorer`, an
 :class:`~backends.logprob.OptionScorer` that also renders chat templates); callers serialise
@@ -19,6 +20,7 @@ import math
 import string
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -31,10 +33,6 @@ PROMPT_VERSION = "1"  # the question text below; change it when the text changes
 
 class LetteredInputError(ValueError):
     """A question lettered scoring cannot take (the caller's fault: a 400, or an escalation)."""
-
-
-class NoChatTemplate(RuntimeError):
-    """The GGUF file carries no chat template, so it cannot be scored lettered."""
 
 
 @dataclass(frozen=True)
@@ -102,25 +100,41 @@ class ChatScorer(OptionScorer):
 
     def __init__(self, path: Path, n_ctx: int = 2048, n_threads: int = 1, n_batch: int = 512) -> None:
         super().__init__(path, n_ctx, n_threads, n_batch)
-        self._formatter: object | None = None
+        self._formatter: Any = None  # llama-cpp-python's Jinja2ChatFormatter, once built
+        self._templated: bool | None = None  # None: not looked up yet
         self._label_ids: dict[tuple[str, ...], list[list[int]]] = {}
 
     def chat_template(self) -> str | None:
         return self._model.metadata().get("tokenizer.chat_template")
 
-    def render(self, messages: tuple[dict[str, str], ...]) -> str:
-        """The prompt text the chat template makes of ``messages``, with the assistant's turn opened."""
-        if self._formatter is None:
-            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
+    @property
+    def templated(self) -> bool:
+        """Whether the file has a chat template; one without (a base model) is prompted in plain text."""
+        if self._templated is None:
             template = self.chat_template()
-            if not template:
-                raise NoChatTemplate("the GGUF file has no chat template: score it with mode cloze")
-            m = self._model
-            text = lambda tok: m.token_get_text(tok) if tok != -1 else ""  # noqa: E731
-            self._formatter = Jinja2ChatFormatter(template, eos_token=text(m.token_eos()),
-                                                  bos_token=text(m.token_bos()), add_generation_prompt=True)
-        return self._formatter(messages=list(messages)).prompt  # type: ignore[operator]
+            self._templated = bool(template)
+            if template:
+                from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+                m = self._model
+                text = lambda tok: m.token_get_text(tok) if tok != -1 else ""  # noqa: E731
+                self._formatter = Jinja2ChatFormatter(template, eos_token=text(m.token_eos()),
+                                                      bos_token=text(m.token_bos()), add_generation_prompt=True)
+        return self._templated
+
+    def render(self, messages: tuple[dict[str, str], ...]) -> str:
+        """The prompt text the chat template makes of ``messages``, with the assistant's turn opened;
+        without a template, the turns as plain text and then ``Answer:``."""
+        if not self.templated:
+            return "\n\n".join(m["content"] for m in messages) + "\nAnswer:"
+        return str(self._formatter(messages=list(messages)).prompt)
+
+    def prompt_tokens(self, messages: tuple[dict[str, str], ...]) -> list[int]:
+        text = self.render(messages).encode("utf-8", "replace")
+        if not self.templated:
+            return list(self._model.tokenize(text, add_bos=True, special=False))
+        # As llama-cpp-python's chat handler: the template writes any BOS itself; special tokens parsed.
+        return list(self._model.tokenize(text, add_bos=False, special=True))
 
     def label_ids(self, labels: tuple[str, ...]) -> list[list[int]]:
         """Per label, the token ids of its single-token spellings; an error if a label has none
@@ -143,9 +157,7 @@ class ChatScorer(OptionScorer):
     def score_lettered(self, prompt: LetteredPrompt) -> LetteredScores:
         """Log P(label) for each option's label, renormalised over the labels, from one prefill."""
         ids = self.label_ids(prompt.labels)
-        text = self.render(prompt.messages)
-        # As llama-cpp-python's chat handler: the template writes any BOS itself; special tokens parsed.
-        tokens = list(self._model.tokenize(text.encode("utf-8", "replace"), add_bos=False, special=True))
+        tokens = self.prompt_tokens(prompt.messages)
         if not tokens or len(tokens) > self.n_ctx:
             raise PromptTooLong(f"the lettered prompt needs {len(tokens)} tokens, the scorer's context holds "
                                 f"{self.n_ctx}")

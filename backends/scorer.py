@@ -17,7 +17,7 @@ from typing import Any
 
 from backends import gguf
 from backends.base import Call, Capabilities, ChunkStream, Completion
-from backends.lettered import ChatScorer, LetteredInputError, NoChatTemplate
+from backends.lettered import ChatScorer, LetteredInputError
 from backends.logprob import OptionScores, PromptTooLong
 from backends.registry import register
 from backends.serial import Serial
@@ -66,8 +66,6 @@ class ScorerBackend:
                 return fn(scorer)
             except (PromptTooLong, LetteredInputError) as exc:
                 raise InvalidRequest(str(exc)) from None
-            except NoChatTemplate as exc:
-                raise UpstreamError(f"scorer {self.name}: {exc}", retryable=False) from None
             except (RuntimeError, ValueError) as exc:  # llama_decode failures, bad option counts
                 raise UpstreamError(f"scorer {self.name} failed: {exc}", retryable=False) from None
 

@@ -55,7 +55,7 @@ def test_matches_the_last_logits_of_a_full_evaluation() -> None:
 
     fresh = ChatScorer(smollm2_path(), n_ctx=1024, n_threads=1, n_batch=128)
     prompt = lettered_prompt(CAPITAL)
-    tokens = list(fresh._model.tokenize(fresh.render(prompt.messages).encode(), add_bos=False, special=True))
+    tokens = fresh.prompt_tokens(prompt.messages)
     llm = Llama(str(smollm2_path()), n_ctx=1024, n_threads=1, logits_all=True, verbose=False)
     try:
         llm.eval(tokens)
@@ -72,9 +72,23 @@ def test_matches_the_last_logits_of_a_full_evaluation() -> None:
 
 
 def test_the_prompt_is_the_models_chat_template(chat: ChatScorer) -> None:
+    assert chat.templated
     text = chat.render(lettered_prompt(CAPITAL).messages)
     assert "<|im_start|>user" in text and text.rstrip().endswith("<|im_start|>assistant")
     assert "A. Berlin\nB. Paris\nC. Madrid\nD. Rome" in text
+
+
+def test_a_file_without_a_chat_template_is_prompted_in_plain_text() -> None:
+    from backends.gguf import gemma3_270m_path
+
+    base = ChatScorer(gemma3_270m_path(), n_ctx=512, n_threads=1, n_batch=128)  # a base model: no template
+    try:
+        assert not base.templated
+        assert base.render(lettered_prompt(CAPITAL).messages).endswith("correct option only.\nAnswer:")
+        got = base.score_question(CAPITAL)
+        assert _probs(got.logprobs).sum() == pytest.approx(1.0) and 0 < got.label_mass <= 1
+    finally:
+        base.close()
 
 
 def test_yes_no_and_a_scale(chat: ChatScorer) -> None:
