@@ -142,20 +142,25 @@ def model_body(tier: ModelTier, q: Question) -> tuple[Body, tuple[str, ...]]:
 
 async def _model(rt: Runtime, tier: ModelTier, q: Question, request_id: str,
                  attempts: list[Attempt]) -> TierAnswer | str:
-    from gateway.dispatch import dispatch  # the chain of the tier's model, with its fallbacks
+    from gateway.dispatch import decide_route, dispatch  # the tier model's chain, with its fallbacks
 
     body, labels = model_body(tier, q)
+    route = await decide_route(rt, "chat", body)  # a routed tier: the learned router picks the model
     try:
-        served = await dispatch(rt, "chat", body, request_id, attempts)
+        served = await dispatch(rt, "chat", body, request_id, attempts, route)
     except (InvalidRequest, UpstreamRejected):
         if not body.get("logprobs"):
             raise
         # an engine that refuses logprobs (llama-cpp-python without logits_all): ask again without,
         # and the answer counts with the tier's assumed confidence
         body = {k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")}
-        served = await dispatch(rt, "chat", body, request_id, attempts)
+        served = await dispatch(rt, "chat", body, request_id, attempts, route)
     assert served.completion is not None
-    reply = served.completion.body
+    return replace(_read_model(tier, q, served.completion.body, labels), model=served.model)
+
+
+def _read_model(tier: ModelTier, q: Question, reply: Body, labels: tuple[str, ...]) -> TierAnswer:
+    """The answer in a model tier's reply: the number, or the option's log-probabilities."""
     usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else None
     try:
         choice = reply["choices"][0]

@@ -81,6 +81,7 @@ class TierAnswer:
     text: str | None = None
     confidence: float | None = None
     usage: Mapping[str, int] | None = None
+    model: str | None = None  # a model tier's: the policy model that answered (a routed tier's choice)
 
 
 Outcome = Literal["accepted", "escalated", "failed", "skipped", "exhausted"]
@@ -95,11 +96,13 @@ class Step:
     confidence: float | None = None
     threshold: float | None = None
     error: str | None = None
+    model: str | None = None  # the policy model that answered, for a model tier
 
     def as_dict(self) -> dict[str, object]:
         return {"tier": self.tier, "outcome": self.outcome, "answer": self.answer,
                 "confidence": _round(self.confidence), "threshold": self.threshold,
-                "latency_ms": round(self.latency_ms, 3), **({"error": self.error} if self.error else {})}
+                "latency_ms": round(self.latency_ms, 3), **({"error": self.error} if self.error else {}),
+                **({"model": self.model} if self.model else {})}
 
 
 @dataclass(frozen=True)
@@ -178,16 +181,18 @@ def run(q: Question, gates: Sequence[Gate], on_exhausted: Literal["error", "best
         answer = yield Ask(gate.name, gate.kind, q)
         if answer.skipped or answer.error is not None:
             outcome: Outcome = "skipped" if answer.skipped else "failed"
-            trace.append(Step(gate.name, outcome, answer.latency_ms, error=answer.error))
+            trace.append(Step(gate.name, outcome, answer.latency_ms, error=answer.error, model=answer.model))
             continue
         reading = read(q, gate, answer)
         threshold = gate.threshold(q)
         last = i == len(gates) - 1
         if last or (threshold is not None and reading.confidence >= threshold):
-            trace.append(Step(gate.name, "accepted", answer.latency_ms, reading.answer, reading.confidence, threshold))
+            trace.append(Step(gate.name, "accepted", answer.latency_ms, reading.answer, reading.confidence, threshold,
+                              model=answer.model))
             return Decision(reading.answer, reading.probabilities, reading.confidence, gate.name, tuple(trace),
                             answer.usage, q.type)
-        trace.append(Step(gate.name, "escalated", answer.latency_ms, reading.answer, reading.confidence, threshold))
+        trace.append(Step(gate.name, "escalated", answer.latency_ms, reading.answer, reading.confidence, threshold,
+                          model=answer.model))
         if best is None or reading.confidence > best[0].confidence:
             best = (reading, gate, answer)
     if on_exhausted == "best" and best is not None:

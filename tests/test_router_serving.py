@@ -233,3 +233,21 @@ def test_a_reasoning_router_switches_reasoning_where_it_pays(gateway: Callable[.
         assert "x-triage-quality" in raw.headers
         body = json.loads(raw.parse().choices[0].message.content or "")
         assert body["chat_template_kwargs"] == {"enable_thinking": on}
+
+
+def test_a_cascade_tier_can_escalate_to_the_learned_router(gateway: Callable[..., Gateway],
+                                                           toy: tuple[Path, Path]) -> None:
+    text = policy(*toy).replace("  echo: {type: scripted, echo: true}",
+                                '  echo: {type: scripted, text: "B"}') + """cascade:
+  tiers:
+    - {name: pool, type: model, model: pick, logprobs: false, assumed_confidence: 0.8}
+"""
+    gw = gateway(text)
+    with gw.http() as http:
+        out = http.post("/v1/decide", json={"question": "What is 3 plus 4?", "type": "choice",
+                                            "options": ["6", "7", "8"]})
+    assert out.status_code == 200, out.text
+    doc = out.json()
+    assert doc["answer"] == "7" and doc["tier"] == "pool"
+    [step] = doc["trace"]
+    assert step["model"] == "cheap", step  # the router's choice for an easy question
