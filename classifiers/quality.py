@@ -59,6 +59,12 @@ class QualityHead:
     def dim(self) -> int:
         return int(self.arrays["weight" if "weight" in self.arrays else "reference"].shape[1])
 
+    @property
+    def dev_accuracy(self) -> np.ndarray | None:
+        """Each model's accuracy on the rows the head was fitted on (None for heads saved without it)."""
+        acc = self.meta.get("dev_accuracy")
+        return None if acc is None else np.asarray(acc, dtype=np.float64)
+
     def raw(self, x: np.ndarray) -> np.ndarray:
         """Uncalibrated P(right), (rows, models)."""
         x = np.atleast_2d(np.asarray(x, dtype=np.float32))

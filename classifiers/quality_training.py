@@ -174,6 +174,7 @@ def fit_quality(name: str, models: Sequence[str], x: np.ndarray, y: np.ndarray, 
                        np.zeros(len(models), np.float32), k, KNN_PRIOR if k else 0.0)
     scale, shift = platt(head.raw(x[calib]), y[calib])
     meta = {"learner": best.learner, "setting": best.setting, "fit_rows": int((~calib).sum()),
+            "dev_accuracy": [float(v) for v in np.nan_to_num(y, nan=0.0).mean(axis=0)],  # no answer: wrong
             "calibration_rows": int(calib.sum()), "tried": [c.__dict__ for c in tried]}
     head = QualityHead(name, tuple(models), kind, arrays, scale.astype(np.float32), shift.astype(np.float32),
                        k, head.prior, meta)

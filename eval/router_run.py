@@ -20,6 +20,7 @@ from classifiers.quality_training import fit_quality, quality_ece
 from classifiers.router_training import labels_for
 from eval.router_eval import RouterReport, evaluate
 from policies.routed import candidate_costs, candidate_label
+from policies.routed import prune as pruned
 from policies.schema import Policy, RoutedModel
 
 FOLDS = 5
@@ -32,7 +33,7 @@ class RouterRun:
     protocol: str  # "dev -> test" or "5-fold cross-validation"
     learner: str
     test_ece: float
-    quality: np.ndarray  # test rows' predictions (rows, candidates)
+    quality: np.ndarray  # test rows' predictions (rows, candidates), before pruning
     costs: np.ndarray  # test rows' expected costs (rows, candidates)
     labels: LabelSet  # the test rows
 
@@ -47,25 +48,30 @@ def run(policy: Policy, name: str, vm: RoutedModel, data_dir, embed: Embed,  # t
     labels = labels_for(vm, data_dir)
     names = [candidate_label(c.model, c.reasoning) for c in vm.candidates]
     dev, test = labels.split("dev"), labels.split("test")
+    prune = vm.prune_dominated
     if len(dev) and len(test):
         fit = fit_quality(name, labels.models, embed(dev.texts), dev.correct, dev.ids, learners=vm.learners)
         quality = fit.head.proba(embed(test.texts))
+        costs = candidate_costs(policy, vm, input_tokens(test.texts))
+        chosen_from = pruned(quality, costs, fit.head.dev_accuracy if prune else None)
         protocol, learner = "dev -> test", f"{fit.head.meta['learner']} {fit.head.meta['setting']}"
     else:
         test = dev = labels
         x = embed(labels.texts)
         fold = group_folds(labels.categories, FOLDS) if cv_by == "category" else folds(labels.ids, FOLDS)
         quality = np.zeros(labels.correct.shape)
+        costs = candidate_costs(policy, vm, input_tokens(test.texts))
+        chosen_from = np.zeros(labels.correct.shape)
         chosen = []
         for k in range(FOLDS):
             inside = fold != k
             fit = fit_quality(name, labels.models, x[inside], labels.correct[inside],
                               [i for i, m in zip(labels.ids, inside, strict=True) if m], learners=vm.learners)
             quality[~inside] = fit.head.proba(x[~inside])
+            chosen_from[~inside] = pruned(quality[~inside], costs[~inside], fit.head.dev_accuracy if prune else None)
             chosen.append(f"{fit.head.meta['learner']} {fit.head.meta['setting']}")
         protocol = f"{FOLDS}-fold cross-validation" + (", category-disjoint folds" if cv_by == "category" else "")
         learner = ", ".join(sorted(set(chosen)))
-    costs = candidate_costs(policy, vm, input_tokens(test.texts))
-    report = evaluate(name, names, quality, test.correct, costs, test.categories, dev.correct, dev.categories,
+    report = evaluate(name, names, chosen_from, test.correct, costs, test.categories, dev.correct, dev.categories,
                       vm.rule)
     return RouterRun(report, protocol, learner, quality_ece(quality, test.correct), quality, costs, test)

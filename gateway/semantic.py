@@ -62,7 +62,8 @@ class Encoding:
             route = decide(vm, heads, fam.in_distribution, fam.readable)
         if route.reasoning_by_router and reasoning_router is not None:
             policy, rvm, head = reasoning_router
-            choice = routed.decide(policy, rvm, head.proba(reading.vector)[0], input_tokens(kind, body))
+            choice = routed.decide(policy, rvm, head.proba(reading.vector)[0], input_tokens(kind, body),
+                                   head.dev_accuracy)
             route = replace(route, reasoning=choice.reasoning == "on", quality=choice)
         return route
 
@@ -100,7 +101,7 @@ def load_quality(policy: Policy, policy_dir: Path, dim: int) -> tuple[dict[str, 
 
 def quality_route(policy: Policy, vm: RoutedModel, head: QualityHead, reading: Reading, tokens: int) -> Route:
     """The learned router's route for one prompt's reading."""
-    choice = routed.decide(policy, vm, head.proba(reading.vector)[0], tokens)
+    choice = routed.decide(policy, vm, head.proba(reading.vector)[0], tokens, head.dev_accuracy)
     return Route(choice.model, choice.reasoning == "on", "quality", None, choice.quality, None,
                  quality=choice, apply_reasoning=choice.reasoning is not None)
 

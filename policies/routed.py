@@ -54,6 +54,24 @@ def expected_costs(prices: np.ndarray, input_tokens: float | np.ndarray, output_
     return tokens * p[:, 0] / 1e6 + output_tokens * p[:, 1] / 1e6 + p[:, 2]
 
 
+def prune(quality: np.ndarray, cost: np.ndarray, accuracy: np.ndarray | None) -> np.ndarray:
+    """``quality`` with every candidate that is dominated on the dev rows set to -inf (never chosen):
+    another candidate was at least as accurate there (``accuracy``, per candidate) and costs no more
+    for this request, better on one of the two. With 29 candidates the best *predicted* one is often
+    an over-estimated also-ran (the winner's curse of a noisy argmax); the dev rows rule those out
+    once, and the policy's prices, read per request, say which are dominated. None: no pruning."""
+    q = np.atleast_2d(np.asarray(quality, dtype=np.float64))
+    if accuracy is None:
+        return q
+    a = np.asarray(accuracy, dtype=np.float64)
+    c = np.broadcast_to(np.asarray(cost, dtype=np.float64), q.shape)
+    # [row, j, k]: k dominates j
+    better = (a[None, None, :] >= a[None, :, None]) & (c[:, None, :] <= c[:, :, None])
+    strict = (a[None, None, :] > a[None, :, None]) | (c[:, None, :] < c[:, :, None])
+    dominated = (better & strict).any(axis=2)
+    return np.where(dominated, -np.inf, q)
+
+
 def choose(quality: np.ndarray, cost: np.ndarray, rule: Rule, knob: float) -> np.ndarray:
     """The chosen candidate per row. ``quality``: (rows, models); ``cost``: (models,) or (rows, models).
     Ties go to the cheaper candidate."""
@@ -89,12 +107,14 @@ def knob_grid(quality: np.ndarray, cost: np.ndarray, rule: Rule, points: int = 4
     """Candidate knob values that span every choice from the best predicted to the cheapest."""
     q = np.atleast_2d(quality)
     if rule == "margin":
-        return np.unique(np.concatenate([[0.0], np.quantile(q.max(1, keepdims=True) - q, np.linspace(0, 1, points)),
-                                         [1.0]]))
+        gaps = q.max(1, keepdims=True) - q
+        gaps = gaps[np.isfinite(gaps)]
+        return np.unique(np.concatenate([[0.0], np.quantile(gaps, np.linspace(0, 1, points)), [1.0]]))
     c = np.broadcast_to(np.asarray(cost, dtype=np.float64), q.shape)
-    dq = (q[:, :, None] - q[:, None, :]).ravel()
+    with np.errstate(invalid="ignore"):  # pruned candidates are -inf
+        dq = (q[:, :, None] - q[:, None, :]).ravel()
     dc = (c[:, :, None] - c[:, None, :]).ravel()
-    keep = (dc > 0) & (dq > 0)  # a dearer, better candidate: the lam at which the cheaper one wins
+    keep = (dc > 0) & (dq > 0) & np.isfinite(dq)  # a dearer, better candidate: the lam at which the cheaper one wins
     breaks = dq[keep] / dc[keep]
     grid = np.quantile(breaks, np.linspace(0, 1, points)) if breaks.size else np.array([])
     return np.unique(np.concatenate([[0.0], grid * (1 + 1e-9), [MAX_KNOB]]))
@@ -164,11 +184,13 @@ def candidate_costs(policy: Policy, vm: RoutedModel, input_tokens: float | np.nd
     return base + extra * prices[:, 1] / 1e6
 
 
-def decide(policy: Policy, vm: RoutedModel, quality: np.ndarray, input_tokens: float) -> QualityChoice:
-    """The candidate for one request: ``quality`` is the heads' P(right), one per candidate."""
+def decide(policy: Policy, vm: RoutedModel, quality: np.ndarray, input_tokens: float,
+           accuracy: np.ndarray | None = None) -> QualityChoice:
+    """The candidate for one request: ``quality`` is the heads' P(right), one per candidate;
+    ``accuracy``: each candidate's on the dev rows, to prune the dominated ones (:func:`prune`)."""
     q = np.asarray(quality, dtype=np.float64).reshape(1, -1)
     cost = candidate_costs(policy, vm, input_tokens)
-    i = int(choose(q, cost, vm.rule, vm.knob)[0])
+    i = int(choose(prune(q, cost, accuracy if vm.prune_dominated else None), cost, vm.rule, vm.knob)[0])
     dearest = int(np.argmax(cost))
     c = vm.candidates[i]
     preds = tuple((candidate_label(k.model, k.reasoning), float(q[0, j]), float(cost[j]))

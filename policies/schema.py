@@ -293,6 +293,8 @@ class RoutedModel(Strict):
         "utility", description="utility: max quality - knob * cost; margin: the cheapest within knob of the best")
     knob: float = Field(0.0, ge=0, description="utility: quality points per unit of money; margin: a probability")
     output_tokens: int = Field(256, ge=0, description="output tokens expected per call, for the expected cost")
+    prune_dominated: bool = Field(True, description="never choose a candidate that another one beat on the dev "
+                                                    "rows at no more cost")
     learners: list[Literal["linear", "mf", "knn"]] = Field(
         default_factory=lambda: ["linear", "mf", "knn"], description="learners `triage train` tries (dev rows)")
     description: str = ""

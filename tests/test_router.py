@@ -165,3 +165,19 @@ def test_a_routed_model_needs_prices_and_known_candidates() -> None:
     with pytest.raises(PolicyInvalid) as err:
         loader.parse(ROUTED.format(dear_prices="", second="nowhere"), file="p.yaml")
     assert any("'nowhere' is not defined" in p for p in err.value.problems), err.value.problems
+
+
+def test_dominated_candidates_are_pruned_per_request() -> None:
+    from policies.routed import prune
+
+    accuracy = np.array([0.3, 0.6, 0.5, 0.7])  # candidate 2: dearer than 1 and less accurate
+    cost = np.array([1.0, 2.0, 3.0, 10.0])
+    q = np.array([[0.2, 0.5, 0.95, 0.6]])  # an over-estimate of the also-ran
+    assert choose(q, cost, "utility", 0.0).tolist() == [2]
+    kept = prune(q, cost, accuracy)
+    assert np.isneginf(kept[0, 2]) and np.isfinite(kept[0, [0, 1, 3]]).all()
+    assert choose(kept, cost, "utility", 0.0).tolist() == [3]
+    assert choose(kept, cost, "utility", 1e9).tolist() == [0]  # the cheapest is never dominated
+    # per request: where candidate 2 is the cheaper (a price per call changes with the prompt), it stays
+    assert np.isfinite(prune(q, np.array([[1.0, 4.0, 3.0, 10.0]]), accuracy)[0, 2])
+    assert prune(q, cost, None) is not None and np.isfinite(prune(q, cost, None)).all()

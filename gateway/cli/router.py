@@ -108,7 +108,7 @@ def calibrate_router(policy: Path, name: str, target: str, patch: Path) -> None:
     from classifiers.router_training import labels_for
     from classifiers.service import data_dir
     from eval.router_run import FOLDS, input_tokens
-    from policies.routed import Target, candidate_costs, fit_knob, outcome
+    from policies.routed import Target, candidate_costs, fit_knob, outcome, prune
 
     console = Console(highlight=False)
     try:
@@ -131,21 +131,23 @@ def calibrate_router(policy: Path, name: str, target: str, patch: Path) -> None:
     whole = fit_quality(name, labels.models, x_dev, dev.correct, dev.ids, learners=vm.learners)
     chosen = [str(whole.head.meta["learner"])]
     q_dev = np.zeros(dev.correct.shape)
+    c_dev = candidate_costs(pol, vm, input_tokens(dev.texts))
+    c_test = candidate_costs(pol, vm, input_tokens(test.texts))
     fold = folds(dev.ids, FOLDS)
     for k in range(FOLDS):  # out of fold: the knob is fitted on predictions of rows their head never saw
         inside = fold != k
         part = fit_quality(name, labels.models, x_dev[inside], dev.correct[inside],
                            [i for i, m in zip(dev.ids, inside, strict=True) if m], learners=chosen)
-        q_dev[~inside] = part.head.proba(x_dev[~inside])
+        q_dev[~inside] = prune(part.head.proba(x_dev[~inside]), c_dev[~inside],
+                               part.head.dev_accuracy if vm.prune_dominated else None)
     strongest = int(np.nanmean(dev.correct, axis=0).argmax())
     try:
-        fitted = fit_knob(q_dev, candidate_costs(pol, vm, input_tokens(dev.texts)), vm.rule, goal, strongest,
-                          dev.correct)
+        fitted = fit_knob(q_dev, c_dev, vm.rule, goal, strongest, dev.correct)
     except ValueError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from None
-    checked = outcome(whole.head.proba(x_test), candidate_costs(pol, vm, input_tokens(test.texts)), vm.rule,
-                      fitted.knob, strongest, test.correct)
+    q_test = prune(whole.head.proba(x_test), c_test, whole.head.dev_accuracy if vm.prune_dominated else None)
+    checked = outcome(q_test, c_test, vm.rule, fitted.knob, strongest, test.correct)
     for side, o in (("dev (out of fold)", fitted), ("test", checked)):
         console.print(f"{side:>18}: knob {o.knob:.6g}, accuracy {o.accuracy:.4f}, mean cost {o.mean_cost:.6f}, "
                       f"strong share {o.strong_share:.3f}")
