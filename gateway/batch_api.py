@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request, Response
+from starlette.types import Message
 
 from gateway.api import read_body
 from gateway.batch_runner import ENDPOINTS, BatchRunner
@@ -57,7 +58,7 @@ async def upload(request: Request) -> Response:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit + _OVERHEAD:
         raise PayloadTooLarge(f"the file is over the limit of {limit} bytes")
-    async with request.form() as form:  # closes the spooled upload however this ends
+    async with _counted(request, limit + _OVERHEAD).form() as form:  # closes the spooled upload however this ends
         purpose, upload_ = form.get("purpose"), form.get("file")
         if purpose != "batch":
             raise InvalidRequest("purpose must be 'batch'", param="purpose")
@@ -68,6 +69,22 @@ async def upload(request: Request) -> Response:
     if len(content) > limit:
         raise PayloadTooLarge(f"the file is over the limit of {limit} bytes")
     return _json(await asyncio.to_thread(caller.store.add_file, content, name, "batch", caller.viewer))
+
+
+def _counted(request: Request, limit: int) -> Request:
+    """The request with its body counted as it arrives: past ``limit`` bytes, a 413 before any
+    more is read or spooled (a chunked upload has no Content-Length to refuse it by)."""
+    seen = 0
+
+    async def receive() -> Message:
+        nonlocal seen
+        message = await request.receive()
+        seen += len(message.get("body", b""))
+        if seen > limit:
+            raise PayloadTooLarge(f"the file is over the limit of {limit - _OVERHEAD} bytes")
+        return message
+
+    return Request(request.scope, receive)
 
 
 @router.get("/v1/files/{file_id}")

@@ -9,6 +9,8 @@ import hashlib
 import http.client
 import io
 import json
+import os
+import select
 import socket
 import threading
 import time
@@ -415,4 +417,45 @@ def test_stalled_senders_hold_no_slot_and_are_cut_off(gateway: Callable[..., Gat
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 408") and b"connection: close" in head.lower(), answer
         assert json.loads(body)["error"]["code"] == "request_timeout"
+    still_serving(gw)
+
+
+# --- 6. max_file_bytes on a chunked upload ------------------------------------------------------------------
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_chunked_upload_over_the_limit_is_refused_while_it_streams(
+        gateway: Callable[..., Gateway], tmp_path: Path) -> None:
+    gw = gateway(policy(extra=f'batches: {{dir: "{tmp_path / "b"}", max_file_bytes: 1048576}}\n'))
+    s = raw_socket(gw)
+    s.sendall(b"POST /v1/files HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n"
+              b"Content-Type: multipart/form-data; boundary=BOUNDARY\r\n\r\n")
+    preamble = (b'--BOUNDARY\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+                b'--BOUNDARY\r\nContent-Disposition: form-data; name="file"; filename="big.jsonl"\r\n'
+                b"Content-Type: application/octet-stream\r\n\r\n")
+    s.sendall(b"%x\r\n%s\r\n" % (len(preamble), preamble))
+    block = b"x" * 65536
+    chunk = b"%x\r\n%s\r\n" % (len(block), block)
+    peak, before, sent, answer = 0, rss_bytes(), 0, b""
+    try:
+        while sent < 300 * 2**20:  # 300 MiB offered, against a 1 MiB limit
+            s.sendall(chunk)
+            sent += len(block)
+            if sent % 2**20 == 0:
+                peak = max(peak, rss_bytes())
+            if sent > 2**20 and select.select([s], [], [], 0.2)[0]:  # past the limit: has it answered?
+                answer = read_all(s)
+                break
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # it hung up before its answer could be read; the size sent still tells
+    finally:
+        s.close()
+    peak = max(peak, rss_bytes())
+    assert sent < 32 * 2**20, sent  # refused early, not after buffering the upload
+    assert peak - before < 10 * 2**20, (before, peak)
+    assert answer.startswith(b"HTTP/1.1 413") and b"connection: close" in answer.lower(), answer[:300]
     still_serving(gw)
