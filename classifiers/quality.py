@@ -7,7 +7,11 @@ Two kinds, chosen by measurement on dev rows (docs/router.md):
   or the shared low-rank fit of matrix factorisation, which is the same shape once multiplied out);
 - ``knn``: the labels of the ``k`` most similar dev prompts (cosine), shrunk towards the model's
   mean accuracy by ``prior`` pseudo-rows (RouterBench's KNN router);
-- ``blend``: the mean of the two (the best linear and the best knn setting).
+- ``blend``: the mean of the two (the best linear and the best knn setting);
+- ``centroid``: a soft category table: the prompt's closeness to each category's mean dev
+  embedding (softmax of cosines over ``temperature``) weighs each model's accuracy in that
+  category on the dev rows (shrunk towards its overall accuracy). It needs the labels file's
+  categories (MMLU-Pro's 14, MMLU's 57 subjects) and wins where many candidates differ by subject.
 
 Either is followed by a per-model Platt calibration (``a * logit(p) + b``), fitted on held-back dev
 rows. Saved as ``<name>.npz`` (arrays) + ``<name>.json`` (the rest); nothing is unpickled.
@@ -25,7 +29,7 @@ import numpy as np
 from gateway.errors import NotReady
 
 FORMAT = 1
-Kind = Literal["linear", "knn", "blend"]
+Kind = Literal["linear", "knn", "blend", "centroid"]
 _EPS = 1e-4
 
 
@@ -53,11 +57,13 @@ class QualityHead:
     shift: np.ndarray  # (M,) Platt b
     k: int = 0
     prior: float = 0.0
+    temperature: float = 0.0  # centroid: of the softmax over cosines
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
     def dim(self) -> int:
-        return int(self.arrays["weight" if "weight" in self.arrays else "reference"].shape[1])
+        key = next(k for k in ("weight", "reference", "centroids") if k in self.arrays)
+        return int(self.arrays[key].shape[1])
 
     @property
     def dev_accuracy(self) -> np.ndarray | None:
@@ -69,6 +75,8 @@ class QualityHead:
         """Uncalibrated P(right), (rows, models)."""
         x = np.atleast_2d(np.asarray(x, dtype=np.float32))
         a = self.arrays
+        if self.kind == "centroid":
+            return centroid_proba(a["centroids"], a["category_accuracy"], x, self.temperature)
         linear = sigmoid(x @ a["weight"].T + a["bias"]) if self.kind != "knn" else None
         near = None
         if self.kind != "linear":
@@ -88,7 +96,7 @@ class QualityHead:
         np.savez(directory / f"{self.name}.npz", scale=self.scale, shift=self.shift,
                  **{k: v.astype(np.float32) for k, v in self.arrays.items()})
         doc = {"format": FORMAT, "name": self.name, "models": list(self.models), "kind": self.kind,
-               "k": self.k, "prior": self.prior, "meta": self.meta}
+               "k": self.k, "prior": self.prior, "temperature": self.temperature, "meta": self.meta}
         path = directory / f"{self.name}.json"
         path.write_text(json.dumps(doc, indent=2, sort_keys=True))
         return path
@@ -107,7 +115,7 @@ class QualityHead:
             arrays = {k: a[k] for k in a.files if k not in ("scale", "shift")}
             scale, shift = a["scale"], a["shift"]
         return cls(doc["name"], tuple(doc["models"]), doc["kind"], arrays, scale, shift, int(doc["k"]),
-                   float(doc["prior"]), doc.get("meta", {}))
+                   float(doc["prior"]), float(doc.get("temperature", 0.0)), doc.get("meta", {}))
 
 
 def knn_proba(reference: np.ndarray, labels: np.ndarray, mean: np.ndarray, x: np.ndarray, k: int,
@@ -127,3 +135,13 @@ def knn_proba(reference: np.ndarray, labels: np.ndarray, mean: np.ndarray, x: np
         counts = known[near].sum(axis=1)
         out[start : start + 512] = (hits + prior * mean) / (counts + prior)
     return out
+
+
+def centroid_proba(centroids: np.ndarray, category_accuracy: np.ndarray, x: np.ndarray,
+                   temperature: float) -> np.ndarray:
+    """Each model's dev accuracy per category, weighted by the softmax of the prompt's cosine to
+    each category's centroid (unit vectors: dot = cosine)."""
+    z = (x @ centroids.T) / temperature
+    w = np.exp(z - z.max(axis=1, keepdims=True))
+    w /= w.sum(axis=1, keepdims=True)
+    return np.clip(w @ category_accuracy, _EPS, 1 - _EPS)

@@ -19,6 +19,7 @@ from classifiers.calibration import auroc
 from classifiers.model_labels import LabelSet
 from classifiers.quality import QualityHead, quality_head_name
 from classifiers.quality_training import Candidate, fit_quality, quality_ece
+from policies.routed import candidate_costs, prompt_tokens
 from policies.schema import Policy, RoutedModel
 
 Embed = Callable[[list[str]], np.ndarray]
@@ -57,16 +58,19 @@ def labels_for(vm: RoutedModel, data_dir: Path) -> LabelSet:
     return LabelSet(full.name, full.ids, full.splits, full.texts, full.categories, tuple(cols), full.correct[:, idx])
 
 
-def train_router(name: str, vm: RoutedModel, data_dir: Path, embed: Embed, out: Path) -> RouterResult:
+def train_router(policy: Policy, name: str, vm: RoutedModel, data_dir: Path, embed: Embed,
+                 out: Path) -> RouterResult:
     """Fit, calibrate and save the quality head of routed model ``name``; measure it on test rows.
-    ``embed``: texts -> (rows, dim), the served encoder's embeddings."""
+    ``embed``: texts -> (rows, dim), the served encoder's embeddings; the policy's prices pick the
+    learner (its routing value on held-back dev rows)."""
     labels = labels_for(vm, data_dir)
     dev = labels.split("dev")
     fitted_on = "dev"
     if len(dev) == 0:
         dev, fitted_on = labels, "all (no dev rows)"
     fit = fit_quality(quality_head_name(name), labels.models, embed(dev.texts), dev.correct, dev.ids,
-                      learners=vm.learners)
+                      learners=vm.learners, categories=dev.categories,
+                      cost=candidate_costs(policy, vm, prompt_tokens(dev.texts)))
     fit.head.meta.update(labels=vm.labels, fitted_on=fitted_on)
     fit.head.save(out)
     test = labels.split("test")
@@ -89,5 +93,5 @@ def train_routers(policy: Policy, data_dir: Path, embed: Embed, out: Path,
     for name, vm in policy.virtual_models.items():
         if isinstance(vm, RoutedModel):
             say(f"router {name}: learning P(right) of {len(vm.candidates)} candidates from {vm.labels}")
-            results.append(train_router(name, vm, data_dir, embed, out))
+            results.append(train_router(policy, name, vm, data_dir, embed, out))
     return results

@@ -19,7 +19,7 @@ from classifiers.model_labels import LabelSet, folds, group_folds
 from classifiers.quality_training import fit_quality, quality_ece
 from classifiers.router_training import labels_for
 from eval.router_eval import RouterReport, evaluate
-from policies.routed import candidate_costs, candidate_label
+from policies.routed import candidate_costs, candidate_label, prompt_tokens
 from policies.routed import prune as pruned
 from policies.schema import Policy, RoutedModel
 
@@ -38,9 +38,7 @@ class RouterRun:
     labels: LabelSet  # the test rows
 
 
-def input_tokens(texts: list[str]) -> np.ndarray:
-    """About four characters a token (the gateway's own estimate for the expected cost)."""
-    return np.array([max(1, len(t) // 4) for t in texts], dtype=np.float64)
+input_tokens = prompt_tokens  # the gateway's own estimate for the expected cost
 
 
 def run(policy: Policy, name: str, vm: RoutedModel, data_dir, embed: Embed,  # type: ignore[no-untyped-def]
@@ -50,7 +48,8 @@ def run(policy: Policy, name: str, vm: RoutedModel, data_dir, embed: Embed,  # t
     dev, test = labels.split("dev"), labels.split("test")
     prune = vm.prune_dominated
     if len(dev) and len(test):
-        fit = fit_quality(name, labels.models, embed(dev.texts), dev.correct, dev.ids, learners=vm.learners)
+        fit = fit_quality(name, labels.models, embed(dev.texts), dev.correct, dev.ids, learners=vm.learners,
+                          categories=dev.categories, cost=candidate_costs(policy, vm, prompt_tokens(dev.texts)))
         quality = fit.head.proba(embed(test.texts))
         costs = candidate_costs(policy, vm, input_tokens(test.texts))
         chosen_from = pruned(quality, costs, fit.head.dev_accuracy if prune else None)
@@ -66,7 +65,9 @@ def run(policy: Policy, name: str, vm: RoutedModel, data_dir, embed: Embed,  # t
         for k in range(FOLDS):
             inside = fold != k
             fit = fit_quality(name, labels.models, x[inside], labels.correct[inside],
-                              [i for i, m in zip(labels.ids, inside, strict=True) if m], learners=vm.learners)
+                              [i for i, m in zip(labels.ids, inside, strict=True) if m], learners=vm.learners,
+                              categories=[c for c, m in zip(labels.categories, inside, strict=True) if m],
+                              cost=costs[inside])
             quality[~inside] = fit.head.proba(x[~inside])
             chosen_from[~inside] = pruned(quality[~inside], costs[~inside], fit.head.dev_accuracy if prune else None)
             chosen.append(f"{fit.head.meta['learner']} {fit.head.meta['setting']}")

@@ -46,6 +46,11 @@ class Target:
         return cls(kind, number)  # type: ignore[arg-type]
 
 
+def prompt_tokens(texts: list[str]) -> np.ndarray:
+    """About four characters a token: the gateway's estimate of a prompt's tokens for the expected cost."""
+    return np.array([max(1, len(t) // 4) for t in texts], dtype=np.float64)
+
+
 def expected_costs(prices: np.ndarray, input_tokens: float | np.ndarray, output_tokens: float) -> np.ndarray:
     """Cost of one call per candidate: ``prices`` rows are (input per Mtok, output per Mtok, per call).
     With an array of input tokens, one row of costs per request."""

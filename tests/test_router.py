@@ -90,10 +90,11 @@ def clusters(n: int, seed: int, dim: int = 16) -> tuple[np.ndarray, np.ndarray, 
     return x.astype(np.float32), y, [f"row-{seed}-{i}" for i in range(n)], easy
 
 
-@pytest.mark.parametrize("learner", ["linear", "mf", "knn"])
+@pytest.mark.parametrize("learner", ["linear", "mf", "knn", "centroid"])
 def test_quality_head_ranks_an_easy_hard_split_and_is_calibrated(learner: str, tmp_path: Path) -> None:
-    x, y, ids, _ = clusters(1200, seed=5)
-    fit = fit_quality("quality-test", ("weak", "strong"), x, y, ids, learners=[learner])
+    x, y, ids, easy_rows = clusters(1200, seed=5)
+    cats = ["easy" if e else "hard" for e in easy_rows]  # the labels file's categories (the centroid learner's)
+    fit = fit_quality("quality-test", ("weak", "strong"), x, y, ids, learners=[learner], categories=cats)
     head = fit.head
     assert head.meta["learner"] == learner
     xt, _, _, easy = clusters(600, seed=6)
@@ -106,12 +107,27 @@ def test_quality_head_ranks_an_easy_hard_split_and_is_calibrated(learner: str, t
     np.testing.assert_allclose(again.proba(xt), p, rtol=1e-5, atol=1e-6)
 
 
-def test_the_learner_with_the_best_held_back_auroc_wins() -> None:
+def test_the_learner_with_the_best_held_back_score_wins() -> None:
     x, y, ids, _ = clusters(1000, seed=7)
     fit = fit_quality("quality-test", ("weak", "strong"), x, y, ids)
-    best = max(fit.tried, key=lambda c: c.auroc)
-    assert fit.head.meta["learner"] == best.learner
-    assert {c.learner for c in fit.tried} >= {"linear", "mf", "knn"}
+    best = max(fit.tried, key=lambda c: c.auroc)  # without prices: AUROC of P(right)
+    assert fit.head.meta["learner"] == best.learner and fit.head.meta["selected_by"] == "AUROC"
+    assert {c.learner for c in fit.tried} == {"linear", "mf", "knn", "blend"}  # no categories: no centroid
+    priced = fit_quality("quality-test", ("weak", "strong"), x, y, ids, cost=np.array([1.0, 20.0]))
+    best = max(priced.tried, key=lambda c: c.value)  # with prices: the routing value
+    assert priced.head.meta["learner"] == best.learner and priced.head.meta["selected_by"] == "routing value"
+    assert 0.3 < best.value <= 1.0
+
+
+def test_routing_value_of_a_blind_and_of_a_perfect_router() -> None:
+    from classifiers.quality_training import routing_value
+
+    q, y, cost = synthetic(3000, seed=13)
+    rng = np.random.default_rng(1)
+    assert abs(routing_value(rng.uniform(0, 1, q.shape), cost, y) - 0.5) < 0.07  # a random mixture: the diagonal
+    perfect = y + 0.01 * np.array([1.0, 0.0])  # ties to the cheap model
+    assert routing_value(perfect, cost, y) > 0.9
+    assert routing_value(q, cost, y) > 0.6
 
 
 def test_router_report_against_baselines() -> None:

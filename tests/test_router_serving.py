@@ -84,7 +84,7 @@ def toy(trained_heads: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     vm = pol.virtual_models["pick"]
     assert isinstance(vm, RoutedModel) and pol.classifier is not None
     cache = embedding_cache(pol.classifier, threads=2, suffix="-test")
-    result = train_router("pick", vm, data, cache.embed, trained_heads)
+    result = train_router(pol, "pick", vm, data, cache.embed, trained_heads)
     assert result.fitted_on == "dev" and result.test_rows == 80
     # the easy/hard split is learnt: every easy test prompt ranks above every hard one for the cheap
     # model (labels are 5% noisy, so AUROC against them is bounded near 0.95)
@@ -221,7 +221,8 @@ def test_a_reasoning_router_switches_reasoning_where_it_pays(gateway: Callable[.
     pol = loader.parse(text)
     vm = pol.virtual_models["think"]
     assert isinstance(vm, RoutedModel) and pol.classifier is not None
-    train_router("think", vm, data, embedding_cache(pol.classifier, threads=2, suffix="-test").embed, trained_heads)
+    embed = embedding_cache(pol.classifier, threads=2, suffix="-test").embed
+    train_router(pol, "think", vm, data, embed, trained_heads)
     gw = gateway(text)
     for prompt, on in (("What is 12 plus 30?", False),
                        ("Prove that every spectral sequence on a compact Riemannian manifold admits a harmonic "

@@ -128,16 +128,18 @@ def calibrate_router(policy: Path, name: str, target: str, patch: Path) -> None:
         x_dev, x_test = cache.embed(dev.texts), cache.embed(test.texts)
     finally:
         cache.save()
-    whole = fit_quality(name, labels.models, x_dev, dev.correct, dev.ids, learners=vm.learners)
-    chosen = [str(whole.head.meta["learner"])]
-    q_dev = np.zeros(dev.correct.shape)
     c_dev = candidate_costs(pol, vm, input_tokens(dev.texts))
     c_test = candidate_costs(pol, vm, input_tokens(test.texts))
+    whole = fit_quality(name, labels.models, x_dev, dev.correct, dev.ids, learners=vm.learners,
+                        categories=dev.categories, cost=c_dev)
+    chosen = [str(whole.head.meta["learner"])]
+    q_dev = np.zeros(dev.correct.shape)
     fold = folds(dev.ids, FOLDS)
     for k in range(FOLDS):  # out of fold: the knob is fitted on predictions of rows their head never saw
         inside = fold != k
         part = fit_quality(name, labels.models, x_dev[inside], dev.correct[inside],
-                           [i for i, m in zip(dev.ids, inside, strict=True) if m], learners=chosen)
+                           [i for i, m in zip(dev.ids, inside, strict=True) if m], learners=chosen,
+                           categories=[c for c, m in zip(dev.categories, inside, strict=True) if m])
         q_dev[~inside] = prune(part.head.proba(x_dev[~inside]), c_dev[~inside],
                                part.head.dev_accuracy if vm.prune_dominated else None)
     strongest = int(np.nanmean(dev.correct, axis=0).argmax())
