@@ -48,20 +48,23 @@ def encoder(policy: Policy, policy_dir: Path) -> tuple[Compute, str]:
 
 def scorer(policy: Policy, tier: ScorerTier) -> Compute:
     from backends import gguf
-    from backends.logprob import OptionScorer, PromptTooLong
+    from backends.lettered import ChatScorer, LetteredInputError
+    from backends.logprob import PromptTooLong
     from gateway.tiers import scorer_prompt
 
     spec = policy.backends[tier.backend]
     path = gguf.resolve(spec.gguf.package, spec.gguf.path)  # type: ignore[union-attr]
-    engine = OptionScorer(path, spec.n_ctx, spec.n_threads, spec.n_batch)  # type: ignore[union-attr]
+    engine = ChatScorer(path, spec.n_ctx, spec.n_threads, spec.n_batch)  # type: ignore[union-attr]
 
     def compute(row: Row) -> TierAnswer:
         if row.question.numeric:
             return TierAnswer(skipped=True, error="a numeric answer needs generation")
-        prompt, options = scorer_prompt(tier, row.question)
         try:
-            got = engine.score(prompt, options)
-        except PromptTooLong as exc:
+            if tier.mode == "lettered":
+                got = engine.score_question(row.question)
+            else:
+                got = engine.score(*scorer_prompt(tier, row.question))
+        except (PromptTooLong, LetteredInputError) as exc:
             return TierAnswer(error=str(exc))
         values = got.logprobs
         if tier.length_norm == "tokens":

@@ -92,8 +92,11 @@ async def _scorer(rt: Runtime, tier: ScorerTier, q: Question) -> TierAnswer | st
         return "a numeric answer needs generation"
     backend = rt.backends[tier.backend]
     assert isinstance(backend, ScorerBackend)
-    prompt, options = scorer_prompt(tier, q)
-    scores = await backend.score(prompt, options, tier.timeout_s)
+    if tier.mode == "lettered":  # labels read from the next token: one token each, no length norm to apply
+        scores = await backend.score_question(q, tier.timeout_s)
+    else:
+        prompt, options = scorer_prompt(tier, q)
+        scores = await backend.score(prompt, options, tier.timeout_s)
     values = scores.logprobs
     if tier.length_norm == "tokens":
         values = tuple(lp / n for lp, n in zip(values, scores.tokens, strict=True))

@@ -329,3 +329,23 @@ cascade:
     d = r.json()
     assert d["tier"] == "pool" and [s["outcome"] for s in d["trace"]] == ["escalated", "accepted"]
     assert max(d["probabilities"].values()) == pytest.approx(0.8)
+
+
+def test_a_lettered_scorer_tier_answers_from_the_letters(gateway: Callable[..., Gateway],
+                                                         llama_server: LlamaServer) -> None:
+    text = cascade_policy(llama_server.api_base, "{choice: 0.0, yes_no: 0.0}").replace(
+        "type: scorer, backend: scorer,", "type: scorer, backend: scorer, mode: lettered,")
+    gw = gateway(text)
+    with gw.http() as http:
+        r = http.post("/v1/decide", json={"question": "What is the capital of France?", "type": "choice",
+                                          "options": ["Berlin", "Paris", "Madrid"]})
+        assert r.status_code == 200, r.text
+        d = r.json()
+        assert d["tier"] == "scorer" and d["answer"] in ("Berlin", "Paris", "Madrid")
+        assert sum(d["probabilities"].values()) == pytest.approx(1.0, abs=1e-5)
+        # more options than letters: the scorer cannot take it and says why; the pool answers
+        many = http.post("/v1/decide", json={"question": "Pick one.", "type": "choice",
+                                             "options": [f"option {i}" for i in range(30)]})
+    assert many.status_code == 200, many.text
+    first = many.json()["trace"][0]
+    assert first["tier"] == "scorer" and first["outcome"] == "failed" and "26" in first["error"], first

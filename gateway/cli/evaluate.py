@@ -178,7 +178,12 @@ class _Run:
                 b = pol.backends[tier.backend]
                 model = b.gguf.package or Path(b.gguf.path or "").name
                 compute = tier_runs.scorer(pol, tier)
-                key = f"scorer-{model}-t{tier.templates.version}-{tier.length_norm}"
+                if tier.mode == "lettered":
+                    from backends.lettered import PROMPT_VERSION
+
+                    key = f"scorer-{model}-lettered-v{PROMPT_VERSION}"
+                else:
+                    key = f"scorer-{model}-t{tier.templates.version}-{tier.length_norm}"
             else:
                 live = live or tier_runs.Live(pol, base)
                 compute, key = live.compute(tier), f"model-{tier.model}-{pol.upstream_name(tier.model)}"
