@@ -24,6 +24,21 @@ from gateway.settings import Settings
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+# `make test-fast` runs `-m "not slow"`: every test that starts a model server, loads a GGUF model,
+# exports or trains the encoder is marked slow here, by the fixtures it asks for or by its module
+SLOW_FIXTURES = frozenset({"llama_server", "spare_llama_server", "trained_heads", "heads", "toy"})
+SLOW_MODULES = frozenset({"test_encoder", "test_scorer", "test_lettered", "test_llamacpp_backend", "test_options",
+                          "test_guard", "test_tokens", "test_decide", "test_eval_cli", "test_routing",
+                          "test_router_serving", "test_gguf_packages"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if isinstance(item, pytest.Function) else ""
+        if module in SLOW_MODULES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -189,7 +189,7 @@ def test_lines_that_raise_become_error_lines_and_the_batch_completes(
         "typed": batch_line("typed", {"model": "auto", "messages": MSG,
                                       "response_format": {"type": "json_schema", "json_schema": "x"}}),
     }
-    lines = good[:1] + [bad["boom"]] + good[1:5] + [bad["deep"], bad["typed"]] + good[5:]  # boom while 3 in flight
+    lines = [*good[:1], bad["boom"], *good[1:5], bad["deep"], bad["typed"], *good[5:]]  # boom while 3 in flight
     f = client.files.create(file=("in.jsonl", io.BytesIO("\n".join(lines).encode())), purpose="batch")
     with structlog.testing.capture_logs() as logs:
         batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
