@@ -53,8 +53,15 @@ class View:
 SCAN = 64  # waiting requests (the oldest) considered in one choice: bounds its cost on the event loop
 
 
-def choose(waiting: Sequence[Waiting], replicas: Sequence[View], now: float, *, max_skips: int, window_s: float,
-           min_shared: int) -> list[tuple[int, int]]:
+def choose(
+    waiting: Sequence[Waiting],
+    replicas: Sequence[View],
+    now: float,
+    *,
+    max_skips: int,
+    window_s: float,
+    min_shared: int,
+) -> list[tuple[int, int]]:
     """Which waiting requests (indices, in arrival order) go to which replicas now, by the rules
     in the module's docstring. Each replica gets at most its free slots; a request at most once.
     Only the oldest :data:`SCAN` waiting requests are considered."""
@@ -89,8 +96,10 @@ def choose(waiting: Sequence[Waiting], replicas: Sequence[View], now: float, *, 
             give(w, r)
             continue
         busy = [r for r, v in enumerate(replicas) if v.up and r not in free]
-        cold = next((w for w in left if now - waiting[w].arrived >= window_s
-                     or all(warmth(w, r) < min_shared for r in busy)), None)
+        cold = next(
+            (w for w in left if now - waiting[w].arrived >= window_s or all(warmth(w, r) < min_shared for r in busy)),
+            None,
+        )
         if cold is None:  # rule 3: every request left waits, within its window, for a busy replica holding its prefix
             break
         give(cold, min(free, key=lambda r: (sum(warmth(w, r) >= min_shared for w in left), -free[r], r)))
@@ -130,8 +139,17 @@ class Slot:
 class Admission:
     """The waiting room in front of one remote backend's replicas."""
 
-    def __init__(self, replicas: ReplicaSet, *, slots: int, max_skips: int, window_ms: float, cached_prompts: int,
-                 min_shared_tokens: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        replicas: ReplicaSet,
+        *,
+        slots: int,
+        max_skips: int,
+        window_ms: float,
+        cached_prompts: int,
+        min_shared_tokens: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.replicas = [_Replica(r) for r in replicas.replicas]
         self._set = replicas
         self.slots = slots
@@ -177,11 +195,19 @@ class Admission:
         up = [r.state.available(now) for r in self.replicas]
         if not any(up):  # none is known good: any replica may take the call (its retries decide)
             up = [True] * len(self.replicas)
-        views = [View(max(0, self.slots - r.in_flight), tuple(reversed(r.recent)), ok)
-                 for r, ok in zip(self.replicas, up, strict=True)]
+        views = [
+            View(max(0, self.slots - r.in_flight), tuple(reversed(r.recent)), ok)
+            for r, ok in zip(self.replicas, up, strict=True)
+        ]
         self._views = views
-        picks = choose([Waiting(e.key, e.arrived, e.skipped) for e in self._queue], views, now,
-                       max_skips=self.max_skips, window_s=self.window_s, min_shared=self.min_shared)
+        picks = choose(
+            [Waiting(e.key, e.arrived, e.skipped) for e in self._queue],
+            views,
+            now,
+            max_skips=self.max_skips,
+            window_s=self.window_s,
+            min_shared=self.min_shared,
+        )
         for i, entry in enumerate(self._queue):
             entry.skipped += sum(w > i for w, _ in picks)
         given = [self._queue[w] for w, _ in picks]

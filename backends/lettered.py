@@ -79,8 +79,10 @@ def lettered_prompt(q: Question) -> LetteredPrompt:
         text = f"{context}Question: {q.question}\n\nAnswer with one whole number from {lo} to {hi} only."
     else:
         listed = "\n".join(f"{label}. {o}" for label, o in zip(labels, q.options, strict=True))
-        text = (f"{context}Question: {q.question}\n\nOptions:\n{listed}\n\n"
-                "Answer with the letter of the correct option only.")
+        text = (
+            f"{context}Question: {q.question}\n\nOptions:\n{listed}\n\n"
+            "Answer with the letter of the correct option only."
+        )
     return LetteredPrompt(({"role": "user", "content": text},), labels)
 
 
@@ -118,8 +120,9 @@ class ChatScorer(OptionScorer):
 
                 m = self._model
                 text = lambda tok: m.token_get_text(tok) if tok != -1 else ""  # noqa: E731
-                self._formatter = Jinja2ChatFormatter(template, eos_token=text(m.token_eos()),
-                                                      bos_token=text(m.token_bos()), add_generation_prompt=True)
+                self._formatter = Jinja2ChatFormatter(
+                    template, eos_token=text(m.token_eos()), bos_token=text(m.token_bos()), add_generation_prompt=True
+                )
         return self._templated
 
     def render(self, messages: tuple[dict[str, str], ...]) -> str:
@@ -159,14 +162,16 @@ class ChatScorer(OptionScorer):
         ids = self.label_ids(prompt.labels)
         tokens = self.prompt_tokens(prompt.messages)
         if not tokens or len(tokens) > self.n_ctx:
-            raise PromptTooLong(f"the lettered prompt needs {len(tokens)} tokens, the scorer's context holds "
-                                f"{self.n_ctx}")
+            raise PromptTooLong(
+                f"the lettered prompt needs {len(tokens)} tokens, the scorer's context holds {self.n_ctx}"
+            )
         row, reused = self._prefill(tokens)
         logp = row.astype(np.float64) - _logsumexp(row.astype(np.float64))
         mass = np.array([_logsumexp(logp[i]) for i in ids])
         total = _logsumexp(mass)
-        return LetteredScores(tuple(float(v) for v in mass - total), (1,) * len(ids), len(tokens), reused,
-                              label_mass=math.exp(total))
+        return LetteredScores(
+            tuple(float(v) for v in mass - total), (1,) * len(ids), len(tokens), reused, label_mass=math.exp(total)
+        )
 
     def score_question(self, q: Question) -> LetteredScores:
         return self.score_lettered(lettered_prompt(q))

@@ -21,13 +21,34 @@ from backends.serial import Serial
 from gateway.errors import InvalidRequest, TriageError, UpstreamError, UpstreamTimeout
 
 _CHAT_PARAMS = {
-    "messages", "temperature", "top_p", "max_tokens", "stop", "seed", "logprobs", "top_logprobs",
-    "tools", "tool_choice", "response_format", "presence_penalty", "frequency_penalty",
+    "messages",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "stop",
+    "seed",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "presence_penalty",
+    "frequency_penalty",
     "logit_bias",
 }
 _COMPLETION_PARAMS = {
-    "prompt", "suffix", "temperature", "top_p", "max_tokens", "stop", "seed", "logprobs", "echo",
-    "presence_penalty", "frequency_penalty", "logit_bias",
+    "prompt",
+    "suffix",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "stop",
+    "seed",
+    "logprobs",
+    "echo",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
 }
 
 
@@ -188,8 +209,11 @@ def _usage_chunk(call: Call, cid: str, n_tokens: int, produced: int) -> Body:
         "created": 0,
         "model": call.body.get("model"),
         "choices": [],
-        "usage": {"prompt_tokens": max(n_tokens - completion, 0), "completion_tokens": completion,
-                  "total_tokens": max(n_tokens, completion)},
+        "usage": {
+            "prompt_tokens": max(n_tokens - completion, 0),
+            "completion_tokens": completion,
+            "total_tokens": max(n_tokens, completion),
+        },
     }
 
 

@@ -95,7 +95,7 @@ class OptionScorer:
         last = -1
         for start in range(0, len(rest), self.n_batch):
             self._batch.reset()
-            chunk = rest[start:start + self.n_batch]
+            chunk = rest[start : start + self.n_batch]
             for k, tok in enumerate(chunk):
                 last = self._add(tok, keep + start + k, 0, start + k == len(rest) - 1)
             self._ctx.decode(self._batch)

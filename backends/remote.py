@@ -24,8 +24,10 @@ from gateway.errors import UpstreamError, UpstreamRejected, UpstreamTimeout
 log = structlog.get_logger("triage.backend")
 
 # What an upstream's own words may hold that a client must never see: a credential, an address.
-_LEAKS = re.compile(r"(?i)\bbearer\s+\S+|\bsk-[\w-]{4,}|\b[a-z][a-z0-9+.-]*://\S+"
-                    r"|\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?|\[[0-9a-f:]+\](?::\d+)?|\blocalhost:\d+")
+_LEAKS = re.compile(
+    r"(?i)\bbearer\s+\S+|\bsk-[\w-]{4,}|\b[a-z][a-z0-9+.-]*://\S+"
+    r"|\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?|\[[0-9a-f:]+\](?::\d+)?|\blocalhost:\d+"
+)
 
 
 def scrub(text: str) -> str:
@@ -33,16 +35,24 @@ def scrub(text: str) -> str:
     return _LEAKS.sub("[redacted]", text)
 
 
-def upstream_failure(name: str, status: int, message: str, code: str | None = None,
-                     ) -> UpstreamError | UpstreamRejected:
+def upstream_failure(
+    name: str,
+    status: int,
+    message: str,
+    code: str | None = None,
+) -> UpstreamError | UpstreamRejected:
     """An upstream's error answer as the client may see it; its own message goes to the log.
 
     401 and 403 are about the gateway's credentials for that replica, never the client's: a
     replica fault (ejected, tried elsewhere). 429 and 5xx are replica faults too. Any other 4xx
     is the request's fault and passes through, scrubbed."""
     if status in (401, 403):
-        return UpstreamError(f"upstream {name} refused the gateway's credentials (HTTP {status})",
-                             upstream_status=status, detail=message, code="upstream_auth_failed")
+        return UpstreamError(
+            f"upstream {name} refused the gateway's credentials (HTTP {status})",
+            upstream_status=status,
+            detail=message,
+            code="upstream_auth_failed",
+        )
     if status >= 500 or status == 429:
         return UpstreamError(f"upstream {name} answered {status}", upstream_status=status, detail=message)
     return UpstreamRejected(scrub(message), status=status, code=code)
@@ -57,9 +67,18 @@ class RemoteBackend:
         states = [ReplicaState(r.api_base, resolve(r.api_key), r.weight) for r in spec.replicas]
         self.replicas = ReplicaSet(states, spec.strategy, spec.health.cooldown_s)
         a = spec.admission
-        self.admission = None if a is None else Admission(
-            self.replicas, slots=a.slots, max_skips=a.max_skips, window_ms=a.window_ms,
-            cached_prompts=a.cached_prompts or min(a.slots, 64), min_shared_tokens=a.min_shared_tokens)
+        self.admission = (
+            None
+            if a is None
+            else Admission(
+                self.replicas,
+                slots=a.slots,
+                max_skips=a.max_skips,
+                window_ms=a.window_ms,
+                cached_prompts=a.cached_prompts or min(a.slots, 64),
+                min_shared_tokens=a.min_shared_tokens,
+            )
+        )
         self._health_task: asyncio.Task[None] | None = None
 
     # -- transport primitives ------------------------------------------------------------
@@ -218,8 +237,13 @@ class RemoteBackend:
         try:
             return await self.admission.acquire(prompt_text(call.body), self.spec.timeouts.total_s)
         except UpstreamTimeout:
-            log.warning("admission_timeout", backend=self.name, request_id=call.request_id,
-                        waiting=self.admission.waiting, waited_s=self.spec.timeouts.total_s)
+            log.warning(
+                "admission_timeout",
+                backend=self.name,
+                request_id=call.request_id,
+                waiting=self.admission.waiting,
+                waited_s=self.spec.timeouts.total_s,
+            )
             raise
 
     def _next(self, tried: set[str], affinity: str | None = None, slot: Slot | None = None) -> ReplicaState:
@@ -240,9 +264,15 @@ class RemoteBackend:
         timed_out = isinstance(exc, UpstreamTimeout)
         self._record(call, replica, "timeout" if timed_out else "error", watch)
         self.replicas.eject(replica)
-        log.warning("upstream_failed", backend=self.name, replica=replica.api_base,
-                    request_id=call.request_id, error=exc.message, status=exc.upstream_status,
-                    detail=exc.detail)
+        log.warning(
+            "upstream_failed",
+            backend=self.name,
+            replica=replica.api_base,
+            request_id=call.request_id,
+            error=exc.message,
+            status=exc.upstream_status,
+            detail=exc.detail,
+        )
         if not exc.retryable or (timed_out and not self.spec.retries.on_timeout):
             raise exc
         return exc

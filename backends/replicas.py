@@ -59,8 +59,9 @@ class ReplicaSet:
         )
         candidates = next(p for p in pools if p)
         if affinity is not None:
-            return max(candidates, key=lambda r: hashlib.blake2b(f"{affinity}|{r.api_base}".encode(),
-                                                                 digest_size=8).digest())
+            return max(
+                candidates, key=lambda r: hashlib.blake2b(f"{affinity}|{r.api_base}".encode(), digest_size=8).digest()
+            )
         if self.strategy == "least_outstanding":
             return min(candidates, key=lambda r: (r.outstanding / r.weight, r.ejected_until))
         return self._smooth_weighted(candidates)

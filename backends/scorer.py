@@ -36,8 +36,9 @@ class ScorerBackend:
 
     async def start(self) -> None:
         path = await asyncio.to_thread(gguf.resolve, self.spec.gguf.package, self.spec.gguf.path)
-        self._scorer = await asyncio.to_thread(ChatScorer, path, self.spec.n_ctx, self.spec.n_threads,
-                                               self.spec.n_batch)
+        self._scorer = await asyncio.to_thread(
+            ChatScorer, path, self.spec.n_ctx, self.spec.n_threads, self.spec.n_batch
+        )
 
     async def close(self) -> None:
         async with self._serial.lock:

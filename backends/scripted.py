@@ -47,8 +47,9 @@ class ScriptedBackend:
         words = self._text(call).split(" ")
         n = min(self.spec.chunks, len(words))
         size = -(-len(words) // n)
-        return [" ".join(words[i : i + size]) + (" " if i + size < len(words) else "")
-                for i in range(0, len(words), size)]
+        return [
+            " ".join(words[i : i + size]) + (" " if i + size < len(words) else "") for i in range(0, len(words), size)
+        ]
 
     def _usage(self, call: Call) -> dict[str, int]:
         if call.kind == "completion":

@@ -31,12 +31,17 @@ def response(kind: Kind, model: str, texts: list[str], finish: str, use: dict[st
     else:
         choices = [{"index": i, "text": t, "logprobs": None, "finish_reason": finish} for i, t in enumerate(texts)]
         obj = "text_completion"
-    return {"id": new_id(kind), "object": obj, "created": int(time.time()), "model": model,
-            "choices": choices, "usage": use}
+    return {
+        "id": new_id(kind),
+        "object": obj,
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": use,
+    }
 
 
-def chunk(kind: Kind, cid: str, model: str, text: str | None, finish: str | None,
-          first: bool = False) -> Body:
+def chunk(kind: Kind, cid: str, model: str, text: str | None, finish: str | None, first: bool = False) -> Body:
     if kind == "chat":
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
         if text is not None:

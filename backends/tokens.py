@@ -41,8 +41,10 @@ Tokenize = Callable[[str], Sequence[int]]
 
 MIN_CUT = 64  # characters: a shorter shared prefix is not worth a tokenizer call of its own
 # pieces that must tokenize the same apart as together, for the prefix cache to be used
-_PROBES = ("Q: Which sentence is true?\nOptions:\n(A) It's 12345 m.  (B) Naïve café, «ok»!\nA: Let's think: (B).",
-           "<start> The answer is: yes.\n\n\tNext   question , \"quoted\" ... 3.14 == x_1")
+_PROBES = (
+    "Q: Which sentence is true?\nOptions:\n(A) It's 12345 m.  (B) Naïve café, «ok»!\nA: Let's think: (B).",
+    '<start> The answer is: yes.\n\n\tNext   question , "quoted" ... 3.14 == x_1',
+)
 
 
 @dataclass(frozen=True)
@@ -207,9 +209,14 @@ def pseudo_token(model: str) -> int:
     return zlib.crc32(model.encode("utf-8"))
 
 
-def batch_tokens(policy: Policy, bodies: Sequence[Mapping[str, Any]], base_dir: Path = Path("."), *,
-                 tokens: Literal["model", "approx"] | None = None, prefix_cache: bool = True,
-                 ) -> tuple[list[tuple[int, ...]], str]:
+def batch_tokens(
+    policy: Policy,
+    bodies: Sequence[Mapping[str, Any]],
+    base_dir: Path = Path("."),
+    *,
+    tokens: Literal["model", "approx"] | None = None,
+    prefix_cache: bool = True,
+) -> tuple[list[tuple[int, ...]], str]:
     """Tokens of each request body's prompt (:func:`backends.prefix.prompt_text`), each list led by
     its model's pseudo-token, and what tokenized them (``"smollm2=gguf:FILE, auto=approx"``).
 

@@ -44,27 +44,45 @@ QUESTIONS = (  # (question, the words a right reply contains one of)
 def ask_all(model: str, max_tokens: int, threads: int) -> dict[str, Any]:
     from llama_cpp import Llama
 
-    llm = Llama(model_path=str(gguf.resolve(MODELS[model], None)), n_ctx=1024, n_threads=threads,
-                n_threads_batch=threads, verbose=False)
+    llm = Llama(
+        model_path=str(gguf.resolve(MODELS[model], None)),
+        n_ctx=1024,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+    )
     replies = []
     try:
         for question, words in QUESTIONS:
             t0 = time.perf_counter()
-            out = llm.create_chat_completion(messages=[{"role": "user", "content": question}],
-                                             temperature=0.0, max_tokens=max_tokens)
+            out = llm.create_chat_completion(
+                messages=[{"role": "user", "content": question}], temperature=0.0, max_tokens=max_tokens
+            )
             ms = (time.perf_counter() - t0) * 1000
             text = out["choices"][0]["message"]["content"] or ""
-            replies.append({"question": question, "expected": list(words),
-                            "right": any(w in text.lower() for w in words),
-                            "reply": text.strip()[:160], "latency_ms": round(ms, 1),
-                            "completion_tokens": out["usage"]["completion_tokens"]})
+            replies.append(
+                {
+                    "question": question,
+                    "expected": list(words),
+                    "right": any(w in text.lower() for w in words),
+                    "reply": text.strip()[:160],
+                    "latency_ms": round(ms, 1),
+                    "completion_tokens": out["usage"]["completion_tokens"],
+                }
+            )
     finally:
         llm.close()
     lat = [r["latency_ms"] for r in replies]
     toks = sum(r["completion_tokens"] for r in replies)
-    return {"model": model, "package": MODELS[model], "right": sum(r["right"] for r in replies),
-            "asked": len(replies), "p50_ms": round(float(np.percentile(lat, 50)), 1),
-            "tokens_per_s": round(toks / (sum(lat) / 1000), 1), "replies": replies}
+    return {
+        "model": model,
+        "package": MODELS[model],
+        "right": sum(r["right"] for r in replies),
+        "asked": len(replies),
+        "p50_ms": round(float(np.percentile(lat, 50)), 1),
+        "tokens_per_s": round(toks / (sum(lat) / 1000), 1),
+        "replies": replies,
+    }
 
 
 def main() -> None:
@@ -79,12 +97,19 @@ def main() -> None:
     for model in args.models:
         r = ask_all(model, args.max_tokens, args.threads)
         results.append(r)
-        print(f"{model:20} right {r['right']}/{r['asked']}  p50 {r['p50_ms']:.0f} ms  {r['tokens_per_s']} tok/s",
-              flush=True)
+        print(
+            f"{model:20} right {r['right']}/{r['asked']}  p50 {r['p50_ms']:.0f} ms  {r['tokens_per_s']} tok/s",
+            flush=True,
+        )
         for reply in r["replies"]:
             print(f"    {'ok ' if reply['right'] else 'NO '} {reply['question'][:40]:40} -> {reply['reply'][:70]!r}")
-    report = {"date": dt.date.today().isoformat(), "threads": args.threads, "max_tokens": args.max_tokens,
-              "load_avg_1m": [load_before, os.getloadavg()[0]], "results": results}
+    report = {
+        "date": dt.date.today().isoformat(),
+        "threads": args.threads,
+        "max_tokens": args.max_tokens,
+        "load_avg_1m": [load_before, os.getloadavg()[0]],
+        "results": results,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"written: {args.out}")

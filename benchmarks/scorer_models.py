@@ -140,8 +140,7 @@ def summarize(outcomes: list[Outcome], rows: dict[str, Row]) -> dict[str, Any]:
     }
 
 
-def run_one(model: str, mode: str, rows: list[Row], outdir: Path, n_ctx: int, threads: int,
-            seed: int) -> list[Outcome]:
+def run_one(model: str, mode: str, rows: list[Row], outdir: Path, n_ctx: int, threads: int, seed: int) -> list[Outcome]:
     cache = outdir / f"{model}.{mode}.seed{seed}.jsonl"
     done: dict[str, Outcome] = {}
     if cache.is_file():
@@ -179,10 +178,14 @@ def machine() -> dict[str, Any]:
     flags = fields.get("Flags", "").split()
     import llama_cpp
 
-    return {"cpu": fields.get("Model name", platform.processor()).strip(),
-            "cores": int(fields.get("CPU(s)", "0").strip() or 0),
-            "avx512_vnni": "avx512_vnni" in flags, "avx2": "avx2" in flags,
-            "llama_cpp_python": llama_cpp.__version__, "python": platform.python_version()}
+    return {
+        "cpu": fields.get("Model name", platform.processor()).strip(),
+        "cores": int(fields.get("CPU(s)", "0").strip() or 0),
+        "avx512_vnni": "avx512_vnni" in flags,
+        "avx2": "avx2" in flags,
+        "llama_cpp_python": llama_cpp.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def table(report: dict[str, Any]) -> str:
@@ -193,9 +196,11 @@ def table(report: dict[str, Any]) -> str:
         s = r["pooled"]
         mass = f"{s['label_mass']:.2f}" if s["label_mass"] is not None else "-"
         per = [f"{r['per_set'][name]['accuracy']:.2f}" for name in sets]
-        lines.append(f"| {r['model']} | {r['mode']} | {s['accuracy']:.3f} | {s['chance']:.3f} | {s['ece']:.3f} | "
-                     f"{s['auroc']:.2f} | "
-                     f"{s['p50_ms']:.0f} | {mass} | " + " | ".join(per) + " |")
+        lines.append(
+            f"| {r['model']} | {r['mode']} | {s['accuracy']:.3f} | {s['chance']:.3f} | {s['ece']:.3f} | "
+            f"{s['auroc']:.2f} | "
+            f"{s['p50_ms']:.0f} | {mass} | " + " | ".join(per) + " |"
+        )
     return "\n".join(lines)
 
 
@@ -223,14 +228,30 @@ def main() -> None:
         for mode in args.modes:
             outcomes = run_one(model, mode, rows, outdir, args.n_ctx, args.threads, args.seed)
             per = {name: summarize([o for o in outcomes if o.source == name], by_id) for name in args.sets}
-            results.append({"model": model, "package": MODELS[model], "mode": mode,
-                            "pooled": summarize(outcomes, by_id), "per_set": per})
+            results.append(
+                {
+                    "model": model,
+                    "package": MODELS[model],
+                    "mode": mode,
+                    "pooled": summarize(outcomes, by_id),
+                    "per_set": per,
+                }
+            )
             s = results[-1]["pooled"]
             print(f"{model:20} {mode:9} acc {s['accuracy']:.3f} ece {s['ece']:.3f} p50 {s['p50_ms']} ms", flush=True)
-    report = {"date": dt.date.today().isoformat(), "machine": machine(), "threads": args.threads,
-              "n_ctx": args.n_ctx, "split": "dev", "per_set": args.per_set, "seed": args.seed,
-              "sets": args.sets, "rows": len(rows), "load_avg_1m": [load_before[0], os.getloadavg()[0]],
-              "results": results}
+    report = {
+        "date": dt.date.today().isoformat(),
+        "machine": machine(),
+        "threads": args.threads,
+        "n_ctx": args.n_ctx,
+        "split": "dev",
+        "per_set": args.per_set,
+        "seed": args.seed,
+        "sets": args.sets,
+        "rows": len(rows),
+        "load_avg_1m": [load_before[0], os.getloadavg()[0]],
+        "results": results,
+    }
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(table(report))
     print(f"\nwritten: {args.out}")

@@ -48,8 +48,14 @@ class BatchStats:
 
 
 class MicroBatcher(Generic[T, R]):
-    def __init__(self, forward: Forward[T, R], *, max_batch: int = 16, max_wait_ms: float = 2.0,
-                 thread_name: str = "triage-encoder") -> None:
+    def __init__(
+        self,
+        forward: Forward[T, R],
+        *,
+        max_batch: int = 16,
+        max_wait_ms: float = 2.0,
+        thread_name: str = "triage-encoder",
+    ) -> None:
         if max_batch < 1 or max_wait_ms < 0:
             raise InvalidRequest("micro-batching needs max_batch >= 1 and max_wait_ms >= 0")
         self._forward = forward

@@ -16,8 +16,12 @@ def fit_temperature(logits: np.ndarray, y: np.ndarray, lo: float = 0.05, hi: flo
     """The temperature that minimises the negative log-likelihood of held-out rows."""
     from scipy.optimize import minimize_scalar
 
-    res = minimize_scalar(lambda t: nll(logits, y, float(np.exp(t))), bounds=(np.log(lo), np.log(hi)),
-                          method="bounded", options={"xatol": 1e-4})
+    res = minimize_scalar(
+        lambda t: nll(logits, y, float(np.exp(t))),
+        bounds=(np.log(lo), np.log(hi)),
+        method="bounded",
+        options={"xatol": 1e-4},
+    )
     return float(np.exp(res.x))
 
 

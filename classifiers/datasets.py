@@ -17,8 +17,22 @@ from typing import Any
 LETTERS = "ABCDEFGHIJKLMNOP"
 QUESTION_TYPES = ("choice", "yes_no", "score", "open")
 
-TYPED_FILES = ("mmlu_pro", "mmlu_redux", "boolq", "strategyqa", "commonsenseqa", "openbookqa", "piqa", "siqa",
-               "logiqa", "hellaswag", "truthfulqa_mc1", "gsm8k", "svamp", "multiarith")
+TYPED_FILES = (
+    "mmlu_pro",
+    "mmlu_redux",
+    "boolq",
+    "strategyqa",
+    "commonsenseqa",
+    "openbookqa",
+    "piqa",
+    "siqa",
+    "logiqa",
+    "hellaswag",
+    "truthfulqa_mc1",
+    "gsm8k",
+    "svamp",
+    "multiarith",
+)
 OPEN_FILES = ("mt_bench", "arena_hard_v0.1")
 SHAPED = "shaped-"  # the id prefix of shaped_choice rows
 

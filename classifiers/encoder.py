@@ -191,10 +191,14 @@ class Encoder:
             keep = self.slots - tail
             pieces = pieces[:keep] + (pieces[-tail:] if tail else [])
             starts = starts[:keep] + (starts[-tail:] if tail else [])
-        return Encoded(ids=[self._cls, *pieces, self._sep], original_tokens=original,
-                       truncated=original > self.settings.max_tokens,
-                       segments=_segments(clean, starts) if parts else (), foreign=foreign,
-                       language=detect(clean) if parts else UNKNOWN)
+        return Encoded(
+            ids=[self._cls, *pieces, self._sep],
+            original_tokens=original,
+            truncated=original > self.settings.max_tokens,
+            segments=_segments(clean, starts) if parts else (),
+            foreign=foreign,
+            language=detect(clean) if parts else UNKNOWN,
+        )
 
     def embed(self, texts: Sequence[str | bytes]) -> np.ndarray:
         """Embeddings of ``texts`` in order: float32 ``[len(texts), dim]``, unit length. One forward,
@@ -218,8 +222,11 @@ class Encoder:
         if self._pool is None:
             return [r for row in rows for r in self._forward([row], self._session, parts)]
         lanes = len(self._lanes)
-        done = list(self._pool.map(lambda k: [self._forward([r], self._lanes[k], parts)[0] for r in rows[k::lanes]],
-                                   range(lanes)))
+        done = list(
+            self._pool.map(
+                lambda k: [self._forward([r], self._lanes[k], parts)[0] for r in rows[k::lanes]], range(lanes)
+            )
+        )
         out: list[Reading] = [None] * len(rows)  # type: ignore[list-item]
         for k, part in enumerate(done):
             out[k::lanes] = part
@@ -232,8 +239,9 @@ class Encoder:
         for i, r in enumerate(rows):
             ids[i, : len(r.ids)] = r.ids
             mask[i, : len(r.ids)] = 1
-        out = session.run([self._output, self._tokens] if parts else [self._output],
-                          {"input_ids": ids, "attention_mask": mask})
+        out = session.run(
+            [self._output, self._tokens] if parts else [self._output], {"input_ids": ids, "attention_mask": mask}
+        )
         vectors = np.asarray(out[0], dtype=np.float32)
         none = np.zeros((0, self.dim), dtype=np.float32)
         readings = []

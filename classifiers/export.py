@@ -143,8 +143,12 @@ def _pooled(torch: Any, bert: Any, guard_layer: int) -> Any:
             self.bert = bert
 
         def forward(self, input_ids: Any, attention_mask: Any) -> Any:
-            out = self.bert(input_ids=input_ids, attention_mask=attention_mask,
-                            token_type_ids=torch.zeros_like(input_ids), output_hidden_states=True)
+            out = self.bert(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                token_type_ids=torch.zeros_like(input_ids),
+                output_hidden_states=True,
+            )
             tokens = out.last_hidden_state
             mask = attention_mask.unsqueeze(-1).to(tokens.dtype)
             pooled = (tokens * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
@@ -174,8 +178,14 @@ def _torch_export(torch: Any, model: Any, path: Path, opset: int) -> None:
     dynamic[TOKENS] = {0: "batch", 1: "seq"}
     with _quiet(), torch.no_grad():
         torch.onnx.export(
-            model, (ids, (ids != 0).to(torch.int64)), str(path), input_names=list(INPUTS),
-            output_names=[OUTPUT, TOKENS], dynamic_axes=dynamic, opset_version=opset, do_constant_folding=True,
+            model,
+            (ids, (ids != 0).to(torch.int64)),
+            str(path),
+            input_names=list(INPUTS),
+            output_names=[OUTPUT, TOKENS],
+            dynamic_axes=dynamic,
+            opset_version=opset,
+            do_constant_folding=True,
             dynamo=False,
         )
 
@@ -192,7 +202,12 @@ def _fuse(src: Path, dst: Path, *, num_heads: int, hidden_size: int) -> None:
     fusions.enable_bias_skip_layer_norm = False
     with _quiet():
         model = optimizer.optimize_model(
-            str(src), model_type="bert", num_heads=num_heads, hidden_size=hidden_size, opt_level=0, use_gpu=False,
+            str(src),
+            model_type="bert",
+            num_heads=num_heads,
+            hidden_size=hidden_size,
+            opt_level=0,
+            use_gpu=False,
             optimization_options=fusions,
         )
         model.save_model_to_file(str(dst))
@@ -204,7 +219,10 @@ def quantize(src: Path, dst: Path, *, per_channel: bool) -> None:
 
     with _quiet():
         quantize_dynamic(
-            str(src), str(dst), weight_type=QuantType.QInt8, per_channel=per_channel,
+            str(src),
+            str(dst),
+            weight_type=QuantType.QInt8,
+            per_channel=per_channel,
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
 

@@ -78,8 +78,10 @@ class Reference:
         if not readings:
             return []
         sims = self.similarity(np.stack([r.vector for r in readings]))
-        return [Familiarity(float(s), self.threshold, r.foreign, self.foreign_threshold, r.language)
-                for s, r in zip(sims, readings, strict=True)]
+        return [
+            Familiarity(float(s), self.threshold, r.foreign, self.foreign_threshold, r.language)
+            for s, r in zip(sims, readings, strict=True)
+        ]
 
     def save(self, directory: Path, meta: dict[str, object]) -> None:
         directory.mkdir(parents=True, exist_ok=True)

@@ -40,8 +40,15 @@ if TYPE_CHECKING:
 POSITIVES = 3000
 NEGATIVE_SEGMENTS = 20_000
 WRAP_MAX_WORDS = 40  # ordinary prompts an injection may be wrapped around
-PROBES = ("ood_probe.jsonl", "ood_probe_v2.jsonl", "ood_probe_v3.jsonl", "ood_probe_v4.jsonl", "ood_probe_v5.jsonl",
-          "ood_probe_v6.jsonl", "ood_probe_v7.jsonl")
+PROBES = (
+    "ood_probe.jsonl",
+    "ood_probe_v2.jsonl",
+    "ood_probe_v3.jsonl",
+    "ood_probe_v4.jsonl",
+    "ood_probe_v5.jsonl",
+    "ood_probe_v6.jsonl",
+    "ood_probe_v7.jsonl",
+)
 MIN_CONFIDENCE = 0.5  # a semantic model with this min_confidence escalates a less sure category
 
 
@@ -54,8 +61,9 @@ class InjectionFit:
     ece_uncalibrated: float  # the same at temperature 1
 
 
-def fit_injection(cache: EmbeddingCache, negatives: datasets.Rows, test: datasets.Rows,
-                  limit: int | None = None) -> InjectionFit:
+def fit_injection(
+    cache: EmbeddingCache, negatives: datasets.Rows, test: datasets.Rows, limit: int | None = None
+) -> InjectionFit:
     hard = injections.hard_negatives()
     neg = datasets.Rows(negatives.texts + hard.texts, negatives.labels + hard.labels, negatives.ids + hard.ids)
     neg.labels = [injections.CLEAN] * len(neg)
@@ -71,15 +79,21 @@ def fit_injection(cache: EmbeddingCache, negatives: datasets.Rows, test: dataset
     keep = datasets.subsample(datasets.Rows(seg_ids, seg_ids, seg_ids), NEGATIVE_SEGMENTS, "injection-segments").ids
     chosen = set(keep)
     seg_rows = [(x, i) for x, i in zip(seg_x, seg_ids, strict=True) if i in chosen]
-    x = np.vstack([np.stack([guard_view(r)[0] for r in r_neg]), np.stack([guard_view(r)[0] for r in r_pos]),
-                   *([np.stack([v for v, _ in seg_rows])] if seg_rows else [])])
+    x = np.vstack(
+        [
+            np.stack([guard_view(r)[0] for r in r_neg]),
+            np.stack([guard_view(r)[0] for r in r_pos]),
+            *([np.stack([v for v, _ in seg_rows])] if seg_rows else []),
+        ]
+    )
     labels = neg.labels + positives.labels + [injections.CLEAN] * len(seg_rows)
     ids = neg.ids + positives.ids + [i for _, i in seg_rows]
     head, _ = fit_head(INJECTION, x, labels, ids, classes=(injections.CLEAN, ROUTER))
     held_scores = [router_probability(head, r) for r, h in zip(r_neg, calib, strict=True) if h]
     cut = max(0.5, float(np.quantile(held_scores, INJECTION_QUANTILE))) if held_scores else 0.5
-    head.meta.update(threshold=cut, positives=len(positives), hard_negatives=len(hard),
-                     negative_sentences=len(seg_rows))
+    head.meta.update(
+        threshold=cut, positives=len(positives), hard_negatives=len(hard), negative_sentences=len(seg_rows)
+    )
     r_test, eces, flagged = cache.read(test.texts), [], np.zeros(len(test), bool)
     for h in (head, head.with_temperature(1.0)):
         preds = [injection_prediction(h, r) for r in r_test]
@@ -111,8 +125,9 @@ def fit_reference(vectors: np.ndarray, held: np.ndarray, foreign: np.ndarray, la
     """The similarity sample and the familiarity cuts, from held-out training prompts: ``held``
     (embeddings) for the similarity cut, ``foreign`` (their shares of foreign pieces) for the other."""
     sims = (held @ vectors.T).max(axis=1)
-    return Reference(vectors, float(np.quantile(sims, SIMILARITY_QUANTILE)),
-                     float(np.quantile(foreign, FOREIGN_QUANTILE)), layers)
+    return Reference(
+        vectors, float(np.quantile(sims, SIMILARITY_QUANTILE)), float(np.quantile(foreign, FOREIGN_QUANTILE)), layers
+    )
 
 
 @dataclass
@@ -130,12 +145,20 @@ class ProbeResult:
     no_confident_class: float  # guarded or doubtful: what the issue asks of an input the heads do not know
 
 
-def probe(cache: EmbeddingCache, reference: Reference, category: LinearHead | None,
-          injection: LinearHead | None, ordinary: datasets.Rows) -> list[ProbeResult]:
+def probe(
+    cache: EmbeddingCache,
+    reference: Reference,
+    category: LinearHead | None,
+    injection: LinearHead | None,
+    ordinary: datasets.Rows,
+) -> list[ProbeResult]:
     """The guard on each probe file, kind by kind, and on ``ordinary`` prompts (the shared data's
     test rows, kind ``ordinary``: every flag a false one)."""
-    sets = [(name, list(datasets.read_jsonl(Path(__file__).parent / "data" / name))) for name in PROBES
-            if (Path(__file__).parent / "data" / name).is_file()]
+    sets = [
+        (name, list(datasets.read_jsonl(Path(__file__).parent / "data" / name)))
+        for name in PROBES
+        if (Path(__file__).parent / "data" / name).is_file()
+    ]
     sets.append(("shared test rows", [{"text": t, "kind": "ordinary"} for t in ordinary.texts]))
     out = []
     for name, rows in sets:
@@ -146,8 +169,9 @@ def probe(cache: EmbeddingCache, reference: Reference, category: LinearHead | No
         far = np.array([f.similarity < f.threshold for f in fams])
         foreign = np.array([f.foreign > f.foreign_threshold for f in fams])
         language = np.array([foreign_language(f.language) for f in fams])
-        router = np.array([injection is not None and injection_prediction(injection, r).label == ROUTER
-                           for r in readings])
+        router = np.array(
+            [injection is not None and injection_prediction(injection, r).label == ROUTER for r in readings]
+        )
         x = np.stack([r.vector for r in readings])
         whole = np.zeros(len(rows), bool)
         if injection is not None:
@@ -157,10 +181,19 @@ def probe(cache: EmbeddingCache, reference: Reference, category: LinearHead | No
         doubtful = category.proba(x).max(axis=1) < MIN_CONFIDENCE if category is not None else np.zeros(len(rows), bool)
         for kind in sorted({r["kind"] for r in rows}):
             m = np.array([r["kind"] == kind for r in rows])
-            out.append(ProbeResult(name, kind, int(m.sum()), float(far[m].mean()), float(language[m].mean()),
-                                   float(foreign[m].mean()),
-                                   float(router[m].mean()), float(whole[m].mean()),
-                                   float((far | language | foreign | router)[m].mean()),
-                                   float(doubtful[m].mean()),
-                                   float((far | language | foreign | router | doubtful)[m].mean())))
+            out.append(
+                ProbeResult(
+                    name,
+                    kind,
+                    int(m.sum()),
+                    float(far[m].mean()),
+                    float(language[m].mean()),
+                    float(foreign[m].mean()),
+                    float(router[m].mean()),
+                    float(whole[m].mean()),
+                    float((far | language | foreign | router)[m].mean()),
+                    float(doubtful[m].mean()),
+                    float((far | language | foreign | router | doubtful)[m].mean()),
+                )
+            )
     return out

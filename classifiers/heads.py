@@ -41,8 +41,9 @@ class LinearHead:
     def __post_init__(self) -> None:
         k = len(self.classes)
         if self.weight.ndim != 2 or self.weight.shape[0] != k or self.bias.shape != (k,):
-            raise ValueError(f"head {self.name}: weight {self.weight.shape} / bias {self.bias.shape} "
-                             f"do not fit {k} classes")
+            raise ValueError(
+                f"head {self.name}: weight {self.weight.shape} / bias {self.bias.shape} do not fit {k} classes"
+            )
         if not self.temperature > 0:
             raise ValueError(f"head {self.name}: temperature must be positive")
 
@@ -73,8 +74,11 @@ class LinearHead:
         for row, i in zip(probs, self.labels(probs), strict=True):
             top = int(row.argmax())
             confidence = float(row[top]) if int(i) == top else 1.0 - float(row[top])
-            out.append(Prediction(self.classes[int(i)], confidence,
-                                  {c: float(p) for c, p in zip(self.classes, row, strict=True)}))
+            out.append(
+                Prediction(
+                    self.classes[int(i)], confidence, {c: float(p) for c, p in zip(self.classes, row, strict=True)}
+                )
+            )
         return out
 
     def with_temperature(self, temperature: float) -> LinearHead:
@@ -82,10 +86,16 @@ class LinearHead:
 
     def save(self, directory: Path) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
-        np.savez(directory / f"{self.name}.npz", weight=self.weight.astype(np.float32),
-                 bias=self.bias.astype(np.float32))
-        doc = {"format": FORMAT, "name": self.name, "classes": list(self.classes),
-               "temperature": self.temperature, "meta": self.meta}
+        np.savez(
+            directory / f"{self.name}.npz", weight=self.weight.astype(np.float32), bias=self.bias.astype(np.float32)
+        )
+        doc = {
+            "format": FORMAT,
+            "name": self.name,
+            "classes": list(self.classes),
+            "temperature": self.temperature,
+            "meta": self.meta,
+        }
         path = directory / f"{self.name}.json"
         path.write_text(json.dumps(doc, indent=2, sort_keys=True))
         return path
@@ -98,8 +108,10 @@ class LinearHead:
                 raise NotReady(f"head artifact {path} is missing: build it with `{build_hint}`")
         doc = json.loads(doc_path.read_text())
         if doc.get("format") != FORMAT:
-            raise NotReady(f"head artifact {doc_path} has format {doc.get('format')}, expected {FORMAT}: "
-                           f"rebuild it with `{build_hint}`")
+            raise NotReady(
+                f"head artifact {doc_path} has format {doc.get('format')}, expected {FORMAT}: "
+                f"rebuild it with `{build_hint}`"
+            )
         with np.load(arr_path, allow_pickle=False) as arrays:
             weight, bias = arrays["weight"], arrays["bias"]
         return cls(doc["name"], tuple(doc["classes"]), weight, bias, float(doc["temperature"]), doc.get("meta", {}))

@@ -49,8 +49,11 @@ def option_run(text: str | bytes) -> int:
 def features(texts: Sequence[str | bytes]) -> np.ndarray:
     """``(len(texts), WIDTH)``: the run of option letters as a share of ten, and whether it is at least two."""
     runs = np.array([option_run(t) for t in texts], dtype=np.float32).reshape(len(texts))
-    return np.stack([runs / _MAX_RUN, (runs >= 2).astype(np.float32)], axis=1) if len(texts) else \
-        np.zeros((0, WIDTH), dtype=np.float32)
+    return (
+        np.stack([runs / _MAX_RUN, (runs >= 2).astype(np.float32)], axis=1)
+        if len(texts)
+        else np.zeros((0, WIDTH), dtype=np.float32)
+    )
 
 
 def reads_layout(meta: dict[str, object]) -> bool:
@@ -63,12 +66,17 @@ def beside(x: np.ndarray, texts: Sequence[str | bytes]) -> np.ndarray:
     return np.hstack([np.asarray(x, dtype=np.float32), features(texts)])
 
 
-def fit_rows(x: np.ndarray, texts: Sequence[str], labels: Sequence[str], ids: Sequence[str],
-             synthetic: Sequence[bool]) -> tuple[np.ndarray, list[str], list[str], list[bool]]:
+def fit_rows(
+    x: np.ndarray, texts: Sequence[str], labels: Sequence[str], ids: Sequence[str], synthetic: Sequence[bool]
+) -> tuple[np.ndarray, list[str], list[str], list[bool]]:
     """A layout head's fit rows: every row with its features, and the ``synthetic`` (shaped) rows once
     more with them zeroed, so that a layout the features miss is not read as no options at all."""
     full = beside(x, texts)
     again = [i for i, s in enumerate(synthetic) if s]
     blank = np.hstack([x[again], np.zeros((len(again), WIDTH), dtype=np.float32)])
-    return (np.vstack([full, blank]), [*labels, *(labels[i] for i in again)],
-            [*ids, *(f"{ids[i]}#no-layout" for i in again)], [*synthetic, *([True] * len(again))])
+    return (
+        np.vstack([full, blank]),
+        [*labels, *(labels[i] for i in again)],
+        [*ids, *(f"{ids[i]}#no-layout" for i in again)],
+        [*synthetic, *([True] * len(again))],
+    )

@@ -38,9 +38,15 @@ class LabelSet:
 
     def take(self, mask: np.ndarray) -> LabelSet:
         idx = np.flatnonzero(mask)
-        return LabelSet(self.name, [self.ids[i] for i in idx], [self.splits[i] for i in idx],
-                        [self.texts[i] for i in idx], [self.categories[i] for i in idx], self.models,
-                        self.correct[idx])
+        return LabelSet(
+            self.name,
+            [self.ids[i] for i in idx],
+            [self.splits[i] for i in idx],
+            [self.texts[i] for i in idx],
+            [self.categories[i] for i in idx],
+            self.models,
+            self.correct[idx],
+        )
 
     def split(self, name: str) -> LabelSet:
         return self.take(np.array([s == name for s in self.splits], dtype=bool))
@@ -52,8 +58,7 @@ class LabelSet:
 
 def folds(ids: list[str], k: int, salt: str = "triage-router-folds") -> np.ndarray:
     """A fold number per row, by SHA-256 of salt and id (stable everywhere): for sets with no dev rows."""
-    return np.array([int.from_bytes(hashlib.sha256(f"{salt}:{i}".encode()).digest()[:4], "big") % k
-                     for i in ids])
+    return np.array([int.from_bytes(hashlib.sha256(f"{salt}:{i}".encode()).digest()[:4], "big") % k for i in ids])
 
 
 def group_folds(groups: list[str], k: int, salt: str = "triage-router-folds") -> np.ndarray:
@@ -113,5 +118,12 @@ def load(data_dir: Path, name: str) -> LabelSet:
 def _reasoning(data_dir: Path, name: str) -> LabelSet:
     rows = list(read_jsonl(find(data_dir, "reasoning", name)))
     correct = np.array([[float(r["direct_correct"]), float(r["cot_correct"])] for r in rows])
-    return LabelSet(name, [r["id"] for r in rows], [r["split"] for r in rows], [r["prompt"] for r in rows],
-                    [r.get("task") or "" for r in rows], REASONING, correct)
+    return LabelSet(
+        name,
+        [r["id"] for r in rows],
+        [r["split"] for r in rows],
+        [r["prompt"] for r in rows],
+        [r.get("task") or "" for r in rows],
+        REASONING,
+        correct,
+    )

@@ -79,8 +79,9 @@ def feature_width(features: tuple[str, ...], dim: int) -> int:
     return sum(BLOCKS[f][0] * dim + BLOCKS[f][1] for f in features)
 
 
-def pair_features(question_vec: np.ndarray, option_vecs: np.ndarray,
-                  features: tuple[str, ...] = DEFAULT_FEATURES) -> np.ndarray:
+def pair_features(
+    question_vec: np.ndarray, option_vecs: np.ndarray, features: tuple[str, ...] = DEFAULT_FEATURES
+) -> np.ndarray:
     """One row per option: the named feature blocks of (question, option), float32 ``(n, width)``."""
     q = np.asarray(question_vec, dtype=np.float32).reshape(-1)
     o = np.atleast_2d(np.asarray(option_vecs, dtype=np.float32))
@@ -116,8 +117,9 @@ class OptionHead:
         try:
             return self.weights[qtype]
         except KeyError:
-            raise KeyError(f"option head has no weights for question type {qtype!r} "
-                           f"(it has {', '.join(self.types) or 'none'})") from None
+            raise KeyError(
+                f"option head has no weights for question type {qtype!r} (it has {', '.join(self.types) or 'none'})"
+            ) from None
 
     def logits(self, qtype: str, question_vec: np.ndarray, option_vecs: np.ndarray) -> np.ndarray:
         """Raw scores ``(n_options,)``, before the temperature; KeyError for a type without weights."""
@@ -128,8 +130,9 @@ class OptionHead:
         self._weight(qtype)
         return float(self.temperatures.get(qtype, 1.0))
 
-    def proba(self, qtype: str, question_vec: np.ndarray, option_vecs: np.ndarray,
-              temperature: float | None = None) -> np.ndarray:
+    def proba(
+        self, qtype: str, question_vec: np.ndarray, option_vecs: np.ndarray, temperature: float | None = None
+    ) -> np.ndarray:
         """Option probabilities: softmax(logits / temperature), the fitted one unless given."""
         t = temperature if temperature is not None else self.temperature(qtype)
         return softmax(self.logits(qtype, question_vec, option_vecs).astype(np.float64) / t)
@@ -137,8 +140,14 @@ class OptionHead:
     def save(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         np.savez(directory / f"{OPTIONS}.npz", **{qtype: w.astype(np.float32) for qtype, w in self.weights.items()})
-        doc = {"format": FORMAT, "features": list(self.features), "dim": self.dim, "types": list(self.types),
-               "temperatures": {t: float(self.temperatures.get(t, 1.0)) for t in self.types}, "meta": self.meta}
+        doc = {
+            "format": FORMAT,
+            "features": list(self.features),
+            "dim": self.dim,
+            "types": list(self.types),
+            "temperatures": {t: float(self.temperatures.get(t, 1.0)) for t in self.types},
+            "meta": self.meta,
+        }
         (directory / f"{OPTIONS}.json").write_text(json.dumps(doc, indent=2, sort_keys=True))
 
     @classmethod
@@ -150,13 +159,21 @@ class OptionHead:
         doc = json.loads(doc_path.read_text())
         features = tuple(doc.get("features", ()))
         if doc.get("format") != FORMAT or any(f not in BLOCKS for f in features):
-            raise NotReady(f"option head artifact {doc_path} has format {doc.get('format')} and features "
-                           f"{list(features)}, expected format {FORMAT}: rebuild it with `{hint}`")
+            raise NotReady(
+                f"option head artifact {doc_path} has format {doc.get('format')} and features "
+                f"{list(features)}, expected format {FORMAT}: rebuild it with `{hint}`"
+            )
         with np.load(arr_path, allow_pickle=False) as arrays:
             missing = [t for t in doc["types"] if t not in arrays.files]
             if missing:
-                raise NotReady(f"option head artifact {arr_path} has no weights for {missing}: "
-                               f"rebuild it with `{hint}`")
+                raise NotReady(
+                    f"option head artifact {arr_path} has no weights for {missing}: rebuild it with `{hint}`"
+                )
             weights = {t: arrays[t].astype(np.float32) for t in doc["types"]}
-        return cls(weights, {t: float(v) for t, v in doc["temperatures"].items()}, features, int(doc["dim"]),
-                   doc.get("meta", {}))
+        return cls(
+            weights,
+            {t: float(v) for t, v in doc["temperatures"].items()},
+            features,
+            int(doc["dim"]),
+            doc.get("meta", {}),
+        )

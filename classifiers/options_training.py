@@ -28,8 +28,19 @@ from classifiers.training import FitReport, held_back
 
 QUESTION_TYPES = ("choice", "yes_no")
 FIT_SETS = {"choice": ("mmlu_pro",), "yes_no": ("boolq", "strategyqa")}  # the typed sets with dev rows
-MEASURE_SETS = ("mmlu_pro", "mmlu_redux", "boolq", "strategyqa", "commonsenseqa", "openbookqa", "piqa", "siqa",
-                "logiqa", "hellaswag", "truthfulqa_mc1")
+MEASURE_SETS = (
+    "mmlu_pro",
+    "mmlu_redux",
+    "boolq",
+    "strategyqa",
+    "commonsenseqa",
+    "openbookqa",
+    "piqa",
+    "siqa",
+    "logiqa",
+    "hellaswag",
+    "truthfulqa_mc1",
+)
 TEST_CAP = 1000  # test rows measured per set: a seeded sample
 C = {"choice": 0.01, "yes_no": 0.001}  # inverse L2 strength per type (5-fold CV on the fit rows)
 PAD = -1e9  # logit of a missing option when ragged questions are stacked into one matrix
@@ -81,8 +92,16 @@ def load_items(data_dir: Path, name: str, split: str, cap: int | None = None) ->
         options = tuple(row["options"])
         if row["answer"] not in options:
             continue
-        out.append(Item(row["id"], name, row["type"], question_text(row["question"], row.get("context")),
-                        options, options.index(row["answer"])))
+        out.append(
+            Item(
+                row["id"],
+                name,
+                row["type"],
+                question_text(row["question"], row.get("context")),
+                options,
+                options.index(row["answer"]),
+            )
+        )
     if cap is not None and len(out) > cap:
         keep = set(sorted(range(len(out)), key=lambda i: _bucket(out[i].id, f"options-{name}-{split}"))[:cap])
         out = [it for i, it in enumerate(out) if i in keep]
@@ -149,8 +168,14 @@ class TypeFit(FitReport):
     qtype: str
 
 
-def fit_type(qtype: str, emb: Embedded, *, c: float, features: tuple[str, ...] = DEFAULT_FEATURES,
-             calibration_fraction: float = 0.2) -> tuple[np.ndarray, TypeFit, np.ndarray]:
+def fit_type(
+    qtype: str,
+    emb: Embedded,
+    *,
+    c: float,
+    features: tuple[str, ...] = DEFAULT_FEATURES,
+    calibration_fraction: float = 0.2,
+) -> tuple[np.ndarray, TypeFit, np.ndarray]:
     """Weights for one question type on the non-held-back rows, its temperature on the rest, and
     the mask of the held-back rows."""
     calib = held_back([it.id for it in emb.items], calibration_fraction)
@@ -166,8 +191,19 @@ def fit_type(qtype: str, emb: Embedded, *, c: float, features: tuple[str, ...] =
     t = fit_temperature(logits, y)
     before, after = softmax(logits), softmax(logits / t)
     correct = before.argmax(1) == y
-    return w, TypeFit(len(fit.items), len(held.items), float(correct.mean()),
-                      ece(before.max(1), correct), ece(after.max(1), correct), t, qtype), calib
+    return (
+        w,
+        TypeFit(
+            len(fit.items),
+            len(held.items),
+            float(correct.mean()),
+            ece(before.max(1), correct),
+            ece(after.max(1), correct),
+            t,
+            qtype,
+        ),
+        calib,
+    )
 
 
 @dataclass
@@ -199,8 +235,11 @@ def fit_option_head(
         fits.append(report)
         fitted.append(emb.questions[~calib])
         held.append(emb.questions[calib])
-    meta = {"fit": {f.qtype: {k: v for k, v in vars(f).items() if k != "qtype"} for f in fits},
-            "c": strengths, "fit_sets": {k: list(v) for k, v in FIT_SETS.items()}}
+    meta = {
+        "fit": {f.qtype: {k: v for k, v in vars(f).items() if k != "qtype"} for f in fits},
+        "c": strengths,
+        "fit_sets": {k: list(v) for k, v in FIT_SETS.items()},
+    }
     head = OptionHead(weights, temperatures, features, fitted[0].shape[1], meta)
     return OptionsFit(head, fits, np.vstack(fitted), np.vstack(held))
 
@@ -230,9 +269,16 @@ def measure_set(head: OptionHead, name: str, emb: Embedded) -> SetResult | None:
     if qtype == "yes_no":
         answers = [it.options[it.answer] for it in emb.items]
         majority = max(answers.count(a) for a in set(answers)) / len(answers)
-    return SetResult(name, qtype, len(y), float(correct.mean()),
-                     float(np.mean([1 / len(it.options) for it in emb.items])), majority,
-                     ece(probs.max(1), correct), ece(raw.max(1), raw.argmax(1) == y))
+    return SetResult(
+        name,
+        qtype,
+        len(y),
+        float(correct.mean()),
+        float(np.mean([1 / len(it.options) for it in emb.items])),
+        majority,
+        ece(probs.max(1), correct),
+        ece(raw.max(1), raw.argmax(1) == y),
+    )
 
 
 def measure_options(
@@ -259,8 +305,9 @@ def measure_options(
     return out
 
 
-def train_options(data_dir: Path, out: Path, cache: Embedder, *, limit: int | None = None,
-                  say: Callable[[str], None] = print) -> tuple[OptionsFit, list[SetResult], float]:
+def train_options(
+    data_dir: Path, out: Path, cache: Embedder, *, limit: int | None = None, say: Callable[[str], None] = print
+) -> tuple[OptionsFit, list[SetResult], float]:
     """Fit, save (``out/options.npz`` + ``.json``) and measure the option head; seconds taken last."""
     t0 = time.perf_counter()
     fitted = fit_option_head(data_dir, cache, limit=limit, say=say)

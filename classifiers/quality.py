@@ -93,10 +93,22 @@ class QualityHead:
 
     def save(self, directory: Path) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
-        np.savez(directory / f"{self.name}.npz", scale=self.scale, shift=self.shift,
-                 **{k: v.astype(np.float32) for k, v in self.arrays.items()})
-        doc = {"format": FORMAT, "name": self.name, "models": list(self.models), "kind": self.kind,
-               "k": self.k, "prior": self.prior, "temperature": self.temperature, "meta": self.meta}
+        np.savez(
+            directory / f"{self.name}.npz",
+            scale=self.scale,
+            shift=self.shift,
+            **{k: v.astype(np.float32) for k, v in self.arrays.items()},
+        )
+        doc = {
+            "format": FORMAT,
+            "name": self.name,
+            "models": list(self.models),
+            "kind": self.kind,
+            "k": self.k,
+            "prior": self.prior,
+            "temperature": self.temperature,
+            "meta": self.meta,
+        }
         path = directory / f"{self.name}.json"
         path.write_text(json.dumps(doc, indent=2, sort_keys=True))
         return path
@@ -109,17 +121,36 @@ class QualityHead:
                 raise NotReady(f"quality head {path} is missing: build it with `{build_hint}`")
         doc = json.loads(doc_path.read_text())
         if doc.get("format") != FORMAT:
-            raise NotReady(f"quality head {doc_path} has format {doc.get('format')}, expected {FORMAT}: "
-                           f"rebuild it with `{build_hint}`")
+            raise NotReady(
+                f"quality head {doc_path} has format {doc.get('format')}, expected {FORMAT}: "
+                f"rebuild it with `{build_hint}`"
+            )
         with np.load(arr_path, allow_pickle=False) as a:
             arrays = {k: a[k] for k in a.files if k not in ("scale", "shift")}
             scale, shift = a["scale"], a["shift"]
-        return cls(doc["name"], tuple(doc["models"]), doc["kind"], arrays, scale, shift, int(doc["k"]),
-                   float(doc["prior"]), float(doc.get("temperature", 0.0)), doc.get("meta", {}))
+        return cls(
+            doc["name"],
+            tuple(doc["models"]),
+            doc["kind"],
+            arrays,
+            scale,
+            shift,
+            int(doc["k"]),
+            float(doc["prior"]),
+            float(doc.get("temperature", 0.0)),
+            doc.get("meta", {}),
+        )
 
 
-def knn_proba(reference: np.ndarray, labels: np.ndarray, mean: np.ndarray, x: np.ndarray, k: int,
-              prior: float, exclude_self: bool = False) -> np.ndarray:
+def knn_proba(
+    reference: np.ndarray,
+    labels: np.ndarray,
+    mean: np.ndarray,
+    x: np.ndarray,
+    k: int,
+    prior: float,
+    exclude_self: bool = False,
+) -> np.ndarray:
     """Mean label of the ``k`` nearest reference rows (embeddings are unit-length: dot = cosine),
     with ``prior`` pseudo-rows at each model's mean. NaN labels (no answer) are skipped.
     ``exclude_self``: ``x`` is ``reference`` (leave-one-out, for fitting)."""
@@ -137,8 +168,9 @@ def knn_proba(reference: np.ndarray, labels: np.ndarray, mean: np.ndarray, x: np
     return out
 
 
-def centroid_proba(centroids: np.ndarray, category_accuracy: np.ndarray, x: np.ndarray,
-                   temperature: float) -> np.ndarray:
+def centroid_proba(
+    centroids: np.ndarray, category_accuracy: np.ndarray, x: np.ndarray, temperature: float
+) -> np.ndarray:
     """Each model's dev accuracy per category, weighted by the softmax of the prompt's cosine to
     each category's centroid (unit vectors: dot = cosine)."""
     z = (x @ centroids.T) / temperature

@@ -83,8 +83,9 @@ def fit_linear(x: np.ndarray, y: np.ndarray, c: float) -> tuple[np.ndarray, np.n
     return weight, bias
 
 
-def fit_mf(x: np.ndarray, y: np.ndarray, rank: int, steps: int = 600, lr: float = 0.01, l2: float = 1e-3,
-           seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def fit_mf(
+    x: np.ndarray, y: np.ndarray, rank: int, steps: int = 600, lr: float = 0.01, l2: float = 1e-3, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """P(right of model m | x) = sigmoid(u_m . (A x) + b_m), fitted jointly; returned multiplied out
     as a linear head (weight = U A)."""
     rng = np.random.default_rng(seed)  # a fixed seed: the same fit on every run
@@ -119,13 +120,18 @@ def fit_centroids(x: np.ndarray, y: np.ndarray, categories: Sequence[str]) -> di
     overall = right.mean(axis=0)
     cent = np.stack([x[cats == c].mean(axis=0) for c in names])
     cent /= np.linalg.norm(cent, axis=1, keepdims=True) + 1e-12
-    acc = np.stack([(right[cats == c].sum(axis=0) + CATEGORY_PRIOR * overall) / ((cats == c).sum() + CATEGORY_PRIOR)
-                    for c in names])
+    acc = np.stack(
+        [
+            (right[cats == c].sum(axis=0) + CATEGORY_PRIOR * overall) / ((cats == c).sum() + CATEGORY_PRIOR)
+            for c in names
+        ]
+    )
     return {"centroids": cent.astype(np.float32), "category_accuracy": acc.astype(np.float32)}
 
 
-def _fit(learner: str, setting: float, x: np.ndarray, y: np.ndarray,
-         categories: Sequence[str] | None) -> dict[str, np.ndarray]:
+def _fit(
+    learner: str, setting: float, x: np.ndarray, y: np.ndarray, categories: Sequence[str] | None
+) -> dict[str, np.ndarray]:
     if learner == "linear":
         w, b = fit_linear(x, y, setting)
         return {"weight": w, "bias": b}
@@ -184,20 +190,34 @@ def platt(raw: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def settings(only: Sequence[str] | None = None, categories: bool = False) -> list[tuple[str, float]]:
-    grid = [*(("linear", c) for c in LINEAR_C), *(("mf", float(r)) for r in MF_RANKS),
-            *(("knn", float(k)) for k in KNN_K), *(("centroid", t) for t in CENTROID_T if categories)]
+    grid = [
+        *(("linear", c) for c in LINEAR_C),
+        *(("mf", float(r)) for r in MF_RANKS),
+        *(("knn", float(k)) for k in KNN_K),
+        *(("centroid", t) for t in CENTROID_T if categories),
+    ]
     return [g for g in grid if only is None or g[0] in only]
 
 
-def _candidate(learner: str, setting: str, p: np.ndarray, y: np.ndarray, cost: np.ndarray | None,
-               accuracy: np.ndarray) -> Candidate:
+def _candidate(
+    learner: str, setting: str, p: np.ndarray, y: np.ndarray, cost: np.ndarray | None, accuracy: np.ndarray
+) -> Candidate:
     value = routing_value(prune(p, cost, accuracy), cost, y) if cost is not None else float("nan")
     return Candidate(learner, setting, _log_loss(p, y), _mean_auroc(p, y), value)
 
 
-def fit_quality(name: str, models: Sequence[str], x: np.ndarray, y: np.ndarray, ids: Sequence[str],
-                learners: Sequence[str] | None = None, calibration_fraction: float = 0.2, *,
-                categories: Sequence[str] | None = None, cost: np.ndarray | None = None) -> QualityFit:
+def fit_quality(
+    name: str,
+    models: Sequence[str],
+    x: np.ndarray,
+    y: np.ndarray,
+    ids: Sequence[str],
+    learners: Sequence[str] | None = None,
+    calibration_fraction: float = 0.2,
+    *,
+    categories: Sequence[str] | None = None,
+    cost: np.ndarray | None = None,
+) -> QualityFit:
     """``x``: dev embeddings; ``y``: (rows, models) 1/0/NaN; ``categories``: the rows' categories
     (the centroid learner needs two or more); ``cost``: the rows' expected cost per model (rows,
     models), from the policy's prices. The setting is chosen on a held-back share (salt
@@ -220,10 +240,13 @@ def fit_quality(name: str, models: Sequence[str], x: np.ndarray, y: np.ndarray, 
     if lin is not None and "knn" in by_learner:  # the blend of the best linear-shaped and the best knn
         near = by_learner["knn"]
         parts = [_fit(c.learner, float(c.setting), x[~select], y[~select], None) for c in (lin, near)]
-        p = (_raw(lin.learner, float(lin.setting), parts[0], x[select])
-             + _raw("knn", float(near.setting), parts[1], x[select])) / 2
-        tried.append(_candidate("blend", f"{lin.learner} {lin.setting} + knn {near.setting}", p, y[select],
-                                sel_cost, train_acc))
+        p = (
+            _raw(lin.learner, float(lin.setting), parts[0], x[select])
+            + _raw("knn", float(near.setting), parts[1], x[select])
+        ) / 2
+        tried.append(
+            _candidate("blend", f"{lin.learner} {lin.setting} + knn {near.setting}", p, y[select], sel_cost, train_acc)
+        )
     best = max(tried, key=lambda c: np.nan_to_num(key(c), nan=-1.0))
     calib = held_back(ids, calibration_fraction)
     calib_cats = [c for c, m in zip(cats, ~calib, strict=True) if m] if cats is not None else None
@@ -231,22 +254,48 @@ def fit_quality(name: str, models: Sequence[str], x: np.ndarray, y: np.ndarray, 
     if best.learner == "blend":
         assert lin is not None
         k = int(float(by_learner["knn"].setting))
-        arrays = {**_fit(lin.learner, float(lin.setting), x[~calib], y[~calib], None),
-                  **_fit("knn", k, x[~calib], y[~calib], None)}
+        arrays = {
+            **_fit(lin.learner, float(lin.setting), x[~calib], y[~calib], None),
+            **_fit("knn", k, x[~calib], y[~calib], None),
+        }
     else:
         k = int(float(best.setting)) if best.learner == "knn" else 0
         temperature = float(best.setting) if best.learner == "centroid" else 0.0
         arrays = _fit(best.learner, float(best.setting), x[~calib], y[~calib], calib_cats)
     kind = best.learner if best.learner in ("blend", "knn", "centroid") else "linear"
-    head = QualityHead(name, tuple(models), kind, arrays, np.ones(len(models), np.float32),  # type: ignore[arg-type]
-                       np.zeros(len(models), np.float32), k, KNN_PRIOR if k else 0.0, temperature)
+    head = QualityHead(
+        name,
+        tuple(models),
+        kind,
+        arrays,
+        np.ones(len(models), np.float32),  # type: ignore[arg-type]
+        np.zeros(len(models), np.float32),
+        k,
+        KNN_PRIOR if k else 0.0,
+        temperature,
+    )
     scale, shift = platt(head.raw(x[calib]), y[calib])
-    meta = {"learner": best.learner, "setting": best.setting, "fit_rows": int((~calib).sum()),
-            "dev_accuracy": [float(v) for v in np.nan_to_num(y, nan=0.0).mean(axis=0)],  # no answer: wrong
-            "selected_by": "routing value" if cost is not None else "AUROC",
-            "calibration_rows": int(calib.sum()), "tried": [c.__dict__ for c in tried]}
-    head = QualityHead(name, tuple(models), kind, arrays, scale.astype(np.float32),  # type: ignore[arg-type]
-                       shift.astype(np.float32), k, head.prior, temperature, meta)
+    meta = {
+        "learner": best.learner,
+        "setting": best.setting,
+        "fit_rows": int((~calib).sum()),
+        "dev_accuracy": [float(v) for v in np.nan_to_num(y, nan=0.0).mean(axis=0)],  # no answer: wrong
+        "selected_by": "routing value" if cost is not None else "AUROC",
+        "calibration_rows": int(calib.sum()),
+        "tried": [c.__dict__ for c in tried],
+    }
+    head = QualityHead(
+        name,
+        tuple(models),
+        kind,
+        arrays,
+        scale.astype(np.float32),  # type: ignore[arg-type]
+        shift.astype(np.float32),
+        k,
+        head.prior,
+        temperature,
+        meta,
+    )
     return QualityFit(head, tried)
 
 

@@ -58,8 +58,7 @@ def labels_for(vm: RoutedModel, data_dir: Path) -> LabelSet:
     return LabelSet(full.name, full.ids, full.splits, full.texts, full.categories, tuple(cols), full.correct[:, idx])
 
 
-def train_router(policy: Policy, name: str, vm: RoutedModel, data_dir: Path, embed: Embed,
-                 out: Path) -> RouterResult:
+def train_router(policy: Policy, name: str, vm: RoutedModel, data_dir: Path, embed: Embed, out: Path) -> RouterResult:
     """Fit, calibrate and save the quality head of routed model ``name``; measure it on test rows.
     ``embed``: texts -> (rows, dim), the served encoder's embeddings; the policy's prices pick the
     learner (its routing value on held-back dev rows)."""
@@ -68,9 +67,16 @@ def train_router(policy: Policy, name: str, vm: RoutedModel, data_dir: Path, emb
     fitted_on = "dev"
     if len(dev) == 0:
         dev, fitted_on = labels, "all (no dev rows)"
-    fit = fit_quality(quality_head_name(name), labels.models, embed(dev.texts), dev.correct, dev.ids,
-                      learners=vm.learners, categories=dev.categories,
-                      cost=candidate_costs(policy, vm, prompt_tokens(dev.texts)))
+    fit = fit_quality(
+        quality_head_name(name),
+        labels.models,
+        embed(dev.texts),
+        dev.correct,
+        dev.ids,
+        learners=vm.learners,
+        categories=dev.categories,
+        cost=candidate_costs(policy, vm, prompt_tokens(dev.texts)),
+    )
     fit.head.meta.update(labels=vm.labels, fitted_on=fitted_on)
     fit.head.save(out)
     test = labels.split("test")
@@ -83,12 +89,21 @@ def train_router(policy: Policy, name: str, vm: RoutedModel, data_dir: Path, emb
             right = test.correct[known, j] > 0.5
             aurocs[col] = auroc(p[known, j], right) if right.any() and (~right).any() else float("nan")
         ece_ = quality_ece(p, test.correct)
-    return RouterResult(name, fit.head, int(fit.head.meta["fit_rows"]), len(test) if fitted_on == "dev" else 0,
-                        fit.tried, aurocs, ece_, fitted_on)
+    return RouterResult(
+        name,
+        fit.head,
+        int(fit.head.meta["fit_rows"]),
+        len(test) if fitted_on == "dev" else 0,
+        fit.tried,
+        aurocs,
+        ece_,
+        fitted_on,
+    )
 
 
-def train_routers(policy: Policy, data_dir: Path, embed: Embed, out: Path,
-                  say: Callable[[str], None] = print) -> list[RouterResult]:
+def train_routers(
+    policy: Policy, data_dir: Path, embed: Embed, out: Path, say: Callable[[str], None] = print
+) -> list[RouterResult]:
     results = []
     for name, vm in policy.virtual_models.items():
         if isinstance(vm, RoutedModel):

@@ -71,8 +71,9 @@ class TrainReport:
     seconds: float
 
 
-def _rows(name: str, cfg: ClassifierConfig, root: Path, split: str, limit: int | None,
-          shaped: bool = False) -> datasets.Rows:
+def _rows(
+    name: str, cfg: ClassifierConfig, root: Path, split: str, limit: int | None, shaped: bool = False
+) -> datasets.Rows:
     """``shaped``: the question-type head's fit rows with :func:`datasets.shaped_choice` rows."""
     if name == "question_type":
         # test rows: a seeded sample of each typed source, so every source counts
@@ -106,21 +107,28 @@ class EmbeddingCache:
             with np.load(path, allow_pickle=False) as a:
                 ends = np.cumsum(a["counts"])
                 parts = np.split(a["segments"].astype(np.float32), ends[:-1]) if len(ends) else []
-                self.rows = {bytes(k): Reading(v, seg, float(f), str(lang), sh.astype(np.float32))
-                             for k, v, seg, f, lang, sh in zip(a["keys"], a["vectors"], parts, a["foreign"],
-                                                               a["languages"], a["shallow"], strict=True)}
+                self.rows = {
+                    bytes(k): Reading(v, seg, float(f), str(lang), sh.astype(np.float32))
+                    for k, v, seg, f, lang, sh in zip(
+                        a["keys"], a["vectors"], parts, a["foreign"], a["languages"], a["shallow"], strict=True
+                    )
+                }
 
     def read(self, texts: list[str], batch: int = 64) -> list[Reading]:
         keys = [hashlib.sha1(t.encode("utf-8", "replace")).digest() for t in texts]
-        missing = sorted({k: t for k, t in zip(keys, texts, strict=True) if k not in self.rows}.items(),
-                         key=lambda kv: len(kv[1]))  # similar lengths share a batch
+        missing = sorted(
+            {k: t for k, t in zip(keys, texts, strict=True) if k not in self.rows}.items(), key=lambda kv: len(kv[1])
+        )  # similar lengths share a batch
         for start in range(0, len(missing), batch):
             part = missing[start : start + batch]
             for (k, _), r in zip(part, self.encoder.read([t for _, t in part]), strict=True):
                 # the guard's view is kept as float16: a first run reads it as a re-run will
                 assert r.shallow is not None
-                self.rows[k] = dataclasses.replace(r, segments=r.segments.astype(np.float16).astype(np.float32),
-                                                   shallow=r.shallow.astype(np.float16).astype(np.float32))
+                self.rows[k] = dataclasses.replace(
+                    r,
+                    segments=r.segments.astype(np.float16).astype(np.float32),
+                    shallow=r.shallow.astype(np.float16).astype(np.float32),
+                )
         return [self.rows[k] for k in keys]
 
     def embed(self, texts: list[str]) -> np.ndarray:
@@ -134,12 +142,16 @@ class EmbeddingCache:
         rows = list(self.rows.values())
         keys = np.array([np.frombuffer(k, dtype=np.uint8) for k in self.rows])
         tmp = self.path.with_suffix(".tmp.npz")
-        np.savez(tmp, keys=keys, vectors=np.array([r.vector for r in rows], dtype=np.float32),
-                 foreign=np.array([r.foreign for r in rows], dtype=np.float64),
-                 languages=np.array([r.language for r in rows], dtype="<U8"),
-                 counts=np.array([len(r.segments) for r in rows], dtype=np.int32),
-                 segments=np.concatenate([r.segments for r in rows]).astype(np.float16),
-                 shallow=np.array([r.shallow for r in rows], dtype=np.float16))
+        np.savez(
+            tmp,
+            keys=keys,
+            vectors=np.array([r.vector for r in rows], dtype=np.float32),
+            foreign=np.array([r.foreign for r in rows], dtype=np.float64),
+            languages=np.array([r.language for r in rows], dtype="<U8"),
+            counts=np.array([len(r.segments) for r in rows], dtype=np.int32),
+            segments=np.concatenate([r.segments for r in rows]).astype(np.float16),
+            shallow=np.array([r.shallow for r in rows], dtype=np.float16),
+        )
         tmp.replace(self.path)
 
 
@@ -147,8 +159,9 @@ def embedding_cache(cfg: ClassifierConfig, threads: int, suffix: str = "") -> Em
     """The served encoder, and its embeddings of training rows kept on disk."""
     e = cfg.encoder
     art = locate(settings=ExportSettings(layers=e.layers))
-    settings = EncoderSettings(precision=e.precision, intra_op_threads=threads, provider=e.provider,
-                               max_tokens=e.max_tokens, rows=e.rows)
+    settings = EncoderSettings(
+        precision=e.precision, intra_op_threads=threads, provider=e.provider, max_tokens=e.max_tokens, rows=e.rows
+    )
     encoder = Encoder.load(settings, artifacts=art)
     # batched int8 rows differ; READINGS names the rules of sentences, foreign share and language
     tag = f"{art.key}-{e.precision}-{e.max_tokens}" + ("-apart" if settings.apart else "") + f"-{READINGS}"
@@ -166,8 +179,9 @@ def train_quality(policy: Policy, policy_dir: Path, threads: int = 2, say: Progr
         cache.save()
 
 
-def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progress = print,
-          limit: int | None = None) -> TrainReport:
+def train(
+    cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progress = print, limit: int | None = None
+) -> TrainReport:
     """Train, calibrate, save and measure every head; ``limit`` caps the rows per head and split
     (for quick runs and tests)."""
     t0 = time.perf_counter()
@@ -215,9 +229,17 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
         say("injection: generating router-aimed prompts, embedding them and every head's training prompts")
         fit = fit_injection(cache, ordinary, ordinary_test, limit)
         fit.head.save(out)
-        results.append(HeadResult(INJECTION, int(fit.head.meta["fit_rows"]), fit.test_rows, 1.0 - fit.false_flags,
-                                  fit.ece, fit.ece_uncalibrated,
-                                  {"false_flags": fit.false_flags, "threshold": float(fit.head.meta["threshold"])}))
+        results.append(
+            HeadResult(
+                INJECTION,
+                int(fit.head.meta["fit_rows"]),
+                fit.test_rows,
+                1.0 - fit.false_flags,
+                fit.ece,
+                fit.ece_uncalibrated,
+                {"false_flags": fit.false_flags, "threshold": float(fit.head.meta["threshold"])},
+            )
+        )
         cache.save()
     if not refs and INJECTION in cfg.heads:  # the injection head alone: ordinary prompts are the reference
         x, calib = cache.embed(ordinary.texts), held_back(ordinary.ids, 0.2)
@@ -235,15 +257,15 @@ def train(cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progre
     calib = held_back(ordinary.ids, 0.2)
     foreign = [encoder.encode(t).foreign for t, c in zip(ordinary.texts, calib, strict=True) if c]
     reference = fit_reference(np.vstack(refs), np.vstack(held), np.array(foreign), e.layers)
-    reference.save(out, {"rows": len(reference.vectors), "quantile": SIMILARITY_QUANTILE,
-                         "foreign_quantile": FOREIGN_QUANTILE})
+    reference.save(
+        out, {"rows": len(reference.vectors), "quantile": SIMILARITY_QUANTILE, "foreign_quantile": FOREIGN_QUANTILE}
+    )
     cache.save()
     category = LinearHead.load(out, "category") if "category" in cfg.heads else None
     injection = LinearHead.load(out, INJECTION) if INJECTION in cfg.heads else None
     probes = probe(cache, reference, category, injection, ordinary_test)
     cache.save()
-    return TrainReport(results, reference.threshold, reference.foreign_threshold, probes,
-                       time.perf_counter() - t0)
+    return TrainReport(results, reference.threshold, reference.foreign_threshold, probes, time.perf_counter() - t0)
 
 
 def _ordinary(cfg: ClassifierConfig, root: Path, which: str, limit: int | None) -> datasets.Rows:
@@ -263,9 +285,18 @@ def _ordinary(cfg: ClassifierConfig, root: Path, which: str, limit: int | None) 
 def option_results(fitted: OptionsFit, measured: list[SetResult]) -> list[HeadResult]:
     """One row per measured typed set, named ``options/<set>``; chance (and majority for yes_no) as extras."""
     fit_rows = {f.qtype: f.n_fit for f in fitted.fits}
-    return [HeadResult(f"{OPTIONS}/{r.name}", fit_rows.get(r.qtype, 0), r.n, r.accuracy, r.ece, r.ece_uncalibrated,
-                       {"chance": r.chance, **({"majority": r.majority} if r.majority is not None else {})})
-            for r in measured]
+    return [
+        HeadResult(
+            f"{OPTIONS}/{r.name}",
+            fit_rows.get(r.qtype, 0),
+            r.n,
+            r.accuracy,
+            r.ece,
+            r.ece_uncalibrated,
+            {"chance": r.chance, **({"majority": r.majority} if r.majority is not None else {})},
+        )
+        for r in measured
+    ]
 
 
 def fit_oos_threshold(head: LinearHead, x: np.ndarray, labels: list[str], oos: str) -> float | None:
@@ -296,8 +327,9 @@ def fit_oos_threshold(head: LinearHead, x: np.ndarray, labels: list[str], oos: s
     return float(tied[len(tied) // 2])
 
 
-def measure(head: LinearHead, x: np.ndarray, labels: list[str], task: object | None = None,
-            sources: list[str] | None = None) -> HeadResult:
+def measure(
+    head: LinearHead, x: np.ndarray, labels: list[str], task: object | None = None, sources: list[str] | None = None
+) -> HeadResult:
     """Accuracy and ECE on test rows (and per source, given each row's)."""
     known = [i for i, y in enumerate(labels) if y in head.classes]
     y = np.array([head.classes.index(labels[i]) for i in known])
@@ -305,8 +337,14 @@ def measure(head: LinearHead, x: np.ndarray, labels: list[str], task: object | N
     raw = head.proba(x[known], 1.0)
     pred = head.labels(probs)
     correct = pred == y
-    result = HeadResult(head.name, int(head.meta.get("fit_rows", 0)), len(known), float(correct.mean()),
-                        ece(probs.max(1), correct), ece(raw.max(1), raw.argmax(1) == y))
+    result = HeadResult(
+        head.name,
+        int(head.meta.get("fit_rows", 0)),
+        len(known),
+        float(correct.mean()),
+        ece(probs.max(1), correct),
+        ece(raw.max(1), raw.argmax(1) == y),
+    )
     if head.name == "reasoning":
         result.extra["auroc"] = auroc(probs[:, head.classes.index("pays")], y == head.classes.index("pays"))
     oos = getattr(task, "out_of_scope", None)
@@ -323,6 +361,9 @@ def measure(head: LinearHead, x: np.ndarray, labels: list[str], task: object | N
         src = np.array([sources[i] for i in known])
         for s in sorted(set(src)):
             m = src == s
-            result.by_source[s] = SourceResult(int(m.sum()), float(correct[m].mean()), {
-                c: int((pred[m] == j).sum()) for j, c in enumerate(head.classes) if (pred[m] == j).any()})
+            result.by_source[s] = SourceResult(
+                int(m.sum()),
+                float(correct[m].mean()),
+                {c: int((pred[m] == j).sum()) for j, c in enumerate(head.classes) if (pred[m] == j).any()},
+            )
     return result

@@ -19,8 +19,9 @@ from classifiers.heads import LinearHead
 def held_back(ids: Sequence[str], fraction: float, salt: str = "triage-calibration") -> np.ndarray:
     """A boolean mask of the rows kept out of fitting, by SHA-256 of salt and id."""
     cut = int(fraction * 2**32)
-    return np.array([int.from_bytes(hashlib.sha256(f"{salt}:{i}".encode()).digest()[:4], "big") < cut
-                     for i in ids], dtype=bool)
+    return np.array(
+        [int.from_bytes(hashlib.sha256(f"{salt}:{i}".encode()).digest()[:4], "big") < cut for i in ids], dtype=bool
+    )
 
 
 @dataclass(frozen=True)
@@ -67,11 +68,22 @@ def fit_head(
     before = head.proba(x[calib], 1.0)
     after = head.proba(x[calib], t)
     correct = before.argmax(1) == y[calib]
-    report = FitReport(int((~calib).sum()), int(calib.sum()), float(correct.mean()),
-                       ece(before.max(1), correct), ece(after.max(1), correct), t)
-    meta = {"fit_rows": report.n_fit, "calibration_rows": report.n_calibration,
-            "calibration_accuracy": report.calibration_accuracy, "ece_before": report.ece_before,
-            "ece_after": report.ece_after, "c": c}
+    report = FitReport(
+        int((~calib).sum()),
+        int(calib.sum()),
+        float(correct.mean()),
+        ece(before.max(1), correct),
+        ece(after.max(1), correct),
+        t,
+    )
+    meta = {
+        "fit_rows": report.n_fit,
+        "calibration_rows": report.n_calibration,
+        "calibration_accuracy": report.calibration_accuracy,
+        "ece_before": report.ece_before,
+        "ece_after": report.ece_after,
+        "c": c,
+    }
     return LinearHead(name, classes, weight, bias, t, meta), report
 
 

@@ -72,8 +72,9 @@ def fit_temperatures(tier: TierSpec, dev: Sequence[Row]) -> None:
         tier.temperatures[qtype] = round(fit_temperature(logits, y), 4)
 
 
-def fit_thresholds(tiers: Sequence[TierSpec], dev: Sequence[Row], slack: float = 0.0,
-                   target: tuple[str, float] | None = None) -> None:
+def fit_thresholds(
+    tiers: Sequence[TierSpec], dev: Sequence[Row], slack: float = 0.0, target: tuple[str, float] | None = None
+) -> None:
     """Per type, for each tier but the last, the lowest threshold such that:
     - no target: the questions the tier keeps are answered at least as well by it as by the last
       tier that answered them (less ``slack``);
@@ -83,7 +84,7 @@ def fit_thresholds(tiers: Sequence[TierSpec], dev: Sequence[Row], slack: float =
     for i, tier in enumerate(tiers[:-1]):
         by_type: dict[str, list[tuple[float, bool, bool]]] = defaultdict(list)
         for r in dev:
-            later = [t for t in tiers[i + 1:] if (o := t.outputs.get(r.id)) is not None and o.scores is not None]
+            later = [t for t in tiers[i + 1 :] if (o := t.outputs.get(r.id)) is not None and o.scores is not None]
             a = tier.outputs.get(r.id)
             if a is None or a.scores is None or not later or r.question.numeric:
                 continue
@@ -175,8 +176,7 @@ def evaluate(tiers: Sequence[TierSpec], rows: Sequence[Row], curves: bool = True
     return [_one_set(tiers, src, qtype, group, curves) for (src, qtype), group in sorted(groups.items())]
 
 
-def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[Row],
-             curves: bool = True) -> SetReport:
+def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[Row], curves: bool = True) -> SetReport:
     tiers = [t for t in tiers if any(r.id in t.outputs for r in rows)]  # a recorded tier covers some sets only
     rows = [r for r in rows if all(r.id in t.outputs for t in tiers)]
     report = SetReport(source, qtype, len(rows), {}, {}, {})
@@ -206,8 +206,14 @@ def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[
     if n:
         report.cost_per_question = cost / n
         report.cost_top_per_question = sum(tiers[-1].cost(tiers[-1].outputs[r.id]) for r in rows) / n
-    report.by_category = {c: {"n": len(v), "accuracy": float(np.mean([ok for ok, _ in v])),
-                              "past_first": float(np.mean([p for _, p in v]))} for c, v in sorted(categories.items())}
+    report.by_category = {
+        c: {
+            "n": len(v),
+            "accuracy": float(np.mean([ok for ok, _ in v])),
+            "past_first": float(np.mean([p for _, p in v])),
+        }
+        for c, v in sorted(categories.items())
+    }
     share = {t.name: answered_by[t.name] / n if n else 0.0 for t in tiers}
     report.cascade, report.share, report.failed = wins / n if n else math.nan, share, failed
     report.past_first, report.tiers = 1.0 - share[tiers[0].name], [t.name for t in tiers]
@@ -217,8 +223,11 @@ def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[
 
 
 def _brier(readings: Sequence[Any], rows: Sequence[Row]) -> float:
-    scores = [sum((p - (o == r.answer)) ** 2 for o, p in rd.probabilities.items())
-              for rd, r in zip(readings, rows, strict=True) if not r.question.numeric]
+    scores = [
+        sum((p - (o == r.answer)) ** 2 for o, p in rd.probabilities.items())
+        for rd, r in zip(readings, rows, strict=True)
+        if not r.question.numeric
+    ]
     return float(np.mean(scores)) if scores else math.nan
 
 
@@ -232,9 +241,14 @@ def _measure_tier(report: SetReport, t: TierSpec, rows: Sequence[Row]) -> None:
     nan = math.nan
     report.alone[t.name] = float(correct.mean()) if len(correct) else nan
     report.ece[t.name] = ece(np.array([max(rd.probabilities.values()) for rd in after]), correct) if usable else nan
-    report.ece_raw[t.name] = ece(np.array([max(rd.probabilities.values()) for rd in before]),
-                                 np.array([right(r, rd.answer) for rd, r in zip(before, usable, strict=True)],
-                                          dtype=float)) if usable else nan
+    report.ece_raw[t.name] = (
+        ece(
+            np.array([max(rd.probabilities.values()) for rd in before]),
+            np.array([right(r, rd.answer) for rd, r in zip(before, usable, strict=True)], dtype=float),
+        )
+        if usable
+        else nan
+    )
     report.brier[t.name] = _brier(after, usable)
     report.brier_raw[t.name] = _brier(before, usable)
     ms = np.array([t.outputs[r.id].latency_ms for r in rows])

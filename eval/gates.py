@@ -41,6 +41,9 @@ def failures(reports: Sequence[SetReport], limits: dict[str, float]) -> list[str
         if "apgr" in limits and math.isfinite(r.curve.apgr) and r.curve.apgr < limits["apgr"]:
             out.append(f"{where}: APGR {r.curve.apgr:.3f} < {limits['apgr']}")
         if "ece" in limits:
-            out += [f"{where}: ECE of {tier} {value:.3f} > {limits['ece']}"
-                    for tier, value in r.ece.items() if math.isfinite(value) and value > limits["ece"]]
+            out += [
+                f"{where}: ECE of {tier} {value:.3f} > {limits['ece']}"
+                for tier, value in r.ece.items()
+                if math.isfinite(value) and value > limits["ece"]
+            ]
     return out

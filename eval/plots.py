@@ -37,7 +37,7 @@ def curves(reports: Sequence[SetReport], path: Path) -> None:
         ax.set_xlabel("share escalated past the first tier")
         ax.set_ylabel("accuracy")
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(shown):]:
+    for ax in list(axes.flat)[len(shown) :]:
         ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -60,14 +60,16 @@ def _point(right: np.ndarray, cost: np.ndarray, picked: np.ndarray, strongest: i
 
 def sweep(quality: np.ndarray, cost: np.ndarray, correct: np.ndarray, rule: Rule, strongest: int) -> list[Point]:
     right = _right(correct)
-    points = [_point(right, cost, choose(quality, cost, rule, float(k)), strongest)
-              for k in knob_grid(quality, cost, rule)]
+    points = [
+        _point(right, cost, choose(quality, cost, rule, float(k)), strongest) for k in knob_grid(quality, cost, rule)
+    ]
     points.sort(key=lambda p: (p.cost, -p.accuracy))
     return points
 
 
-def category_table(dev_right: np.ndarray, dev_cats: Sequence[str], c: np.ndarray,
-                   models: Sequence[str]) -> dict[str, str]:
+def category_table(
+    dev_right: np.ndarray, dev_cats: Sequence[str], c: np.ndarray, models: Sequence[str]
+) -> dict[str, str]:
     """Per category, the model most often right on dev rows (the cheaper of equals by mean cost ``c``)."""
     table: dict[str, str] = {}
     cats = np.asarray(dev_cats)
@@ -80,28 +82,47 @@ def category_table(dev_right: np.ndarray, dev_cats: Sequence[str], c: np.ndarray
     return table
 
 
-def evaluate(name: str, models: Sequence[str], quality: np.ndarray, correct: np.ndarray, cost: np.ndarray,
-             categories: Sequence[str], dev_correct: np.ndarray, dev_categories: Sequence[str],
-             rule: Rule = "utility") -> RouterReport:
+def evaluate(
+    name: str,
+    models: Sequence[str],
+    quality: np.ndarray,
+    correct: np.ndarray,
+    cost: np.ndarray,
+    categories: Sequence[str],
+    dev_correct: np.ndarray,
+    dev_categories: Sequence[str],
+    rule: Rule = "utility",
+) -> RouterReport:
     """``quality``/``correct``/``cost``: test rows (``cost`` (models,) or (rows, models));
     ``dev_*``: the dev rows, for the category table and for which model counts as the strongest."""
     right, dev_right = _right(correct), _right(dev_correct)
     mean_cost = np.broadcast_to(cost, right.shape).mean(axis=0)
     strongest = int(np.lexsort((mean_cost, -dev_right.mean(axis=0)))[0])
-    singles = {m: Point(float(right[:, j].mean()), float(mean_cost[j]), float(j == strongest))
-               for j, m in enumerate(models)}
+    singles = {
+        m: Point(float(right[:, j].mean()), float(mean_cost[j]), float(j == strongest)) for j, m in enumerate(models)
+    }
     table = category_table(dev_right, dev_categories, mean_cost, models)
     by_cat = np.array([models.index(table.get(c, table[""])) for c in categories])
     c_full = np.broadcast_to(cost, right.shape)
-    oracle_pick = np.where(right.any(axis=1), np.argmin(np.where(right > 0, c_full, np.inf), axis=1),
-                           np.argmin(c_full, axis=1))
-    report = RouterReport(name, list(models), len(right), singles, sweep(quality, cost, correct, rule, strongest),
-                          _point(right, cost, by_cat, strongest), {k: v for k, v in table.items() if k},
-                          _point(right, cost, oracle_pick, strongest), models[strongest])
+    oracle_pick = np.where(
+        right.any(axis=1), np.argmin(np.where(right > 0, c_full, np.inf), axis=1), np.argmin(c_full, axis=1)
+    )
+    report = RouterReport(
+        name,
+        list(models),
+        len(right),
+        singles,
+        sweep(quality, cost, correct, rule, strongest),
+        _point(right, cost, by_cat, strongest),
+        {k: v for k, v in table.items() if k},
+        _point(right, cost, oracle_pick, strongest),
+        models[strongest],
+    )
     report.best_single_at_cost = versus_best_single(report)
     if len(models) == 2:
-        report.two_model = routellm_measures(report.router, singles[models[1 - strongest]].accuracy,
-                                             singles[models[strongest]].accuracy)
+        report.two_model = routellm_measures(
+            report.router, singles[models[1 - strongest]].accuracy, singles[models[strongest]].accuracy
+        )
     return report
 
 
@@ -111,10 +132,13 @@ def versus_best_single(report: RouterReport) -> dict[str, float]:
     best = max(report.singles.values(), key=lambda p: (p.accuracy, -p.cost))
     within = [p.accuracy for p in report.router if p.cost <= best.cost + 1e-15]
     matching = [p.cost for p in report.router if p.accuracy >= best.accuracy - 1e-12]
-    return {"best_accuracy": best.accuracy, "best_cost": best.cost,
-            "router_accuracy_at_best_cost": max(within) if within else float("nan"),
-            "router_cost_to_match": min(matching) if matching else float("nan"),
-            "cost_share_to_match": (min(matching) / best.cost) if matching and best.cost > 0 else float("nan")}
+    return {
+        "best_accuracy": best.accuracy,
+        "best_cost": best.cost,
+        "router_accuracy_at_best_cost": max(within) if within else float("nan"),
+        "router_cost_to_match": min(matching) if matching else float("nan"),
+        "cost_share_to_match": (min(matching) / best.cost) if matching and best.cost > 0 else float("nan"),
+    }
 
 
 def pgr_curve(points: Sequence[Point], weak: float, strong: float) -> tuple[np.ndarray, np.ndarray]:
@@ -134,12 +158,25 @@ def routellm_measures(points: Sequence[Point], weak: float, strong: float) -> di
     need = {f"cpt_{int(q * 100)}": _first_share(xs, ys, q) for q in (0.5, 0.8)}
     ninety_five = (0.95 * strong - weak) / (strong - weak) if strong != weak else 0.0
     # the accuracy reached at (at most) a share of strong calls, as a share of the strong model's
-    at = {f"of_strong_at_{int(s * 100)}pct": float((weak + np.interp(s, xs, ys) * (strong - weak)) / strong)
-          for s in AT_SHARES} if strong else {}
-    return {"apgr": float(np.trapezoid(ys, xs)), **need, "share_for_95pct_of_strong": _first_share(xs, ys, ninety_five),
-            "share_for_98pct_of_strong": _first_share(xs, ys, (0.98 * strong - weak) / (strong - weak)
-                                                      if strong != weak else 0.0),
-            **at, "weak_accuracy": weak, "strong_accuracy": strong}
+    at = (
+        {
+            f"of_strong_at_{int(s * 100)}pct": float((weak + np.interp(s, xs, ys) * (strong - weak)) / strong)
+            for s in AT_SHARES
+        }
+        if strong
+        else {}
+    )
+    return {
+        "apgr": float(np.trapezoid(ys, xs)),
+        **need,
+        "share_for_95pct_of_strong": _first_share(xs, ys, ninety_five),
+        "share_for_98pct_of_strong": _first_share(
+            xs, ys, (0.98 * strong - weak) / (strong - weak) if strong != weak else 0.0
+        ),
+        **at,
+        "weak_accuracy": weak,
+        "strong_accuracy": strong,
+    }
 
 
 def _first_share(xs: np.ndarray, ys: np.ndarray, level: float) -> float | None:
@@ -149,5 +186,11 @@ def _first_share(xs: np.ndarray, ys: np.ndarray, level: float) -> float | None:
 
 def random_mixture(a: Point, b: Point, steps: int = 11) -> list[Point]:
     """Sending a random share of requests to ``b``, the rest to ``a``."""
-    return [Point(a.accuracy + s * (b.accuracy - a.accuracy), a.cost + s * (b.cost - a.cost),
-                  a.strong_share + s * (b.strong_share - a.strong_share)) for s in np.linspace(0, 1, steps)]
+    return [
+        Point(
+            a.accuracy + s * (b.accuracy - a.accuracy),
+            a.cost + s * (b.cost - a.cost),
+            a.strong_share + s * (b.strong_share - a.strong_share),
+        )
+        for s in np.linspace(0, 1, steps)
+    ]

@@ -15,12 +15,25 @@ def curve_plot(r: RouterReport, path: Path) -> None:
     for a, b in combinations(r.singles.values(), 2):
         mix = random_mixture(a, b, 2)
         ax.plot([p.cost for p in mix], [p.accuracy for p in mix], color="lightgrey", lw=0.6, zorder=1)
-    ax.scatter([p.cost for p in r.singles.values()], [p.accuracy for p in r.singles.values()], color="black",
-               s=12, zorder=3, label="single models (grey: random mixtures of two)")
-    ax.plot([p.cost for p in r.router], [p.accuracy for p in r.router], color="tab:blue", zorder=4,
-            label="learned router")
-    ax.scatter([r.category_table.cost], [r.category_table.accuracy], marker="s", color="tab:orange", zorder=5,
-               label="category table (best per category on dev)")
+    ax.scatter(
+        [p.cost for p in r.singles.values()],
+        [p.accuracy for p in r.singles.values()],
+        color="black",
+        s=12,
+        zorder=3,
+        label="single models (grey: random mixtures of two)",
+    )
+    ax.plot(
+        [p.cost for p in r.router], [p.accuracy for p in r.router], color="tab:blue", zorder=4, label="learned router"
+    )
+    ax.scatter(
+        [r.category_table.cost],
+        [r.category_table.accuracy],
+        marker="s",
+        color="tab:orange",
+        zorder=5,
+        label="category table (best per category on dev)",
+    )
     ax.scatter([r.oracle.cost], [r.oracle.accuracy], marker="*", s=80, color="tab:green", zorder=5, label="oracle")
     if len(r.singles) > 4:
         ax.set_xscale("log")

@@ -41,15 +41,29 @@ class RouterRun:
 input_tokens = prompt_tokens  # the gateway's own estimate for the expected cost
 
 
-def run(policy: Policy, name: str, vm: RoutedModel, data_dir, embed: Embed,  # type: ignore[no-untyped-def]
-        cv_by: str = "row") -> RouterRun:
+def run(
+    policy: Policy,
+    name: str,
+    vm: RoutedModel,
+    data_dir,
+    embed: Embed,  # type: ignore[no-untyped-def]
+    cv_by: str = "row",
+) -> RouterRun:
     labels = labels_for(vm, data_dir)
     names = [candidate_label(c.model, c.reasoning) for c in vm.candidates]
     dev, test = labels.split("dev"), labels.split("test")
     prune = vm.prune_dominated
     if len(dev) and len(test):
-        fit = fit_quality(name, labels.models, embed(dev.texts), dev.correct, dev.ids, learners=vm.learners,
-                          categories=dev.categories, cost=candidate_costs(policy, vm, prompt_tokens(dev.texts)))
+        fit = fit_quality(
+            name,
+            labels.models,
+            embed(dev.texts),
+            dev.correct,
+            dev.ids,
+            learners=vm.learners,
+            categories=dev.categories,
+            cost=candidate_costs(policy, vm, prompt_tokens(dev.texts)),
+        )
         quality = fit.head.proba(embed(test.texts))
         costs = candidate_costs(policy, vm, input_tokens(test.texts))
         chosen_from = pruned(quality, costs, fit.head.dev_accuracy if prune else None)
@@ -64,15 +78,22 @@ def run(policy: Policy, name: str, vm: RoutedModel, data_dir, embed: Embed,  # t
         chosen = []
         for k in range(FOLDS):
             inside = fold != k
-            fit = fit_quality(name, labels.models, x[inside], labels.correct[inside],
-                              [i for i, m in zip(labels.ids, inside, strict=True) if m], learners=vm.learners,
-                              categories=[c for c, m in zip(labels.categories, inside, strict=True) if m],
-                              cost=costs[inside])
+            fit = fit_quality(
+                name,
+                labels.models,
+                x[inside],
+                labels.correct[inside],
+                [i for i, m in zip(labels.ids, inside, strict=True) if m],
+                learners=vm.learners,
+                categories=[c for c, m in zip(labels.categories, inside, strict=True) if m],
+                cost=costs[inside],
+            )
             quality[~inside] = fit.head.proba(x[~inside])
             chosen_from[~inside] = pruned(quality[~inside], costs[~inside], fit.head.dev_accuracy if prune else None)
             chosen.append(f"{fit.head.meta['learner']} {fit.head.meta['setting']}")
         protocol = f"{FOLDS}-fold cross-validation" + (", category-disjoint folds" if cv_by == "category" else "")
         learner = ", ".join(sorted(set(chosen)))
-    report = evaluate(name, names, chosen_from, test.correct, costs, test.categories, dev.correct, dev.categories,
-                      vm.rule)
+    report = evaluate(
+        name, names, chosen_from, test.correct, costs, test.categories, dev.correct, dev.categories, vm.rule
+    )
     return RouterRun(report, protocol, learner, quality_ece(quality, test.correct), quality, costs, test)

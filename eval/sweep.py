@@ -44,8 +44,9 @@ def curve(gates: Sequence[Gate], outputs: Sequence[dict], rows: Sequence[Row], r
         return Curve()
     out = Curve()
     for s in STEPS:
-        swept = [Gate(g.name, g.kind, {t: s for t in ("choice", "yes_no", "score")}, {}, g.temperatures)
-                 for g in gates[:-1]] + [gates[-1]]
+        swept = [
+            Gate(g.name, g.kind, {t: s for t in ("choice", "yes_no", "score")}, {}, g.temperatures) for g in gates[:-1]
+        ] + [gates[-1]]
         wins, past = 0, 0
         for r in rows:
             try:

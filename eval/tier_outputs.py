@@ -82,8 +82,7 @@ def _bucket(key: str) -> float:
     return int.from_bytes(hashlib.sha256(f"triage-eval:{key}".encode()).digest()[:4], "big") / 2**32
 
 
-def typed_rows(path: Path, split: str, cap: int | None = None,
-               problems: list[str] | None = None) -> list[Row]:
+def typed_rows(path: Path, split: str, cap: int | None = None, problems: list[str] | None = None) -> list[Row]:
     """Choice, yes/no and numeric rows of one typed file and split; at most ``cap`` of them, a
     seeded sample by hash of the id (the same rows on every machine). A ``score`` row is a number
     with no scale (GSM8K and the like): generation, compared as a number. A line that cannot be a
@@ -120,11 +119,17 @@ class TierCache:
                     continue  # a line cut short by an interrupted run: computed again
                 self.rows[doc["id"]] = TierAnswer(
                     scores=tuple(doc["scores"]) if doc.get("scores") is not None else None,
-                    latency_ms=doc.get("latency_ms", 0.0), error=doc.get("error"), skipped=doc.get("skipped", False),
-                    text=doc.get("text"), confidence=doc.get("confidence"), usage=doc.get("usage"))
+                    latency_ms=doc.get("latency_ms", 0.0),
+                    error=doc.get("error"),
+                    skipped=doc.get("skipped", False),
+                    text=doc.get("text"),
+                    confidence=doc.get("confidence"),
+                    usage=doc.get("usage"),
+                )
 
-    def fill(self, rows: Iterable[Row], compute: Callable[[Row], TierAnswer],
-             progress: Callable[[], None] | None = None) -> dict[str, TierAnswer]:
+    def fill(
+        self, rows: Iterable[Row], compute: Callable[[Row], TierAnswer], progress: Callable[[], None] | None = None
+    ) -> dict[str, TierAnswer]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as out:
             for row in rows:
@@ -134,10 +139,21 @@ class TierCache:
                     ms = round(a.latency_ms or (time.perf_counter() - t0) * 1000, 3)  # as stored: a replay is equal
                     a = replace(a, latency_ms=ms)
                     self.rows[row.id] = a
-                    out.write(json.dumps({"id": row.id, "scores": a.scores, "latency_ms": ms,
-                                          "error": a.error, "skipped": a.skipped, "text": a.text,
-                                          "confidence": a.confidence,
-                                          "usage": dict(a.usage) if a.usage else None}) + "\n")
+                    out.write(
+                        json.dumps(
+                            {
+                                "id": row.id,
+                                "scores": a.scores,
+                                "latency_ms": ms,
+                                "error": a.error,
+                                "skipped": a.skipped,
+                                "text": a.text,
+                                "confidence": a.confidence,
+                                "usage": dict(a.usage) if a.usage else None,
+                            }
+                        )
+                        + "\n"
+                    )
                     out.flush()
                 if progress is not None:
                     progress()

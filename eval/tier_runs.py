@@ -76,12 +76,16 @@ def scorer(policy: Policy, tier: ScorerTier) -> Compute:
 
 def recorded(data_dir: Path, model: str) -> dict[str, Compute]:
     """Per typed source, how ``model``'s recorded answers read; sources it has none for are absent."""
-    mmlu_pro = {r["question_id"]: (r["pred"].get(model), r["correct"].get(model))
-                for _, r in read_jsonl(data_dir / "model_labels" / "mmlu_pro_models.jsonl.gz")
-                if model in r["correct"]}
-    routellm = {r["question_id"]: r["correct"][model]
-                for _, r in read_jsonl(data_dir / "model_labels" / "routellm_mmlu.jsonl.gz")
-                if r.get("question_id") and model in r["correct"]}
+    mmlu_pro = {
+        r["question_id"]: (r["pred"].get(model), r["correct"].get(model))
+        for _, r in read_jsonl(data_dir / "model_labels" / "mmlu_pro_models.jsonl.gz")
+        if model in r["correct"]
+    }
+    routellm = {
+        r["question_id"]: r["correct"][model]
+        for _, r in read_jsonl(data_dir / "model_labels" / "routellm_mmlu.jsonl.gz")
+        if r.get("question_id") and model in r["correct"]
+    }
     out: dict[str, Compute] = {}
 
     def letter(row: Row) -> TierAnswer:
@@ -103,8 +107,11 @@ def recorded(data_dir: Path, model: str) -> dict[str, Compute]:
 
     if mmlu_pro:
         out["mmlu_pro"] = letter
-    gsm8k = {r["question_id"]: r["correct"][model]
-             for _, r in read_jsonl(data_dir / "model_labels" / "routellm_gsm8k.jsonl") if model in r["correct"]}
+    gsm8k = {
+        r["question_id"]: r["correct"][model]
+        for _, r in read_jsonl(data_dir / "model_labels" / "routellm_gsm8k.jsonl")
+        if model in r["correct"]
+    }
 
     def number(row: Row) -> TierAnswer:
         correct = gsm8k.get(row.id)

@@ -46,8 +46,7 @@ def error_response(exc: TriageError) -> Response:
     headers = {"Retry-After": "1"} if exc.status == 429 else None
     if exc.status in (408, 413):  # the rest of the body is not read: the connection cannot be reused
         headers = {"Connection": "close"}
-    return Response(orjson.dumps(exc.body()), status_code=exc.status, media_type="application/json",
-                    headers=headers)
+    return Response(orjson.dumps(exc.body()), status_code=exc.status, media_type="application/json", headers=headers)
 
 
 def route_headers(route: Route, switch: str | None) -> dict[str, str]:
@@ -58,12 +57,16 @@ def route_headers(route: Route, switch: str | None) -> dict[str, str]:
         reasoning = switch
     else:
         reasoning = "on" if route.reasoning else "off"
-    headers = {"x-triage-route": route.reason + ("+follow_up" if route.follow_up else ""),
-               "x-triage-reasoning": reasoning, "x-triage-confidence": f"{route.confidence:.4f}",
-               "x-triage-category": route.category or ""}
+    headers = {
+        "x-triage-route": route.reason + ("+follow_up" if route.follow_up else ""),
+        "x-triage-reasoning": reasoning,
+        "x-triage-confidence": f"{route.confidence:.4f}",
+        "x-triage-category": route.category or "",
+    }
     if (q := route.quality) is not None:  # the learned router: predicted P(right) and the expected cost
-        headers["x-triage-quality"] = (f"chosen={q.quality:.4f} best={q.best_quality:.4f} "
-                                       f"strongest={q.strongest_quality:.4f}")
+        headers["x-triage-quality"] = (
+            f"chosen={q.quality:.4f} best={q.best_quality:.4f} strongest={q.strongest_quality:.4f}"
+        )
         headers["x-triage-expected-cost"] = f"{q.cost:.8f}"
     if (rule := route.rule) is not None:  # "0 intents=transfer 0.9312": the rule, its head's answer (%-encoded)
         headers["x-triage-rule"] = f"{rule.index} {rule.head}={quote(rule.label)} {rule.confidence:.4f}"
@@ -158,8 +161,7 @@ async def _generate(request: Request, kind: Kind) -> Response:
         # `bench overhead` hinted at 0.2 ms a request for watching every one (noisy, not settled)
         served = await (_unless_gone(request, work) if ex.rt.admission else work)
         ex.served, ex.backend, ex.replica = served.model, served.backend, served.replica
-        headers = {"x-request-id": ex.request_id, "x-triage-model": served.model,
-                   "x-triage-backend": served.backend}
+        headers = {"x-request-id": ex.request_id, "x-triage-model": served.model, "x-triage-backend": served.backend}
         if served.route is not None:
             headers.update(route_headers(served.route, served.reasoning_switch))
             if served.model != served.route.model:  # the route's model failed: a fallback answered
@@ -202,8 +204,13 @@ def decision_headers(request_id: str, d: Decision) -> dict[str, str]:
 
 async def _decide(request: Request, batch: bool) -> Response:
     state = _state(request)
-    ex = Exchange.begin(state.holder, state.metrics, state.gate, "decide_batch" if batch else "decide",
-                        request.headers.get("x-request-id"))
+    ex = Exchange.begin(
+        state.holder,
+        state.metrics,
+        state.gate,
+        "decide_batch" if batch else "decide",
+        request.headers.get("x-request-id"),
+    )
     try:
         _authorize(request, ex)
         spec = ex.rt.policy.cascade
@@ -235,7 +242,7 @@ async def _decide_batch(ex: Exchange, raw: Any, spec: Any, tasks: set[str]) -> l
     """Every question answered, in order; a bad or unanswerable one gets its own error entry."""
     items = raw.get("questions") if isinstance(raw, dict) else raw
     if not isinstance(items, list) or not items:
-        raise InvalidRequest("the body must be a non-empty list of questions (or {\"questions\": [...]})")
+        raise InvalidRequest('the body must be a non-empty list of questions (or {"questions": [...]})')
     if len(items) > spec.max_batch:
         raise InvalidRequest(f"at most {spec.max_batch} questions per batch, not {len(items)}")
     parsed: list[Any] = []

@@ -40,8 +40,11 @@ async def _batch_runner(policy: Policy, settings: Settings, holder: RuntimeHolde
     from backends.gguf import cache_dir
 
     path = settings.policy_path.resolve()
-    root = (path.parent / policy.batches.dir if policy.batches.dir
-            else cache_dir() / "batches" / hashlib.sha1(str(path).encode()).hexdigest()[:16])
+    root = (
+        path.parent / policy.batches.dir
+        if policy.batches.dir
+        else cache_dir() / "batches" / hashlib.sha1(str(path).encode()).hexdigest()[:16]
+    )
     try:
         store = await asyncio.to_thread(BatchStore, root.resolve())
     except StoreBusy as exc:
@@ -71,8 +74,14 @@ def create_app(settings: Settings) -> FastAPI:
         if settings.freeze_gc:
             gc.collect()
             gc.freeze()  # start-up objects (libraries, policy, models) are never scanned again
-        log.info("gateway_started", policy=str(settings.policy_path), models=list(policy.models),
-                 backends=list(policy.backends), sighup=sighup, watch=settings.watch_policy)
+        log.info(
+            "gateway_started",
+            policy=str(settings.policy_path),
+            models=list(policy.models),
+            backends=list(policy.backends),
+            sighup=sighup,
+            watch=settings.watch_policy,
+        )
         try:
             yield
         finally:
@@ -142,4 +151,5 @@ class _Edge:
             if started:
                 raise
             await error_response(TriageError("The server had an error while processing your request"))(
-                scope, receive, send)
+                scope, receive, send
+            )

@@ -122,13 +122,28 @@ async def create_batch(request: Request) -> Response:
     if body.get("completion_window", "24h") != "24h":
         raise InvalidRequest("completion_window must be '24h'", param="completion_window")
     now = int(time.time())
-    doc = {"id": new_id("batch_"), "object": "batch", "endpoint": endpoint, "errors": None,
-           "input_file_id": file_id, "completion_window": "24h", "status": "validating",
-           "output_file_id": None, "error_file_id": None, "created_at": now, "in_progress_at": None,
-           "expires_at": now + 86400, "finalizing_at": None, "completed_at": None, "failed_at": None,
-           "expired_at": None, "cancelling_at": None, "cancelled_at": None,
-           "request_counts": {"total": 0, "completed": 0, "failed": 0},
-           "metadata": body.get("metadata") if isinstance(body.get("metadata"), dict) else None}
+    doc = {
+        "id": new_id("batch_"),
+        "object": "batch",
+        "endpoint": endpoint,
+        "errors": None,
+        "input_file_id": file_id,
+        "completion_window": "24h",
+        "status": "validating",
+        "output_file_id": None,
+        "error_file_id": None,
+        "created_at": now,
+        "in_progress_at": None,
+        "expires_at": now + 86400,
+        "finalizing_at": None,
+        "completed_at": None,
+        "failed_at": None,
+        "expired_at": None,
+        "cancelling_at": None,
+        "cancelled_at": None,
+        "request_counts": {"total": 0, "completed": 0, "failed": 0},
+        "metadata": body.get("metadata") if isinstance(body.get("metadata"), dict) else None,
+    }
     await asyncio.to_thread(caller.store.add_batch, doc, caller.viewer)
     caller.runner.wake()
     return _json(doc)
@@ -154,8 +169,15 @@ async def list_batches(request: Request) -> Response:
     limit, after = int(raw_limit), request.query_params.get("after")
     docs = await asyncio.to_thread(caller.store.batches, limit + 1, after, caller.viewer)
     page = docs[:limit]
-    return _json({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                  "last_id": page[-1]["id"] if page else None, "has_more": len(docs) > limit})
+    return _json(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(docs) > limit,
+        }
+    )
 
 
 @router.post("/v1/batches/{batch_id}/cancel")

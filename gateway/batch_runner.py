@@ -75,8 +75,12 @@ class BatchRunner:
                     await self._process(doc["id"])
                 except Exception as exc:  # that job fails (a disk, the store, a bug); the others go on
                     log.error("batch_failed", batch_id=doc["id"], error=f"{type(exc).__name__}: {exc}")
-                    await self._update(doc["id"], status="failed", failed_at=int(time.time()),
-                                       errors=_errors([{"code": "batch_failed", "message": str(exc)}]))
+                    await self._update(
+                        doc["id"],
+                        status="failed",
+                        failed_at=int(time.time()),
+                        errors=_errors([{"code": "batch_failed", "message": str(exc)}]),
+                    )
             await self._wake.wait()
 
     async def _update(self, batch_id: str, counts: bool = False, **fields: Any) -> dict[str, Any]:
@@ -126,8 +130,11 @@ class BatchRunner:
         policy = self.holder.current.policy
         settings = policy.batches
         tokens = await asyncio.to_thread(self._tokens, policy, batch_id, [p.body for p in pending])
-        groups = plan([Item(i, t, _decode(p.body)) for i, (t, p) in enumerate(zip(tokens, pending, strict=True))],
-                      min_shared=settings.min_shared_tokens, order=settings.order)
+        groups = plan(
+            [Item(i, t, _decode(p.body)) for i, (t, p) in enumerate(zip(tokens, pending, strict=True))],
+            min_shared=settings.min_shared_tokens,
+            order=settings.order,
+        )
         log.info("batch_planned", batch_id=batch_id, requests=len(pending), groups=len(groups))
         todo = [(pending[k], f"{batch_id}/{g}") for g, group in enumerate(groups) for k in group.keys]
         progress = _Progress(self, batch_id)
@@ -165,13 +172,19 @@ class BatchRunner:
         rid = new_id("batch_req_")
         try:
             status, body = await self._serve(endpoint, req, rid, affinity)
-            await asyncio.to_thread(self.store.finish_request, batch_id, req.line, status == 200,
-                                    _result(rid, req.custom_id, status, body))
+            await asyncio.to_thread(
+                self.store.finish_request, batch_id, req.line, status == 200, _result(rid, req.custom_id, status, body)
+            )
         except Exception:  # the line's edge (see above); cancellation is not an Exception and goes on
             log.exception("batch_request_failed", batch_id=batch_id, line=req.line, request_id=rid)
             err = TriageError("The server had an error while processing this request")
-            await asyncio.to_thread(self.store.finish_request, batch_id, req.line, False,
-                                    _result(rid, req.custom_id, err.status, err.body()))
+            await asyncio.to_thread(
+                self.store.finish_request,
+                batch_id,
+                req.line,
+                False,
+                _result(rid, req.custom_id, err.status, err.body()),
+            )
 
     async def _serve(self, endpoint: str, req: Pending, rid: str, affinity: str) -> tuple[int, dict[str, Any]]:
         rt = self.holder.acquire()
@@ -186,15 +199,18 @@ class BatchRunner:
         cancelled = batch_id in self._cancelled  # a cancel lands before that write, or sees "finalizing"
         fields: dict[str, Any] = {"request_counts": await asyncio.to_thread(self.store.counts, batch_id)}
         owner = await asyncio.to_thread(self.store.batch_owner, batch_id)  # its outputs are its owner's
-        for state, key, purpose in (("done", "output_file_id", "batch_output"), ("error", "error_file_id",
-                                                                                  "batch_output")):
+        for state, key, purpose in (
+            ("done", "output_file_id", "batch_output"),
+            ("error", "error_file_id", "batch_output"),
+        ):
             lines = await asyncio.to_thread(self.store.results, batch_id, state)
             if lines:
                 content = ("\n".join(lines) + "\n").encode()
                 f = await asyncio.to_thread(self.store.add_file, content, f"{batch_id}_{state}.jsonl", purpose, owner)
                 fields[key] = f["id"]
-        fields.update({"status": "cancelled", "cancelled_at": now} if cancelled else
-                      {"status": "completed", "completed_at": now})
+        fields.update(
+            {"status": "cancelled", "cancelled_at": now} if cancelled else {"status": "completed", "completed_at": now}
+        )
         await self._update(batch_id, **fields)
         log.info("batch_finished", batch_id=batch_id, status=fields["status"], **fields["request_counts"])
 
@@ -232,8 +248,12 @@ class _Progress:
 
 def _result(rid: str, custom_id: str, status: int, body: dict[str, Any]) -> dict[str, Any]:
     """One line of the output file (status 200) or of the error file."""
-    result: dict[str, Any] = {"id": rid, "custom_id": custom_id,
-                              "response": {"status_code": status, "request_id": rid, "body": body}, "error": None}
+    result: dict[str, Any] = {
+        "id": rid,
+        "custom_id": custom_id,
+        "response": {"status_code": status, "request_id": rid, "body": body},
+        "error": None,
+    }
     if status != 200:
         err = body.get("error") or {}
         result["error"] = {"code": err.get("code") or err.get("type"), "message": err.get("message")}
@@ -252,8 +272,12 @@ def _errors(items: list[dict[str, Any]]) -> dict[str, Any]:
     return {"object": "list", "data": items}
 
 
-def check_lines(raw: bytes, endpoint: str, models: set[str], max_requests: int,
-                ) -> list[tuple[int, str | None, dict | None, dict | None]]:
+def check_lines(
+    raw: bytes,
+    endpoint: str,
+    models: set[str],
+    max_requests: int,
+) -> list[tuple[int, str | None, dict | None, dict | None]]:
     """Every line of an input file: (line, custom_id, body) to run, or an error result for the
     error file naming the line. A malformed line never stops the others."""
     rows: list[tuple[int, str | None, dict | None, dict | None]] = []
@@ -274,8 +298,19 @@ def check_lines(raw: bytes, endpoint: str, models: set[str], max_requests: int,
             rows.append((n, cid, body, None))
         except (orjson.JSONDecodeError, InvalidRequest) as exc:
             message = exc.message if isinstance(exc, InvalidRequest) else f"not JSON: {exc}"
-            rows.append((n, cid, None, {"id": new_id("batch_req_"), "custom_id": cid, "response": None,
-                                        "error": {"code": "invalid_request", "message": f"line {n}: {message}"}}))
+            rows.append(
+                (
+                    n,
+                    cid,
+                    None,
+                    {
+                        "id": new_id("batch_req_"),
+                        "custom_id": cid,
+                        "response": None,
+                        "error": {"code": "invalid_request", "message": f"line {n}: {message}"},
+                    },
+                )
+            )
     return rows
 
 
@@ -299,8 +334,13 @@ def _check_line(doc: dict[str, Any], endpoint: str, models: set[str], seen: set[
     return body
 
 
-async def serve(rt: Any, endpoint: str, body: dict[str, Any], request_id: str, affinity: str | None,
-                ) -> tuple[int, dict[str, Any]]:
+async def serve(
+    rt: Any,
+    endpoint: str,
+    body: dict[str, Any],
+    request_id: str,
+    affinity: str | None,
+) -> tuple[int, dict[str, Any]]:
     """One batch request through the gateway's own paths; an error is a status and an OpenAI error body."""
     attempts: list[Any] = []
     try:

@@ -90,30 +90,46 @@ class BatchStore:
         tmp.rename(self.file_path(file_id))  # the row only ever points at a whole file
         now = int(time.time())
         with self._lock:
-            self._db.execute("INSERT INTO files (id, purpose, filename, bytes, created_at, owner) "
-                             "VALUES (?, ?, ?, ?, ?, ?)", (file_id, purpose, filename, len(content), now, owner))
+            self._db.execute(
+                "INSERT INTO files (id, purpose, filename, bytes, created_at, owner) VALUES (?, ?, ?, ?, ?, ?)",
+                (file_id, purpose, filename, len(content), now, owner),
+            )
         return self.file(file_id) or {}
 
     def file(self, file_id: str, viewer: str | None = None) -> dict[str, Any] | None:
         with self._lock:
-            row = self._db.execute("SELECT id, purpose, filename, bytes, created_at FROM files WHERE id = ?"
-                                   + _MINE, (file_id, viewer, viewer)).fetchone()
+            row = self._db.execute(
+                "SELECT id, purpose, filename, bytes, created_at FROM files WHERE id = ?" + _MINE,
+                (file_id, viewer, viewer),
+            ).fetchone()
         if row is None:
             return None
-        return {"id": row[0], "object": "file", "purpose": row[1], "filename": row[2], "bytes": row[3],
-                "created_at": row[4], "status": "processed", "expires_at": None, "status_details": None}
+        return {
+            "id": row[0],
+            "object": "file",
+            "purpose": row[1],
+            "filename": row[2],
+            "bytes": row[3],
+            "created_at": row[4],
+            "status": "processed",
+            "expires_at": None,
+            "status_details": None,
+        }
 
     # --- batches ----------------------------------------------------------------------------------------------
 
     def add_batch(self, doc: dict[str, Any], owner: str | None = None) -> None:
         with self._lock:
-            self._db.execute("INSERT INTO batches (id, doc, status, created_at, owner) VALUES (?, ?, ?, ?, ?)",
-                             (doc["id"], json.dumps(doc), doc["status"], doc["created_at"], owner))
+            self._db.execute(
+                "INSERT INTO batches (id, doc, status, created_at, owner) VALUES (?, ?, ?, ?, ?)",
+                (doc["id"], json.dumps(doc), doc["status"], doc["created_at"], owner),
+            )
 
     def batch(self, batch_id: str, viewer: str | None = None) -> dict[str, Any] | None:
         with self._lock:
-            row = self._db.execute("SELECT doc FROM batches WHERE id = ?" + _MINE,
-                                   (batch_id, viewer, viewer)).fetchone()
+            row = self._db.execute(
+                "SELECT doc FROM batches WHERE id = ?" + _MINE, (batch_id, viewer, viewer)
+            ).fetchone()
         return json.loads(row[0]) if row else None
 
     def batch_owner(self, batch_id: str) -> str | None:
@@ -123,32 +139,39 @@ class BatchStore:
 
     def save_batch(self, doc: dict[str, Any]) -> None:
         with self._lock:
-            self._db.execute("UPDATE batches SET doc = ?, status = ? WHERE id = ?",
-                             (json.dumps(doc), doc["status"], doc["id"]))
+            self._db.execute(
+                "UPDATE batches SET doc = ?, status = ? WHERE id = ?", (json.dumps(doc), doc["status"], doc["id"])
+            )
 
     def batches(self, limit: int, after: str | None, viewer: str | None = None) -> list[dict[str, Any]]:
         """Newest first; ``after`` is the id of the last batch of the previous page."""
         with self._lock:
             if after is None:
-                rows = self._db.execute("SELECT doc FROM batches WHERE 1" + _MINE
-                                        + " ORDER BY created_at DESC, id DESC LIMIT ?",
-                                        (viewer, viewer, limit)).fetchall()
+                rows = self._db.execute(
+                    "SELECT doc FROM batches WHERE 1" + _MINE + " ORDER BY created_at DESC, id DESC LIMIT ?",
+                    (viewer, viewer, limit),
+                ).fetchall()
             else:
                 rows = self._db.execute(
                     "SELECT doc FROM batches WHERE (created_at, id) < (SELECT created_at, id FROM batches WHERE id = ?)"
-                    + _MINE + " ORDER BY created_at DESC, id DESC LIMIT ?", (after, viewer, viewer, limit)).fetchall()
+                    + _MINE
+                    + " ORDER BY created_at DESC, id DESC LIMIT ?",
+                    (after, viewer, viewer, limit),
+                ).fetchall()
         return [json.loads(r[0]) for r in rows]
 
     def active_batches(self) -> list[dict[str, Any]]:
         with self._lock:
-            rows = self._db.execute(f"SELECT doc FROM batches WHERE status IN ({','.join('?' * len(ACTIVE))}) "
-                                    "ORDER BY created_at", ACTIVE).fetchall()
+            rows = self._db.execute(
+                f"SELECT doc FROM batches WHERE status IN ({','.join('?' * len(ACTIVE))}) ORDER BY created_at", ACTIVE
+            ).fetchall()
         return [json.loads(r[0]) for r in rows]
 
     # --- requests ---------------------------------------------------------------------------------------------
 
-    def add_requests(self, batch_id: str, rows: list[tuple[int, str | None, dict | None, dict | None]],
-                     doc: dict[str, Any]) -> None:
+    def add_requests(
+        self, batch_id: str, rows: list[tuple[int, str | None, dict | None, dict | None]], doc: dict[str, Any]
+    ) -> None:
         """Every line of a validated input file (line, custom_id, body or None, error result or None)
         and the batch's new state, in one transaction."""
         with self._lock:
@@ -156,11 +179,21 @@ class BatchStore:
             try:
                 self._db.executemany(
                     "INSERT OR IGNORE INTO requests VALUES (?, ?, ?, ?, ?, ?)",
-                    [(batch_id, line, cid, json.dumps(body) if body is not None else None,
-                      "pending" if error is None else "error", json.dumps(error) if error is not None else None)
-                     for line, cid, body, error in rows])
-                self._db.execute("UPDATE batches SET doc = ?, status = ? WHERE id = ?",
-                                 (json.dumps(doc), doc["status"], batch_id))
+                    [
+                        (
+                            batch_id,
+                            line,
+                            cid,
+                            json.dumps(body) if body is not None else None,
+                            "pending" if error is None else "error",
+                            json.dumps(error) if error is not None else None,
+                        )
+                        for line, cid, body, error in rows
+                    ],
+                )
+                self._db.execute(
+                    "UPDATE batches SET doc = ?, status = ? WHERE id = ?", (json.dumps(doc), doc["status"], batch_id)
+                )
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -168,27 +201,34 @@ class BatchStore:
 
     def pending(self, batch_id: str) -> list[Pending]:
         with self._lock:
-            rows = self._db.execute("SELECT line, custom_id, body FROM requests WHERE batch_id = ? AND state = "
-                                    "'pending' ORDER BY line", (batch_id,)).fetchall()
+            rows = self._db.execute(
+                "SELECT line, custom_id, body FROM requests WHERE batch_id = ? AND state = 'pending' ORDER BY line",
+                (batch_id,),
+            ).fetchall()
         return [Pending(line, cid, json.loads(body)) for line, cid, body in rows]
 
     def finish_request(self, batch_id: str, line: int, ok: bool, result: dict[str, Any]) -> bool:
         """Record one result; False when the request was already finished (never twice)."""
         with self._lock:
-            cur = self._db.execute("UPDATE requests SET state = ?, result = ? WHERE batch_id = ? AND line = ? "
-                                   "AND state = 'pending'", ("done" if ok else "error", json.dumps(result),
-                                                             batch_id, line))
+            cur = self._db.execute(
+                "UPDATE requests SET state = ?, result = ? WHERE batch_id = ? AND line = ? AND state = 'pending'",
+                ("done" if ok else "error", json.dumps(result), batch_id, line),
+            )
         return cur.rowcount == 1
 
     def counts(self, batch_id: str) -> dict[str, int]:
         with self._lock:
-            rows = dict(self._db.execute("SELECT state, COUNT(*) FROM requests WHERE batch_id = ? GROUP BY state",
-                                         (batch_id,)).fetchall())
+            rows = dict(
+                self._db.execute(
+                    "SELECT state, COUNT(*) FROM requests WHERE batch_id = ? GROUP BY state", (batch_id,)
+                ).fetchall()
+            )
         done, error, pending = rows.get("done", 0), rows.get("error", 0), rows.get("pending", 0)
         return {"total": done + error + pending, "completed": done, "failed": error}
 
     def results(self, batch_id: str, state: str) -> list[str]:
         with self._lock:
-            rows = self._db.execute("SELECT result FROM requests WHERE batch_id = ? AND state = ? ORDER BY line",
-                                    (batch_id, state)).fetchall()
+            rows = self._db.execute(
+                "SELECT result FROM requests WHERE batch_id = ? AND state = ? ORDER BY line", (batch_id, state)
+            ).fetchall()
         return [r[0] for r in rows]

@@ -36,7 +36,8 @@ class Scale(_Closed):
 
 class Overrides(_Closed):
     thresholds: dict[str, dict[QType, Annotated[float, Field(ge=0, le=1)]]] | None = Field(
-        None, description="tier name -> question type -> threshold, over the policy's")
+        None, description="tier name -> question type -> threshold, over the policy's"
+    )
 
 
 class DecideRequest(_Closed):
@@ -61,8 +62,9 @@ def parse(body: Any, spec: Cascade, tasks: set[str]) -> tuple[Question, Override
 
 def question(req: DecideRequest, spec: Cascade, tasks: set[str]) -> Question:
     if req.task is not None and req.task not in tasks:
-        raise InvalidRequest(f"unknown task '{req.task}' (the policy names: {', '.join(sorted(tasks)) or 'none'})",
-                             param="task")
+        raise InvalidRequest(
+            f"unknown task '{req.task}' (the policy names: {', '.join(sorted(tasks)) or 'none'})", param="task"
+        )
     scale = None
     if req.type == "choice":
         if not req.options or not 2 <= len(req.options) <= spec.max_options:
@@ -89,14 +91,19 @@ def gates(spec: Cascade, overrides: Overrides | None) -> list[Gate]:
     names = {t.name for t in spec.tiers}
     for name in extra:
         if name not in names:
-            raise InvalidRequest(f"policy_overrides.thresholds: no tier named '{name}' (tiers: "
-                                 f"{', '.join(t.name for t in spec.tiers)})", param="policy_overrides.thresholds")
-    return [Gate(t.name, t.type, {**t.thresholds, **extra.get(t.name, {})}, t.task_thresholds, t.temperature)
-            for t in spec.tiers]
+            raise InvalidRequest(
+                f"policy_overrides.thresholds: no tier named '{name}' (tiers: {', '.join(t.name for t in spec.tiers)})",
+                param="policy_overrides.thresholds",
+            )
+    return [
+        Gate(t.name, t.type, {**t.thresholds, **extra.get(t.name, {})}, t.task_thresholds, t.temperature)
+        for t in spec.tiers
+    ]
 
 
-async def decide(rt: Runtime, q: Question, overrides: Overrides | None, request_id: str,
-                 attempts: list[Attempt]) -> Decision:
+async def decide(
+    rt: Runtime, q: Question, overrides: Overrides | None, request_id: str, attempts: list[Attempt]
+) -> Decision:
     spec = rt.policy.cascade
     if spec is None:
         raise NotFound("this policy has no cascade: /v1/decide is not served")
@@ -111,8 +118,13 @@ async def decide(rt: Runtime, q: Question, overrides: Overrides | None, request_
             return stop.value
 
 
-async def decide_many(rt: Runtime, items: list[tuple[Question, Overrides | None]], request_id: str,
-                      attempts: list[Attempt], concurrency: int = 8) -> list[Decision | Exception]:
+async def decide_many(
+    rt: Runtime,
+    items: list[tuple[Question, Overrides | None]],
+    request_id: str,
+    attempts: list[Attempt],
+    concurrency: int = 8,
+) -> list[Decision | Exception]:
     """Several questions, answers in order. Questions sharing a context go back to back, so the
     local scorer finds the passage in its cache; up to ``concurrency`` run at once (the encoder
     batches them)."""
@@ -132,7 +144,13 @@ async def decide_many(rt: Runtime, items: list[tuple[Question, Overrides | None]
 
 
 def body(d: Decision, request_id: str) -> dict[str, Any]:
-    return {"id": f"decide-{request_id}", "object": "decision", "answer": d.answer,
-            "probabilities": {k: round(v, 6) for k, v in d.probabilities.items()},
-            "confidence": round(d.confidence, 6), "tier": d.tier, "trace": [s.as_dict() for s in d.trace],
-            "usage": dict(d.usage) if d.usage else None}
+    return {
+        "id": f"decide-{request_id}",
+        "object": "decision",
+        "answer": d.answer,
+        "probabilities": {k: round(v, 6) for k, v in d.probabilities.items()},
+        "confidence": round(d.confidence, 6),
+        "tier": d.tier,
+        "trace": [s.as_dict() for s in d.trace],
+        "usage": dict(d.usage) if d.usage else None,
+    }

@@ -48,8 +48,15 @@ async def decide_route(rt: Runtime, kind: Kind, body: Body) -> Route | None:
     return await rt.encoding.route(vm, kind, body, (rt.policy, reasoning_router, rt.quality[router]))
 
 
-async def dispatch(rt: Runtime, kind: Kind, body: Body, request_id: str, attempts: list[Attempt],
-                   route: Route | None = None, affinity: str | None = None) -> Served:
+async def dispatch(
+    rt: Runtime,
+    kind: Kind,
+    body: Body,
+    request_id: str,
+    attempts: list[Attempt],
+    route: Route | None = None,
+    affinity: str | None = None,
+) -> Served:
     chain = candidates(rt.policy, route.model if route is not None else body["model"])
     last: UpstreamError | None = None
     for name in chain:
@@ -66,12 +73,19 @@ async def dispatch(rt: Runtime, kind: Kind, body: Body, request_id: str, attempt
                 stream = await backend.open_stream(call)
                 return Served(name, backend.name, stream.replica, stream=stream, route=route, reasoning_switch=switch)
             completion = await backend.complete(call)
-            return Served(name, backend.name, completion.replica, completion=completion, route=route,
-                          reasoning_switch=switch)
+            return Served(
+                name, backend.name, completion.replica, completion=completion, route=route, reasoning_switch=switch
+            )
         except UpstreamError as exc:
             last = exc
-            log.warning("model_failed", request_id=request_id, model=name, backend=backend.name,
-                        error=exc.message, next=_after(chain, name))
+            log.warning(
+                "model_failed",
+                request_id=request_id,
+                model=name,
+                backend=backend.name,
+                error=exc.message,
+                next=_after(chain, name),
+            )
     assert last is not None
     raise last
 

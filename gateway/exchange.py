@@ -65,8 +65,9 @@ class Exchange:
     _done: bool = False
 
     @classmethod
-    def begin(cls, holder: RuntimeHolder, metrics: Metrics, gate: Gate, endpoint: str,
-              request_id: str | None) -> Exchange:
+    def begin(
+        cls, holder: RuntimeHolder, metrics: Metrics, gate: Gate, endpoint: str, request_id: str | None
+    ) -> Exchange:
         return cls(holder, metrics, gate, endpoint, request_id or _next_id(), holder.acquire())
 
     def take_slot(self) -> None:
@@ -94,11 +95,19 @@ class Exchange:
         if error is not None:
             self.metrics.errors.labels(error.type, str(status)).inc()
         event: dict[str, Any] = {
-            "request_id": self.request_id, "endpoint": self.endpoint, "model": self.model,
-            "served_model": self.served, "backend": self.backend, "replica": self.replica,
-            "stream": self.stream, "status": status, "latency_ms": round(latency * 1000, 3),
-            "attempts": [{"backend": a.backend, "replica": a.replica, "outcome": a.outcome,
-                          "ms": round(a.latency_s * 1000, 3)} for a in self.attempts],
+            "request_id": self.request_id,
+            "endpoint": self.endpoint,
+            "model": self.model,
+            "served_model": self.served,
+            "backend": self.backend,
+            "replica": self.replica,
+            "stream": self.stream,
+            "status": status,
+            "latency_ms": round(latency * 1000, 3),
+            "attempts": [
+                {"backend": a.backend, "replica": a.replica, "outcome": a.outcome, "ms": round(a.latency_s * 1000, 3)}
+                for a in self.attempts
+            ],
         }
         if self.route is not None:
             event["route"] = asdict(self.route)
@@ -118,5 +127,9 @@ class Exchange:
         """The cascade's decision for the log: answers (user text) only when prompts are logged."""
         show = self.rt.policy.logging.log_prompts
         steps = [{k: v for k, v in s.as_dict().items() if show or k != "answer"} for s in d.trace]
-        return {"tier": d.tier, "confidence": round(d.confidence, 6), "trace": steps,
-                **({"answer": d.answer} if show else {})}
+        return {
+            "tier": d.tier,
+            "confidence": round(d.confidence, 6),
+            "trace": steps,
+            **({"answer": d.answer} if show else {}),
+        }

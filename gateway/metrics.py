@@ -20,18 +20,26 @@ class Metrics:
         r = self.registry
         self.requests = Counter("triage_requests", "Requests answered", ["endpoint", "model", "status"], registry=r)
         self.errors = Counter("triage_errors", "Error answers by OpenAI error type", ["type", "status"], registry=r)
-        self.latency = Histogram("triage_request_latency_seconds", "Request latency (to the last byte)",
-                                 ["endpoint", "model"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.attempts = Counter("triage_upstream_attempts", "Tries at upstream replicas",
-                                ["backend", "replica", "outcome"], registry=r)
+        self.latency = Histogram(
+            "triage_request_latency_seconds",
+            "Request latency (to the last byte)",
+            ["endpoint", "model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.attempts = Counter(
+            "triage_upstream_attempts", "Tries at upstream replicas", ["backend", "replica", "outcome"], registry=r
+        )
         self.tokens = Counter("triage_tokens", "Tokens reported by upstreams", ["model", "kind"], registry=r)
         self.in_flight = Gauge("triage_in_flight_requests", "Requests being served", registry=r)
         self.reloads = Counter("triage_policy_reloads", "Policy reloads", ["outcome"], registry=r)
-        self.decisions = Counter("triage_decisions", "Typed decisions by the tier that answered",
-                                 ["tier", "type"], registry=r)
+        self.decisions = Counter(
+            "triage_decisions", "Typed decisions by the tier that answered", ["tier", "type"], registry=r
+        )
 
-    def observe(self, endpoint: str, model: str, status: int, latency_s: float,
-                attempts: list[Attempt], usage: dict | None) -> None:
+    def observe(
+        self, endpoint: str, model: str, status: int, latency_s: float, attempts: list[Attempt], usage: dict | None
+    ) -> None:
         self.requests.labels(endpoint, model, str(status)).inc()
         self.latency.labels(endpoint, model).observe(latency_s)
         for a in attempts:
@@ -55,10 +63,12 @@ class _AdmissionCollector(Collector):
         self.backends = backends
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        waiting = GaugeMetricFamily("triage_admission_waiting", "Requests waiting for a replica slot",
-                                    labels=["backend"])
-        busy = GaugeMetricFamily("triage_admission_in_flight", "Requests holding a replica slot",
-                                 labels=["backend", "replica"])
+        waiting = GaugeMetricFamily(
+            "triage_admission_waiting", "Requests waiting for a replica slot", labels=["backend"]
+        )
+        busy = GaugeMetricFamily(
+            "triage_admission_in_flight", "Requests holding a replica slot", labels=["backend", "replica"]
+        )
         for name, backend in self.backends():
             room = getattr(backend, "admission", None)
             if room is None:

@@ -70,8 +70,9 @@ def _key_hashes(policy: Policy) -> frozenset[str]:
     return frozenset(hashes)
 
 
-async def _encoding(policy: Policy, previous: Runtime | None, base_dir: Path
-                    ) -> tuple[Encoding | None, dict[str, QualityHead]]:
+async def _encoding(
+    policy: Policy, previous: Runtime | None, base_dir: Path
+) -> tuple[Encoding | None, dict[str, QualityHead]]:
     """The encoder and its heads (reused when unchanged), and the routed models' quality heads."""
     if policy.classifier is None:
         return None, {}
@@ -79,8 +80,11 @@ async def _encoding(policy: Policy, previous: Runtime | None, base_dir: Path
     from policies.semantic import label_problems
 
     old = previous.encoding if previous is not None else None
-    if (old is not None and old.config == policy.classifier
-            and old.signature == artifacts_signature(policy.classifier, base_dir)):
+    if (
+        old is not None
+        and old.config == policy.classifier
+        and old.signature == artifacts_signature(policy.classifier, base_dir)
+    ):
         encoding = old  # same settings, same trained heads: keep the loaded encoder
     else:
         try:
@@ -168,8 +172,12 @@ class RuntimeHolder:
 
     async def _collect(self) -> None:
         self._retired = [rt for rt in self._retired if rt.in_flight > 0]
-        live = {id(obj) for rt in (self.current, *self._retired)
-                for obj in (*rt.backends.values(), rt.encoding) if obj is not None}
+        live = {
+            id(obj)
+            for rt in (self.current, *self._retired)
+            for obj in (*rt.backends.values(), rt.encoding)
+            if obj is not None
+        }
         closing = [obj for key, obj in self._pending.items() if key not in live]
         self._pending = {key: obj for key, obj in self._pending.items() if key in live}
         for obj in closing:

@@ -80,8 +80,9 @@ def check_depth(raw: bytes, value: Any, limit: int = MAX_DEPTH) -> None:
     tops = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in tops:
         if _deeper_than(item, limit - 1):
-            raise InvalidRequest(f"'{key}' is nested more than {limit} levels deep", param=str(key),
-                                 code="nested_too_deep")
+            raise InvalidRequest(
+                f"'{key}' is nested more than {limit} levels deep", param=str(key), code="nested_too_deep"
+            )
 
 
 def _deeper_than(value: Any, limit: int) -> bool:

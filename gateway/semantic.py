@@ -36,15 +36,17 @@ class Encoding:
         signature = artifacts_signature(config, policy_dir)
         clf = await asyncio.to_thread(Classifier.load, config, policy_dir)
         e = config.encoder
-        batcher: MicroBatcher[str, Reading] = MicroBatcher(clf.encoder.read, max_batch=e.batch_max_size,
-                                                  max_wait_ms=e.batch_max_wait_ms)
+        batcher: MicroBatcher[str, Reading] = MicroBatcher(
+            clf.encoder.read, max_batch=e.batch_max_size, max_wait_ms=e.batch_max_wait_ms
+        )
         return cls(config, clf, batcher, signature)
 
     async def close(self) -> None:
         await self.batcher.aclose()
 
-    async def route(self, vm: SemanticModel, kind: Kind, body: Body,
-                    reasoning_router: ReasoningRouter | None = None) -> Route:
+    async def route(
+        self, vm: SemanticModel, kind: Kind, body: Body, reasoning_router: ReasoningRouter | None = None
+    ) -> Route:
         """The semantic model's route; with ``reasoning: {mode: router}``, its reasoning switch is the
         reasoning router's choice for the last turn (``reasoning_router``: the policy, that routed
         model and its quality head)."""
@@ -53,8 +55,11 @@ class Encoding:
             texts = [last, "\n".join(earlier)]
             readings = await asyncio.gather(*(self.batcher.embed(t) for t in texts))
             (own, own_fam), (prev, prev_fam) = self.classifier.classify_readings(list(readings), texts)
-            route = decide_turns(vm, (own, own_fam.in_distribution, own_fam.readable),
-                                 (prev, prev_fam.in_distribution, prev_fam.readable))
+            route = decide_turns(
+                vm,
+                (own, own_fam.in_distribution, own_fam.readable),
+                (prev, prev_fam.in_distribution, prev_fam.readable),
+            )
             reading = readings[0]
         else:
             reading = await self.batcher.embed(last)
@@ -62,13 +67,13 @@ class Encoding:
             route = decide(vm, heads, fam.in_distribution, fam.readable)
         if route.reasoning_by_router and reasoning_router is not None:
             policy, rvm, head = reasoning_router
-            choice = routed.decide(policy, rvm, head.proba(reading.vector)[0], input_tokens(kind, body),
-                                   head.dev_accuracy)
+            choice = routed.decide(
+                policy, rvm, head.proba(reading.vector)[0], input_tokens(kind, body), head.dev_accuracy
+            )
             route = replace(route, reasoning=choice.reasoning == "on", quality=choice)
         return route
 
-    async def route_quality(self, policy: Policy, vm: RoutedModel, head: QualityHead, kind: Kind,
-                            body: Body) -> Route:
+    async def route_quality(self, policy: Policy, vm: RoutedModel, head: QualityHead, kind: Kind, body: Body) -> Route:
         """The learned router's route: quality predicted from the last user turn, cost from the whole prompt."""
         last, _ = _turns(kind, body)
         return quality_route(policy, vm, head, await self.batcher.embed(last), input_tokens(kind, body))
@@ -91,9 +96,11 @@ def load_quality(policy: Policy, policy_dir: Path, dim: int) -> tuple[dict[str, 
             continue
         want = tuple(c.column for c in vm.candidates)
         if head.models != want or head.dim != dim:
-            problems.append(f"virtual_models.{name}: its quality head was trained for {', '.join(head.models)} on "
-                            f"{head.dim}-d embeddings, the policy routes {', '.join(want)} on {dim}-d: retrain it "
-                            "with `triage train --policy POLICY`")
+            problems.append(
+                f"virtual_models.{name}: its quality head was trained for {', '.join(head.models)} on "
+                f"{head.dim}-d embeddings, the policy routes {', '.join(want)} on {dim}-d: retrain it "
+                "with `triage train --policy POLICY`"
+            )
             continue
         heads[name] = head
     return heads, problems
@@ -102,8 +109,16 @@ def load_quality(policy: Policy, policy_dir: Path, dim: int) -> tuple[dict[str, 
 def quality_route(policy: Policy, vm: RoutedModel, head: QualityHead, reading: Reading, tokens: int) -> Route:
     """The learned router's route for one prompt's reading."""
     choice = routed.decide(policy, vm, head.proba(reading.vector)[0], tokens, head.dev_accuracy)
-    return Route(choice.model, choice.reasoning == "on", "quality", None, choice.quality, None,
-                 quality=choice, apply_reasoning=choice.reasoning is not None)
+    return Route(
+        choice.model,
+        choice.reasoning == "on",
+        "quality",
+        None,
+        choice.quality,
+        None,
+        quality=choice,
+        apply_reasoning=choice.reasoning is not None,
+    )
 
 
 def artifacts_signature(config: ClassifierConfig, policy_dir: Path) -> tuple[tuple[str, int], ...]:

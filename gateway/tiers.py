@@ -108,15 +108,19 @@ def model_messages(q: Question) -> tuple[list[Body], tuple[str, ...]]:
     """The chat messages a generating model is asked, and the labels its answer is read as."""
     context = f"{q.context}\n\n" if q.context else ""
     if q.numeric:
-        text = (f"{context}{q.question}\n\nWork it out step by step, then give the final answer as a number "
-                "on the last line, after 'Answer:'.")
+        text = (
+            f"{context}{q.question}\n\nWork it out step by step, then give the final answer as a number "
+            "on the last line, after 'Answer:'."
+        )
         return [{"role": "user", "content": text}], ()
     labels = labels_for(q.type, q.options)
     if q.type == "choice":
         listed = "\n".join(f"{label}. {o}" for label, o in zip(labels, q.options, strict=True))
         kind = "letter" if labels[0] == "A" else "number"
-        text = (f"{context}Question: {q.question}\n\nOptions:\n{listed}\n\n"
-                f"Answer with the {kind} of the correct option only.")
+        text = (
+            f"{context}Question: {q.question}\n\nOptions:\n{listed}\n\n"
+            f"Answer with the {kind} of the correct option only."
+        )
     elif q.type == "yes_no":
         text = f"{context}Question: {q.question}\n\nAnswer with yes or no only."
     else:
@@ -128,8 +132,12 @@ def model_messages(q: Question) -> tuple[list[Body], tuple[str, ...]]:
 def model_body(tier: ModelTier, q: Question) -> tuple[Body, tuple[str, ...]]:
     """The chat request a model tier sends, with the engine's constrained decoding where set."""
     messages, labels = model_messages(q)
-    body: Body = {"model": tier.model, "messages": messages, "temperature": 0.0,
-                  "max_tokens": tier.numeric_max_tokens if q.numeric else tier.max_tokens}
+    body: Body = {
+        "model": tier.model,
+        "messages": messages,
+        "temperature": 0.0,
+        "max_tokens": tier.numeric_max_tokens if q.numeric else tier.max_tokens,
+    }
     if q.numeric:
         return body, labels
     if tier.logprobs:
@@ -143,8 +151,9 @@ def model_body(tier: ModelTier, q: Question) -> tuple[Body, tuple[str, ...]]:
     return body, labels
 
 
-async def _model(rt: Runtime, tier: ModelTier, q: Question, request_id: str,
-                 attempts: list[Attempt]) -> TierAnswer | str:
+async def _model(
+    rt: Runtime, tier: ModelTier, q: Question, request_id: str, attempts: list[Attempt]
+) -> TierAnswer | str:
     from gateway.dispatch import decide_route, dispatch  # the tier model's chain, with its fallbacks
 
     body, labels = model_body(tier, q)

@@ -49,16 +49,20 @@ def typed_ask(body: Body, spec: Cascade) -> TypedAsk | None:
         raise InvalidRequest("response_format.json_schema must be an object", param="response_format.json_schema")
     schema = json_schema.get("schema")
     if schema is not None and not isinstance(schema, dict):
-        raise InvalidRequest("response_format.json_schema.schema must be an object",
-                             param="response_format.json_schema.schema")
+        raise InvalidRequest(
+            "response_format.json_schema.schema must be an object", param="response_format.json_schema.schema"
+        )
     props = schema.get("properties") if schema is not None else None
     if not isinstance(props, dict) or len(props) != 1:
         return None
     [(prop, sub)] = props.items()
     if not isinstance(sub, dict):
         return None
-    turns = [(m.get("role"), message_text(m.get("content"))) for m in body.get("messages") or ()
-             if isinstance(m, dict) and m.get("role") in ("user", "assistant")]
+    turns = [
+        (m.get("role"), message_text(m.get("content")))
+        for m in body.get("messages") or ()
+        if isinstance(m, dict) and m.get("role") in ("user", "assistant")
+    ]
     last_user = max((i for i, (role, _) in enumerate(turns) if role == "user"), default=None)
     if last_user is None:
         raise InvalidRequest("a typed request needs a user message", param="messages")
@@ -89,9 +93,18 @@ def completion(ask: TypedAsk, d: Decision, model: str, request_id: str, extensio
     top = sorted(d.probabilities.items(), key=lambda kv: -kv[1])
     position = {**_token(d.answer, d.probabilities[d.answer]), "top_logprobs": [_token(o, p) for o, p in top]}
     return {
-        "id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content, "refusal": None},
-                     "logprobs": {"content": [position]}, "finish_reason": "stop"}],
+        "id": f"chatcmpl-{request_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content, "refusal": None},
+                "logprobs": {"content": [position]},
+                "finish_reason": "stop",
+            }
+        ],
         "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, **_usage(d)},
         "triage": extension,
     }
@@ -111,7 +124,16 @@ def chunks(reply: Body) -> list[Body]:
     choice = reply["choices"][0]
     return [
         {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
-        {**base, "choices": [{"index": 0, "delta": {"content": choice["message"]["content"]},
-                              "logprobs": choice["logprobs"], "finish_reason": None}]},
+        {
+            **base,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"content": choice["message"]["content"]},
+                    "logprobs": choice["logprobs"],
+                    "finish_reason": None,
+                }
+            ],
+        },
         {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "triage": reply["triage"]},
     ]

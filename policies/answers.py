@@ -36,7 +36,7 @@ def extract_number(text: str) -> str | None:
     """The final number of a worked answer, canonical, or None when the text holds none."""
     markers = list(_MARKER.finditer(text))
     if markers:
-        tail = text[markers[-1].end():]
+        tail = text[markers[-1].end() :]
         first = _NUMBER.search(tail)
         if first is not None:
             return canonical_number(first.group())

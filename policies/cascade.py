@@ -99,10 +99,16 @@ class Step:
     model: str | None = None  # the policy model that answered, for a model tier
 
     def as_dict(self) -> dict[str, object]:
-        return {"tier": self.tier, "outcome": self.outcome, "answer": self.answer,
-                "confidence": _round(self.confidence), "threshold": self.threshold,
-                "latency_ms": round(self.latency_ms, 3), **({"error": self.error} if self.error else {}),
-                **({"model": self.model} if self.model else {})}
+        return {
+            "tier": self.tier,
+            "outcome": self.outcome,
+            "answer": self.answer,
+            "confidence": _round(self.confidence),
+            "threshold": self.threshold,
+            "latency_ms": round(self.latency_ms, 3),
+            **({"error": self.error} if self.error else {}),
+            **({"model": self.model} if self.model else {}),
+        }
 
 
 @dataclass(frozen=True)
@@ -170,8 +176,11 @@ def read(q: Question, gate: Gate, answer: TierAnswer) -> Reading:
     return Reading(q.options[best], merged, confidence(q.type, probs))
 
 
-def run(q: Question, gates: Sequence[Gate], on_exhausted: Literal["error", "best"] = "error",
-        ) -> Generator[Ask, TierAnswer, Decision]:
+def run(
+    q: Question,
+    gates: Sequence[Gate],
+    on_exhausted: Literal["error", "best"] = "error",
+) -> Generator[Ask, TierAnswer, Decision]:
     """Ask tier after tier until one is confident enough; return the decision and its trace."""
     if not gates:
         raise ValueError("a cascade needs at least one tier")
@@ -187,22 +196,44 @@ def run(q: Question, gates: Sequence[Gate], on_exhausted: Literal["error", "best
         threshold = gate.threshold(q)
         last = i == len(gates) - 1
         if last or (threshold is not None and reading.confidence >= threshold):
-            trace.append(Step(gate.name, "accepted", answer.latency_ms, reading.answer, reading.confidence, threshold,
-                              model=answer.model))
-            return Decision(reading.answer, reading.probabilities, reading.confidence, gate.name, tuple(trace),
-                            answer.usage, q.type)
-        trace.append(Step(gate.name, "escalated", answer.latency_ms, reading.answer, reading.confidence, threshold,
-                          model=answer.model))
+            trace.append(
+                Step(
+                    gate.name,
+                    "accepted",
+                    answer.latency_ms,
+                    reading.answer,
+                    reading.confidence,
+                    threshold,
+                    model=answer.model,
+                )
+            )
+            return Decision(
+                reading.answer, reading.probabilities, reading.confidence, gate.name, tuple(trace), answer.usage, q.type
+            )
+        trace.append(
+            Step(
+                gate.name,
+                "escalated",
+                answer.latency_ms,
+                reading.answer,
+                reading.confidence,
+                threshold,
+                model=answer.model,
+            )
+        )
         if best is None or reading.confidence > best[0].confidence:
             best = (reading, gate, answer)
     if on_exhausted == "best" and best is not None:
         reading, gate, answer = best
         trace.append(Step(gate.name, "exhausted", 0.0, reading.answer, reading.confidence, None))
-        return Decision(reading.answer, reading.probabilities, reading.confidence, gate.name, tuple(trace),
-                        answer.usage, q.type)
+        return Decision(
+            reading.answer, reading.probabilities, reading.confidence, gate.name, tuple(trace), answer.usage, q.type
+        )
     failed = [f"{s.tier}: {s.error}" for s in trace if s.outcome in ("failed", "skipped")]
-    raise CascadeExhausted("no tier could answer the question with accepted confidence"
-                           + (f" ({'; '.join(failed)})" if failed else ""), trace)
+    raise CascadeExhausted(
+        "no tier could answer the question with accepted confidence" + (f" ({'; '.join(failed)})" if failed else ""),
+        trace,
+    )
 
 
 def drive(gen: Generator[Ask, TierAnswer, Decision], answer_for: Callable[[Ask], TierAnswer]) -> Decision:

@@ -96,8 +96,9 @@ class Outcome:
     strong_share: float
 
 
-def outcome(quality: np.ndarray, cost: np.ndarray, rule: Rule, knob: float, strongest: int,
-            correct: np.ndarray | None = None) -> Outcome:
+def outcome(
+    quality: np.ndarray, cost: np.ndarray, rule: Rule, knob: float, strongest: int, correct: np.ndarray | None = None
+) -> Outcome:
     picked = choose(quality, cost, rule, knob)
     c = np.broadcast_to(np.asarray(cost, dtype=np.float64), np.atleast_2d(quality).shape)
     rows = np.arange(len(picked))
@@ -125,8 +126,9 @@ def knob_grid(quality: np.ndarray, cost: np.ndarray, rule: Rule, points: int = 4
     return np.unique(np.concatenate([[0.0], grid * (1 + 1e-9), [MAX_KNOB]]))
 
 
-def fit_knob(quality: np.ndarray, cost: np.ndarray, rule: Rule, target: Target, strongest: int,
-             correct: np.ndarray | None = None) -> Outcome:
+def fit_knob(
+    quality: np.ndarray, cost: np.ndarray, rule: Rule, target: Target, strongest: int, correct: np.ndarray | None = None
+) -> Outcome:
     """The knob that meets ``target`` on these rows at the least cost (``quality``: the best accuracy
     under the cost; ``cost`` and ``strong_share``: the best accuracy, or the best predicted quality
     without labels, within the budget). Raises ValueError when no knob meets it."""
@@ -137,8 +139,11 @@ def fit_knob(quality: np.ndarray, cost: np.ndarray, rule: Rule, target: Target, 
     q = np.atleast_2d(quality)
     for knob in knob_grid(q, cost, rule):
         o = outcome(q, cost, rule, float(knob), strongest, correct)
-        value = o.accuracy if correct is not None else float(np.take_along_axis(
-            q, choose(q, cost, rule, float(knob))[:, None], axis=1).mean())
+        value = (
+            o.accuracy
+            if correct is not None
+            else float(np.take_along_axis(q, choose(q, cost, rule, float(knob))[:, None], axis=1).mean())
+        )
         if target.kind == "quality":
             if o.accuracy + 1e-12 < target.value:
                 continue
@@ -189,8 +194,9 @@ def candidate_costs(policy: Policy, vm: RoutedModel, input_tokens: float | np.nd
     return base + extra * prices[:, 1] / 1e6
 
 
-def decide(policy: Policy, vm: RoutedModel, quality: np.ndarray, input_tokens: float,
-           accuracy: np.ndarray | None = None) -> QualityChoice:
+def decide(
+    policy: Policy, vm: RoutedModel, quality: np.ndarray, input_tokens: float, accuracy: np.ndarray | None = None
+) -> QualityChoice:
     """The candidate for one request: ``quality`` is the heads' P(right), one per candidate;
     ``accuracy``: each candidate's on the dev rows, to prune the dominated ones (:func:`prune`)."""
     q = np.asarray(quality, dtype=np.float64).reshape(1, -1)
@@ -198,7 +204,9 @@ def decide(policy: Policy, vm: RoutedModel, quality: np.ndarray, input_tokens: f
     i = int(choose(prune(q, cost, accuracy if vm.prune_dominated else None), cost, vm.rule, vm.knob)[0])
     dearest = int(np.argmax(cost))
     c = vm.candidates[i]
-    preds = tuple((candidate_label(k.model, k.reasoning), float(q[0, j]), float(cost[j]))
-                  for j, k in enumerate(vm.candidates))
-    return QualityChoice(i, c.model, c.reasoning, float(q[0, i]), float(q.max()), float(q[0, dearest]),
-                         float(cost[i]), preds)
+    preds = tuple(
+        (candidate_label(k.model, k.reasoning), float(q[0, j]), float(cost[j])) for j, k in enumerate(vm.candidates)
+    )
+    return QualityChoice(
+        i, c.model, c.reasoning, float(q[0, i]), float(q.max()), float(q[0, dearest]), float(cost[i]), preds
+    )

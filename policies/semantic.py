@@ -94,13 +94,22 @@ def decide(vm: SemanticModel, heads: Mapping[str, Prediction], familiar: bool, r
         return Route(model, on, "unfamiliar", category, confidence, p_pays, reasoning_by_router=router and not aimed)
     if (match := _matching_rule(vm.rules, heads)) is not None:
         rule = vm.rules[match.index]
-        return Route(rule.model, _reasoning(vm.reasoning, rule.reasoning, p_pays), "rule", category, confidence,
-                     p_pays, rule=match, reasoning_by_router=router and rule.reasoning is None)
+        return Route(
+            rule.model,
+            _reasoning(vm.reasoning, rule.reasoning, p_pays),
+            "rule",
+            category,
+            confidence,
+            p_pays,
+            rule=match,
+            reasoning_by_router=router and rule.reasoning is None,
+        )
     if category is not None and confidence < vm.min_confidence and vm.escalate_to:
         return Route(vm.escalate_to, reasoning, "escalated", category, confidence, p_pays, reasoning_by_router=router)
     if category is not None and category in vm.categories and confidence >= vm.min_confidence:
-        return Route(vm.categories[category], reasoning, "category", category, confidence, p_pays,
-                     reasoning_by_router=router)
+        return Route(
+            vm.categories[category], reasoning, "category", category, confidence, p_pays, reasoning_by_router=router
+        )
     return Route(vm.default, reasoning, "default", category, confidence, p_pays, reasoning_by_router=router)
 
 
@@ -108,8 +117,11 @@ def is_follow_up(vm: SemanticModel, last_turn: str, earlier_turns: int) -> bool:
     return earlier_turns > 0 and len(last_turn.split()) <= vm.follow_up_max_words
 
 
-def decide_turns(vm: SemanticModel, last: tuple[Mapping[str, Prediction], bool, bool],
-                 earlier: tuple[Mapping[str, Prediction], bool, bool]) -> Route:
+def decide_turns(
+    vm: SemanticModel,
+    last: tuple[Mapping[str, Prediction], bool, bool],
+    earlier: tuple[Mapping[str, Prediction], bool, bool],
+) -> Route:
     """The route of a short follow-up: the conversation's, unless the turn is confidently different
     or addressed to the router. Each turn: (heads, familiar, readable), as :func:`decide` takes them."""
     own = decide(vm, *last)
@@ -145,6 +157,7 @@ def label_problems(policy: Policy, classes: Mapping[str, tuple[str, ...]]) -> li
         for where, head, label in wanted:
             known = classes.get(head)
             if known is not None and label not in known:
-                problems.append(f"virtual_models.{name}.{where}: head '{head}' has no class '{label}' "
-                                f"(has: {', '.join(known)})")
+                problems.append(
+                    f"virtual_models.{name}.{where}: head '{head}' has no class '{label}' (has: {', '.join(known)})"
+                )
     return problems

@@ -26,7 +26,8 @@ class _Tier(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     prices: TierPrices = TierPrices()
     thresholds: dict[QuestionType, _Unit] = Field(
-        default_factory=dict, description="accept at this confidence or above; a type left out is never accepted here")
+        default_factory=dict, description="accept at this confidence or above; a type left out is never accepted here"
+    )
     task_thresholds: dict[str, _Unit] = Field(default_factory=dict, description="per task, over the type's")
     temperature: dict[QuestionType, _Positive] = Field(default_factory=dict, description="fitted per type")
     timeout_s: float = Field(30.0, gt=0)
@@ -69,12 +70,15 @@ class ScorerTier(_Tier):
     type: Literal["scorer"]
     backend: str
     mode: Literal["cloze", "lettered"] = Field(
-        "cloze", description="cloze: each option scored as a continuation of `templates` (base models); lettered: "
-                             "the options listed with letters (or yes/no, or a scale's values) in the model's chat "
-                             "template, read from the next token's distribution over the letters (instruct models)")
+        "cloze",
+        description="cloze: each option scored as a continuation of `templates` (base models); lettered: "
+        "the options listed with letters (or yes/no, or a scale's values) in the model's chat "
+        "template, read from the next token's distribution over the letters (instruct models)",
+    )
     templates: ScorerTemplates = ScorerTemplates()
     length_norm: Literal["none", "tokens"] = Field(
-        "tokens", description="multi-token options: sum of log-probabilities, or their mean per token")
+        "tokens", description="multi-token options: sum of log-probabilities, or their mean per token"
+    )
 
 
 class ModelTier(_Tier):
@@ -83,8 +87,10 @@ class ModelTier(_Tier):
     type: Literal["model"]
     model: str
     constrain: Literal["none", "guided_choice", "structured_outputs", "regex"] = Field(
-        "none", description="the engine's constrained decoding: vLLM structured_outputs (guided_choice before "
-                            "v0.12), SGLang regex; none for engines without it (llama.cpp's server)")
+        "none",
+        description="the engine's constrained decoding: vLLM structured_outputs (guided_choice before "
+        "v0.12), SGLang regex; none for engines without it (llama.cpp's server)",
+    )
     logprobs: bool = Field(True, description="ask for top_logprobs to read option probabilities")
     assumed_confidence: _Unit = Field(0.9, description="confidence of an answer that came without logprobs")
     max_tokens: int = Field(4, ge=1, description="tokens for a choice answer")
@@ -99,9 +105,8 @@ class Cascade(Strict):
 
     tiers: list[Tier] = Field(min_length=1)
     on_exhausted: Literal["error", "best"] = Field(
-        "error", description="no tier accepted: a 502 with the trace, or the most confident answer seen")
+        "error", description="no tier accepted: a 502 with the trace, or the most confident answer seen"
+    )
     max_batch: int = Field(256, ge=1, description="questions per /v1/decide/batch request")
     max_options: int = Field(64, ge=2, le=64)
     max_scale: int = Field(101, ge=2, description="values a score scale may have")
-
-

@@ -27,9 +27,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # `make test-fast` runs `-m "not slow"`: every test that starts a model server, loads a GGUF model,
 # exports or trains the encoder is marked slow here, by the fixtures it asks for or by its module
 SLOW_FIXTURES = frozenset({"llama_server", "spare_llama_server", "trained_heads", "heads", "toy"})
-SLOW_MODULES = frozenset({"test_encoder", "test_scorer", "test_lettered", "test_llamacpp_backend", "test_options",
-                          "test_guard", "test_tokens", "test_decide", "test_eval_cli", "test_routing",
-                          "test_router_serving", "test_gguf_packages"})
+SLOW_MODULES = frozenset(
+    {
+        "test_encoder",
+        "test_scorer",
+        "test_lettered",
+        "test_llamacpp_backend",
+        "test_options",
+        "test_guard",
+        "test_tokens",
+        "test_decide",
+        "test_eval_cli",
+        "test_routing",
+        "test_router_serving",
+        "test_gguf_packages",
+    }
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -78,12 +91,30 @@ def start_llama_server(log_dir: Path) -> LlamaServer:
     port = free_port()
     with open(log_dir / f"llama-server-{port}.log", "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_path()), "--model_alias", "smollm2",
-             "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
-             "--n_threads", "1", "--n_threads_batch", "1",  # prompt threads default to every core: see docs/design.md
-             # by default a new request (even a health probe) cuts short the one being generated
-             "--interrupt_requests", "False"],
-            stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                str(smollm2_path()),
+                "--model_alias",
+                "smollm2",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--n_ctx",
+                "2048",
+                "--n_threads",
+                "1",
+                "--n_threads_batch",
+                "1",  # prompt threads default to every core: see docs/design.md
+                # by default a new request (even a health probe) cuts short the one being generated
+                "--interrupt_requests",
+                "False",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     server = LlamaServer(proc, port)
     try:
@@ -124,8 +155,13 @@ def trained_heads(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     ensure_exported()
     out = tmp_path_factory.mktemp("heads")
-    train(Classifier(data_dir=str(SHARED_DATA), artifacts=str(out), heads=HEADS), out, threads=2,
-          say=lambda _: None, limit=300)
+    train(
+        Classifier(data_dir=str(SHARED_DATA), artifacts=str(out), heads=HEADS),
+        out,
+        threads=2,
+        say=lambda _: None,
+        limit=300,
+    )
     return out
 
 
@@ -161,11 +197,11 @@ class GatewayRunner:
     def start(self, policy_yaml: str, watch: bool = False) -> Gateway:
         path = self.tmp / f"policy-{len(self.servers)}.yaml"
         path.write_text(policy_yaml)
-        app = create_app(Settings(policy_path=path, watch_policy=watch, handle_sighup=False,
-                                  configure_logging=False))
+        app = create_app(Settings(policy_path=path, watch_policy=watch, handle_sighup=False, configure_logging=False))
         port = free_port()
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                               access_log=False, loop="asyncio"))
+        server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, loop="asyncio")
+        )
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         self.servers.append((server, thread))

@@ -77,8 +77,14 @@ def test_choice_respects_free_slots_and_gives_each_request_once() -> None:
 
 def _room(slots: int = 1, replicas: int = 1, window_ms: float = 2000) -> Admission:
     states = [ReplicaState(f"http://r{i}/v1", None) for i in range(replicas)]
-    return Admission(ReplicaSet(states, "round_robin", 1.0), slots=slots, max_skips=8, window_ms=window_ms,
-                     cached_prompts=slots, min_shared_tokens=8)
+    return Admission(
+        ReplicaSet(states, "round_robin", 1.0),
+        slots=slots,
+        max_skips=8,
+        window_ms=window_ms,
+        cached_prompts=slots,
+        min_shared_tokens=8,
+    )
 
 
 def test_the_waiting_room_queues_past_the_slots_and_times_out() -> None:
@@ -133,7 +139,8 @@ def test_a_held_request_goes_cold_when_its_window_ends() -> None:
 
 def test_admission_and_prefix_affinity_are_one_or_the_other() -> None:
     text = pool_policy("http://127.0.0.1:9/v1").replace(
-        "    retries:", "    prefix_affinity_chars: 40\n    admission: {slots: 1}\n    retries:")
+        "    retries:", "    prefix_affinity_chars: 40\n    admission: {slots: 1}\n    retries:"
+    )
     with pytest.raises(PolicyInvalid, match="set one"):
         parse(text)
 
@@ -143,8 +150,11 @@ def test_two_replicas_each_serve_one_template_back_to_back(
 ) -> None:
     admission = "    admission: {window_ms: 60000, max_skips: 100, min_shared_tokens: 8}\n    retries:"
     # health probes off: one that times out on a busy one-slot server takes it out, and its work moves
-    policy = pool_policy(llama_server.api_base, spare_llama_server.api_base).replace("    retries:", admission).replace(
-        "interval_s: 0.5", "enabled: false")
+    policy = (
+        pool_policy(llama_server.api_base, spare_llama_server.api_base)
+        .replace("    retries:", admission)
+        .replace("interval_s: 0.5", "enabled: false")
+    )
     gw = gateway(policy)
     client = gw.client()
     prompts = {f"req-{i}": (A if i % 2 else B) + f"Item {i}." for i in range(8)}
@@ -152,8 +162,12 @@ def test_two_replicas_each_serve_one_template_back_to_back(
 
     def send(rid: str, prompt: str) -> None:
         try:
-            client.chat.completions.create(model="smollm2", max_tokens=1, extra_headers={"x-request-id": rid},
-                                           messages=[{"role": "user", "content": prompt}])
+            client.chat.completions.create(
+                model="smollm2",
+                max_tokens=1,
+                extra_headers={"x-request-id": rid},
+                messages=[{"role": "user", "content": prompt}],
+            )
         except BaseException as exc:
             errors.append(exc)
 
@@ -177,9 +191,12 @@ def test_two_replicas_each_serve_one_template_back_to_back(
 def test_streams_and_failures_give_their_slot_back(gateway: Callable[..., Gateway], llama_server: LlamaServer) -> None:
     """One replica, one slot: a leaked slot would make the next request wait out total_s (a 504)."""
     dead = "http://127.0.0.1:9/v1"  # nothing listens: the first try fails, the retry goes to the live one
-    policy = pool_policy(dead, llama_server.api_base).replace(
-        "    retries:", "    admission: {slots: 1}\n    retries:").replace(
-        "first_byte_s: 60", "first_byte_s: 60, total_s: 20").replace("interval_s: 0.5", "enabled: false")
+    policy = (
+        pool_policy(dead, llama_server.api_base)
+        .replace("    retries:", "    admission: {slots: 1}\n    retries:")
+        .replace("first_byte_s: 60", "first_byte_s: 60, total_s: 20")
+        .replace("interval_s: 0.5", "enabled: false")
+    )
     gw = gateway(policy)
     client = gw.client()
     msg = [{"role": "user", "content": "Say yes."}]
@@ -222,12 +239,16 @@ def test_a_client_that_gives_up_while_waiting_never_reaches_the_engine(gateway: 
     hole.bind(("127.0.0.1", 0))
     hole.listen(8)
     base = f"http://127.0.0.1:{hole.getsockname()[1]}/v1"
-    gw = gateway(pool_policy(base).replace("    retries:", "    admission: {slots: 1}\n    retries:").replace(
-        "interval_s: 0.5", "enabled: false"))
+    gw = gateway(
+        pool_policy(base)
+        .replace("    retries:", "    admission: {slots: 1}\n    retries:")
+        .replace("interval_s: 0.5", "enabled: false")
+    )
     body = {"model": "smollm2", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi."}]}
     with structlog.testing.capture_logs() as logs, gw.http() as http:
-        holder = threading.Thread(target=lambda: http.post("/v1/chat/completions", json=body,
-                                                           headers={"x-request-id": "held"}))
+        holder = threading.Thread(
+            target=lambda: http.post("/v1/chat/completions", json=body, headers={"x-request-id": "held"})
+        )
         holder.start()
         slot = f'triage_admission_in_flight{{backend="pool",replica="{base}"}} 1.0'
         for _ in range(200):

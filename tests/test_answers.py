@@ -17,16 +17,19 @@ from policies.answers import (
 )
 
 
-@pytest.mark.parametrize(("text", "number"), [
-    ("She pays 3 * 4 = 12 dollars.\n#### 12", "12"),
-    ("First 5, then 7. The answer is $1,250.", "1250"),
-    ("Answer: 18.50", "18.5"),
-    ("Step 1: 2 + 2 = 4\nStep 2: 4 * 10 = 40\nSo 40 apples.", "40"),
-    ("It drops by -3 degrees", "-3"),
-    ("Answer: 7.0", "7"),
-    ("Answer: 12 (from 3 boxes of 4)", "12"),
-    ("no digits here", None),
-])
+@pytest.mark.parametrize(
+    ("text", "number"),
+    [
+        ("She pays 3 * 4 = 12 dollars.\n#### 12", "12"),
+        ("First 5, then 7. The answer is $1,250.", "1250"),
+        ("Answer: 18.50", "18.5"),
+        ("Step 1: 2 + 2 = 4\nStep 2: 4 * 10 = 40\nSo 40 apples.", "40"),
+        ("It drops by -3 degrees", "-3"),
+        ("Answer: 7.0", "7"),
+        ("Answer: 12 (from 3 boxes of 4)", "12"),
+        ("no digits here", None),
+    ],
+)
 def test_final_number(text: str, number: str | None) -> None:
     assert extract_number(text) == number
 
@@ -53,9 +56,15 @@ def test_label_in_text() -> None:
 def test_label_logprobs_reads_the_first_real_token() -> None:
     content = [
         {"token": " ", "logprob": -0.01, "top_logprobs": []},
-        {"token": "B", "logprob": math.log(0.7),
-         "top_logprobs": [{"token": "B", "logprob": math.log(0.7)}, {"token": " A", "logprob": math.log(0.2)},
-                          {"token": "The", "logprob": math.log(0.05)}]},
+        {
+            "token": "B",
+            "logprob": math.log(0.7),
+            "top_logprobs": [
+                {"token": "B", "logprob": math.log(0.7)},
+                {"token": " A", "logprob": math.log(0.2)},
+                {"token": "The", "logprob": math.log(0.05)},
+            ],
+        },
     ]
     scores = label_logprobs(content, ("A", "B", "C"))
     assert scores is not None

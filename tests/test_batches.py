@@ -22,9 +22,19 @@ FEW_SHOT = "You answer in one word.\nQ: colour of the sky? A: blue\nQ: colour of
 
 
 def line(cid: str, content: str, model: str = "smollm2", url: str = "/v1/chat/completions") -> str:
-    return json.dumps({"custom_id": cid, "method": "POST", "url": url,
-                       "body": {"model": model, "max_tokens": 2, "temperature": 0,
-                                "messages": [{"role": "user", "content": content}]}})
+    return json.dumps(
+        {
+            "custom_id": cid,
+            "method": "POST",
+            "url": url,
+            "body": {
+                "model": model,
+                "max_tokens": 2,
+                "temperature": 0,
+                "messages": [{"role": "user", "content": content}],
+            },
+        }
+    )
 
 
 def pool_policy(api_base: str, batch_dir: Path, concurrency: int = 2) -> str:
@@ -37,8 +47,12 @@ batches: {{dir: "{batch_dir}", concurrency: {concurrency}, max_file_bytes: 65536
 """
 
 
-def wait_batch(client: openai.OpenAI, batch_id: str, done: tuple[str, ...] = ("completed", "failed", "cancelled"),
-               timeout: float = 120) -> openai.types.Batch:
+def wait_batch(
+    client: openai.OpenAI,
+    batch_id: str,
+    done: tuple[str, ...] = ("completed", "failed", "cancelled"),
+    timeout: float = 120,
+) -> openai.types.Batch:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         batch = client.batches.retrieve(batch_id)
@@ -53,8 +67,9 @@ def jsonl(client: openai.OpenAI, file_id: str | None) -> list[dict]:
     return [json.loads(x) for x in client.files.content(file_id).text.splitlines()]
 
 
-def test_a_batch_end_to_end_with_bad_lines(gateway: Callable[..., Gateway], llama_server: LlamaServer,
-                                           tmp_path: Path) -> None:
+def test_a_batch_end_to_end_with_bad_lines(
+    gateway: Callable[..., Gateway], llama_server: LlamaServer, tmp_path: Path
+) -> None:
     gw = gateway(pool_policy(llama_server.api_base, tmp_path / "batches"))
     client = gw.client()
     lines = [line(f"q{i}", FEW_SHOT + f"colour of thing {i}? A:") for i in range(8)]
@@ -65,8 +80,9 @@ def test_a_batch_end_to_end_with_bad_lines(gateway: Callable[..., Gateway], llam
     uploaded = client.files.create(file=("in.jsonl", io.BytesIO("\n".join(lines).encode())), purpose="batch")
     assert uploaded.purpose == "batch" and uploaded.bytes > 0
     assert client.files.retrieve(uploaded.id).filename == "in.jsonl"
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h", metadata={"team": "qa"})
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h", metadata={"team": "qa"}
+    )
     assert batch.status == "validating" and batch.metadata == {"team": "qa"}
     batch = wait_batch(client, batch.id)
     assert batch.status == "completed"
@@ -110,7 +126,7 @@ def test_cancel_stops_new_requests(gateway: Callable[..., Gateway], tmp_path: Pa
     gw = gateway(f"""version: 1
 backends: {{slow: {{type: scripted, text: ok, latency_s: 0.3}}}}
 models: {{m: {{backend: slow}}}}
-batches: {{dir: "{tmp_path / 'batches'}", concurrency: 1}}
+batches: {{dir: "{tmp_path / "batches"}", concurrency: 1}}
 """)
     client = gw.client()
     data = "\n".join(line(f"c{i}", f"prompt {i}", model="m") for i in range(20)).encode()
@@ -137,9 +153,11 @@ batches: {dir: batches, concurrency: 1}
 
     def start() -> tuple[subprocess.Popen, str]:
         port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--policy", str(policy),
-                                 "--port", str(port), "--no-watch"], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "--policy", str(policy), "--port", str(port), "--no-watch"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         base = f"http://127.0.0.1:{port}"
         wait_http(base + "/health", 60, proc)
         return proc, base
@@ -209,7 +227,8 @@ def test_dispatch_keeps_the_order_and_never_waits_for_a_group_to_end() -> None:
 
 
 def test_a_batch_groups_by_the_models_tokenizer_or_falls_back_to_approx(
-        gateway: Callable[..., Gateway], llama_server: LlamaServer, tmp_path: Path) -> None:
+    gateway: Callable[..., Gateway], llama_server: LlamaServer, tmp_path: Path
+) -> None:
     import structlog
 
     from classifiers.artifacts import source_dir
@@ -217,16 +236,20 @@ def test_a_batch_groups_by_the_models_tokenizer_or_falls_back_to_approx(
     (tmp_path / "tok.json").symlink_to(source_dir() / "tokenizer.json")  # a real tokenizer.json (MiniLM's)
     (tmp_path / "broken.json").write_text("{not json")  # there (a missing file is a policy problem), unreadable
     lines = "\n".join(line(f"q{i}", FEW_SHOT + f"colour of thing {i}? A:") for i in range(4)).encode()
-    for tokenizer, event, used in (("tok.json", "batch_tokens", "smollm2=json:tok.json"),
-                                   ("broken.json", "batch_tokenizer_failed", None)):
+    for tokenizer, event, used in (
+        ("tok.json", "batch_tokens", "smollm2=json:tok.json"),
+        ("broken.json", "batch_tokenizer_failed", None),
+    ):
         policy = pool_policy(llama_server.api_base, tmp_path / f"batches-{tokenizer}").replace(
-            "smollm2: {backend: pool}", f"smollm2: {{backend: pool, tokenizer: {tokenizer}}}")
+            "smollm2: {backend: pool}", f"smollm2: {{backend: pool, tokenizer: {tokenizer}}}"
+        )
         gw = gateway(policy)
         client = gw.client()
         with structlog.testing.capture_logs() as logs:
             uploaded = client.files.create(file=("in.jsonl", io.BytesIO(lines)), purpose="batch")
-            batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                          completion_window="24h")
+            batch = client.batches.create(
+                input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
             batch = wait_batch(client, batch.id)
         assert batch.status == "completed" and batch.request_counts.completed == 4
         [hit] = [e for e in logs if e["event"] == event]

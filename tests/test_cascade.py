@@ -80,15 +80,19 @@ def test_temperature_changes_confidence_not_the_answer() -> None:
 
 
 def test_failed_and_skipped_tiers_escalate_and_say_why() -> None:
-    answer_for, asked = scripted({
-        "enc": TierAnswer(skipped=True, error="no option scorer for choice questions"),
-        "scorer": TierAnswer(error="timed out after 1s", latency_ms=1000.0),
-        "pool": TierAnswer(logs(0.1, 0.1, 0.8)),
-    })
+    answer_for, asked = scripted(
+        {
+            "enc": TierAnswer(skipped=True, error="no option scorer for choice questions"),
+            "scorer": TierAnswer(error="timed out after 1s", latency_ms=1000.0),
+            "pool": TierAnswer(logs(0.1, 0.1, 0.8)),
+        }
+    )
     d = drive(run(CHOICE, gates(enc={"choice": 0.1}, scorer={"choice": 0.1}, pool={})), answer_for)
     assert d.answer == "c" and asked == ["enc", "scorer", "pool"]
     assert [(s.outcome, s.error) for s in d.trace[:2]] == [
-        ("skipped", "no option scorer for choice questions"), ("failed", "timed out after 1s")]
+        ("skipped", "no option scorer for choice questions"),
+        ("failed", "timed out after 1s"),
+    ]
 
 
 def test_every_tier_failing_is_an_error_with_the_trace_never_a_guess() -> None:
@@ -121,8 +125,12 @@ def test_repeated_option_texts_share_one_probability() -> None:
 def test_numeric_question_takes_the_generated_number() -> None:
     q = Question("score", "What is 6 * 7?", ())
     assert q.numeric
-    answer_for, _ = scripted({"enc": TierAnswer(skipped=True, error="a numeric answer needs generation"),
-                                  "pool": TierAnswer(text="42", confidence=0.9)})
+    answer_for, _ = scripted(
+        {
+            "enc": TierAnswer(skipped=True, error="a numeric answer needs generation"),
+            "pool": TierAnswer(text="42", confidence=0.9),
+        }
+    )
     d = drive(run(q, gates(enc={"score": 0.5}, pool={})), answer_for)
     assert (d.answer, d.confidence, d.probabilities) == ("42", 0.9, {"42": 0.9})
 

@@ -21,8 +21,12 @@ from policies import loader
 from tests.conftest import Gateway, LlamaServer, free_port
 
 
-def cascade_policy(pool: str, scorer_thresholds: str = "{choice: 0.0, yes_no: 0.0, score: 0.0}",
-                   on_exhausted: str = "error", scorer_timeout: float = 30) -> str:
+def cascade_policy(
+    pool: str,
+    scorer_thresholds: str = "{choice: 0.0, yes_no: 0.0, score: 0.0}",
+    on_exhausted: str = "error",
+    scorer_timeout: float = 30,
+) -> str:
     return f"""
 version: 1
 backends:
@@ -48,8 +52,19 @@ cascade:
 
 
 def schema(prop: dict[str, object]) -> dict[str, object]:
-    return {"type": "json_schema", "json_schema": {"name": "answer", "strict": True, "schema": {
-        "type": "object", "properties": {"answer": prop}, "required": ["answer"], "additionalProperties": False}}}
+    return {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "answer",
+            "strict": True,
+            "schema": {
+                "type": "object",
+                "properties": {"answer": prop},
+                "required": ["answer"],
+                "additionalProperties": False,
+            },
+        },
+    }
 
 
 @pytest.fixture
@@ -59,8 +74,14 @@ def gw(gateway: Callable[..., Gateway], llama_server: LlamaServer) -> Gateway:
 
 def test_confident_scorer_answers_without_the_pool(gw: Gateway) -> None:
     with gw.http() as http:
-        r = http.post("/v1/decide", json={"question": "What is the capital of France?", "type": "choice",
-                                          "options": ["Berlin", "Paris", "Madrid"]})
+        r = http.post(
+            "/v1/decide",
+            json={
+                "question": "What is the capital of France?",
+                "type": "choice",
+                "options": ["Berlin", "Paris", "Madrid"],
+            },
+        )
     assert r.status_code == 200, r.text
     d = r.json()
     assert d["tier"] == "scorer" and r.headers["x-triage-tier"] == "scorer"
@@ -74,8 +95,11 @@ def test_confident_scorer_answers_without_the_pool(gw: Gateway) -> None:
 
 
 def test_below_threshold_escalates_to_the_pool(gw: Gateway) -> None:
-    body = {"question": "Is water wet?", "type": "yes_no",
-            "policy_overrides": {"thresholds": {"scorer": {"yes_no": 1.0}}}}
+    body = {
+        "question": "Is water wet?",
+        "type": "yes_no",
+        "policy_overrides": {"thresholds": {"scorer": {"yes_no": 1.0}}},
+    }
     with gw.http() as http:
         d = http.post("/v1/decide", json=body).json()
     assert d["tier"] == "pool", d
@@ -90,8 +114,14 @@ def test_below_threshold_escalates_to_the_pool(gw: Gateway) -> None:
 
 def test_score_on_a_scale_and_a_numeric_question(gw: Gateway) -> None:
     with gw.http() as http:
-        d = http.post("/v1/decide", json={"question": "How good is this review: 'great product'?", "type": "score",
-                                          "scale": {"min": 1, "max": 5}}).json()
+        d = http.post(
+            "/v1/decide",
+            json={
+                "question": "How good is this review: 'great product'?",
+                "type": "score",
+                "scale": {"min": 1, "max": 5},
+            },
+        ).json()
         assert d["answer"] in {"1", "2", "3", "4", "5"} and len(d["probabilities"]) == 5
         n = http.post("/v1/decide", json={"question": "What is 2 + 2?", "type": "score"}).json()
     assert n["tier"] == "pool" and n["trace"][0]["outcome"] == "skipped"  # generation, not a choice
@@ -101,8 +131,10 @@ def test_score_on_a_scale_and_a_numeric_question(gw: Gateway) -> None:
 def test_typed_chat_through_the_official_client(gw: Gateway) -> None:
     client = gw.client()
     raw = client.chat.completions.with_raw_response.create(
-        model="auto", messages=[{"role": "user", "content": "Which planet is the largest?"}],
-        response_format=schema({"type": "string", "enum": ["Mars", "Jupiter", "Venus"]}))
+        model="auto",
+        messages=[{"role": "user", "content": "Which planet is the largest?"}],
+        response_format=schema({"type": "string", "enum": ["Mars", "Jupiter", "Venus"]}),
+    )
     out = raw.parse()
     assert raw.headers["x-triage-tier"] in ("scorer", "pool")
     content = json.loads(out.choices[0].message.content)
@@ -115,17 +147,24 @@ def test_typed_chat_through_the_official_client(gw: Gateway) -> None:
     assert extension["answer"] == content["answer"] and extension["trace"]
 
     yes_no = client.chat.completions.create(
-        model="auto", messages=[{"role": "user", "content": "Is the sun a star?"}],
-        response_format=schema({"type": "boolean"}))
+        model="auto",
+        messages=[{"role": "user", "content": "Is the sun a star?"}],
+        response_format=schema({"type": "boolean"}),
+    )
     assert isinstance(json.loads(yes_no.choices[0].message.content)["answer"], bool)
     rating = client.chat.completions.create(
-        model="auto", messages=[{"role": "user", "content": "Rate 'it works' from 1 to 3."}],
-        response_format=schema({"type": "integer", "minimum": 1, "maximum": 3}))
+        model="auto",
+        messages=[{"role": "user", "content": "Rate 'it works' from 1 to 3."}],
+        response_format=schema({"type": "integer", "minimum": 1, "maximum": 3}),
+    )
     assert json.loads(rating.choices[0].message.content)["answer"] in (1, 2, 3)
 
     stream = client.chat.completions.create(
-        model="auto", stream=True, messages=[{"role": "user", "content": "Is the sun a star?"}],
-        response_format=schema({"type": "boolean"}))
+        model="auto",
+        stream=True,
+        messages=[{"role": "user", "content": "Is the sun a star?"}],
+        response_format=schema({"type": "boolean"}),
+    )
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert isinstance(json.loads(text)["answer"], bool)
 
@@ -153,20 +192,27 @@ def test_batch_answers_in_order_with_per_item_errors(gw: Gateway) -> None:
         assert http.post("/v1/decide/batch", json=[]).status_code == 400
 
 
-@pytest.mark.parametrize(("body", "param"), [
-    ({"question": "x", "type": "choice", "options": ["a"]}, "options"),
-    ({"question": "x", "type": "yes_no", "options": ["a", "b", "c"]}, "options"),
-    ({"question": "x", "type": "score", "scale": {"min": 5, "max": 1}}, "scale"),
-    ({"question": "x", "type": "score", "scale": {"min": 0, "max": 1000}}, "scale"),
-    ({"question": "", "type": "yes_no"}, "question"),
-    ({"question": "x", "type": "open"}, "type"),
-    ({"question": "x", "type": "yes_no", "task": "nope"}, "task"),
-    ({"question": "x", "type": "yes_no", "colour": "red"}, "colour"),
-    ({"question": "x", "type": "yes_no", "policy_overrides": {"thresholds": {"nope": {"yes_no": 0.5}}}},
-     "policy_overrides.thresholds"),
-    ({"question": "x", "type": "yes_no", "policy_overrides": {"thresholds": {"scorer": {"yes_no": 1.5}}}},
-     "policy_overrides.thresholds.scorer.yes_no"),
-])
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"question": "x", "type": "choice", "options": ["a"]}, "options"),
+        ({"question": "x", "type": "yes_no", "options": ["a", "b", "c"]}, "options"),
+        ({"question": "x", "type": "score", "scale": {"min": 5, "max": 1}}, "scale"),
+        ({"question": "x", "type": "score", "scale": {"min": 0, "max": 1000}}, "scale"),
+        ({"question": "", "type": "yes_no"}, "question"),
+        ({"question": "x", "type": "open"}, "type"),
+        ({"question": "x", "type": "yes_no", "task": "nope"}, "task"),
+        ({"question": "x", "type": "yes_no", "colour": "red"}, "colour"),
+        (
+            {"question": "x", "type": "yes_no", "policy_overrides": {"thresholds": {"nope": {"yes_no": 0.5}}}},
+            "policy_overrides.thresholds",
+        ),
+        (
+            {"question": "x", "type": "yes_no", "policy_overrides": {"thresholds": {"scorer": {"yes_no": 1.5}}}},
+            "policy_overrides.thresholds.scorer.yes_no",
+        ),
+    ],
+)
 def test_bad_questions_get_a_400_naming_the_field(gw: Gateway, body: dict[str, object], param: str) -> None:
     with gw.http() as http:
         r = http.post("/v1/decide", json=body)
@@ -198,8 +244,10 @@ def test_a_client_that_leaves_ends_its_decision(gateway: Callable[..., Gateway])
     gw = gateway(cascade_policy(f"http://127.0.0.1:{hole.getsockname()[1]}/v1", scorer_thresholds="{yes_no: 1.0}"))
     try:
         with structlog.testing.capture_logs() as logs:
-            for path, body in (("/v1/decide", {"question": "Is ice cold?", "type": "yes_no"}),
-                               ("/v1/decide/batch", [{"question": "Is fire hot?", "type": "yes_no"}])):
+            for path, body in (
+                ("/v1/decide", {"question": "Is ice cold?", "type": "yes_no"}),
+                ("/v1/decide/batch", [{"question": "Is fire hot?", "type": "yes_no"}]),
+            ):
                 with httpx.Client(base_url=gw.base_url) as http, pytest.raises(httpx.ReadTimeout):
                     http.post(path, json=body, headers={"x-request-id": path}, timeout=1.5)
             for _ in range(100):
@@ -279,9 +327,13 @@ def option_heads(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_encoder_answers_first_and_escalates_by_its_thresholds(
-        gateway: Callable[..., Gateway], option_heads: Path, llama_server: LlamaServer) -> None:
-    choice = {"question": "Which gas do plants take from the air?", "type": "choice",
-              "options": ["oxygen", "carbon dioxide", "helium"]}
+    gateway: Callable[..., Gateway], option_heads: Path, llama_server: LlamaServer
+) -> None:
+    choice = {
+        "question": "Which gas do plants take from the air?",
+        "type": "choice",
+        "options": ["oxygen", "carbon dioxide", "helium"],
+    }
     sure = gateway(encoder_policy(option_heads, llama_server.api_base, "{choice: 0.0, yes_no: 0.0}"))
     with sure.http() as http:
         d = http.post("/v1/decide", json=choice).json()
@@ -290,16 +342,21 @@ def test_the_encoder_answers_first_and_escalates_by_its_thresholds(
         assert sum(d["probabilities"].values()) == pytest.approx(1.0, abs=1e-5)
         assert http.post("/v1/decide", json={"question": "Is ice cold?", "type": "yes_no"}).json()["tier"] == "encoder"
         # a scale: the encoder has no weights for score questions, so it steps aside
-        scored = http.post("/v1/decide", json={"question": "Rate it", "type": "score",
-                                               "scale": {"min": 1, "max": 3}}).json()
+        scored = http.post(
+            "/v1/decide", json={"question": "Rate it", "type": "score", "scale": {"min": 1, "max": 3}}
+        ).json()
         assert [s["outcome"] for s in scored["trace"]] == ["skipped", "accepted"] and scored["tier"] == "scorer"
         # a task question: the task's own head answers
         labels = ["card_arrival", "lost_or_stolen_card", "exchange_rate"]
-        task = http.post("/v1/decide", json={"question": "my card still has not arrived", "type": "choice",
-                                             "task": "intents", "options": labels}).json()
+        task = http.post(
+            "/v1/decide",
+            json={"question": "my card still has not arrived", "type": "choice", "task": "intents", "options": labels},
+        ).json()
         assert task["tier"] == "encoder" and task["answer"] in labels
-        odd = http.post("/v1/decide", json={"question": "x", "type": "choice", "task": "intents",
-                                            "options": ["card_arrival", "not a label"]}).json()
+        odd = http.post(
+            "/v1/decide",
+            json={"question": "x", "type": "choice", "task": "intents", "options": ["card_arrival", "not a label"]},
+        ).json()
         assert odd["trace"][0]["outcome"] == "skipped" and "not all labels" in odd["trace"][0]["error"]
     doubtful = gateway(encoder_policy(option_heads, llama_server.api_base, "{choice: 1.0, yes_no: 1.0}"))
     with doubtful.http() as http:
@@ -331,21 +388,31 @@ cascade:
     assert max(d["probabilities"].values()) == pytest.approx(0.8)
 
 
-def test_a_lettered_scorer_tier_answers_from_the_letters(gateway: Callable[..., Gateway],
-                                                         llama_server: LlamaServer) -> None:
+def test_a_lettered_scorer_tier_answers_from_the_letters(
+    gateway: Callable[..., Gateway], llama_server: LlamaServer
+) -> None:
     text = cascade_policy(llama_server.api_base, "{choice: 0.0, yes_no: 0.0}").replace(
-        "type: scorer, backend: scorer,", "type: scorer, backend: scorer, mode: lettered,")
+        "type: scorer, backend: scorer,", "type: scorer, backend: scorer, mode: lettered,"
+    )
     gw = gateway(text)
     with gw.http() as http:
-        r = http.post("/v1/decide", json={"question": "What is the capital of France?", "type": "choice",
-                                          "options": ["Berlin", "Paris", "Madrid"]})
+        r = http.post(
+            "/v1/decide",
+            json={
+                "question": "What is the capital of France?",
+                "type": "choice",
+                "options": ["Berlin", "Paris", "Madrid"],
+            },
+        )
         assert r.status_code == 200, r.text
         d = r.json()
         assert d["tier"] == "scorer" and d["answer"] in ("Berlin", "Paris", "Madrid")
         assert sum(d["probabilities"].values()) == pytest.approx(1.0, abs=1e-5)
         # more options than letters: the scorer cannot take it and says why; the pool answers
-        many = http.post("/v1/decide", json={"question": "Pick one.", "type": "choice",
-                                             "options": [f"option {i}" for i in range(30)]})
+        many = http.post(
+            "/v1/decide",
+            json={"question": "Pick one.", "type": "choice", "options": [f"option {i}" for i in range(30)]},
+        )
     assert many.status_code == 200, many.text
     first = many.json()["trace"][0]
     assert first["tier"] == "scorer" and first["outcome"] == "failed" and "26" in first["error"], first

@@ -329,12 +329,13 @@ def test_the_bench_floor_is_the_exports_own_products(exported: Artifacts, tmp_pa
     assert [w.shape for w in weights[:4]] == [(384, 1152), (384, 384), (384, 1536), (1536, 384)]
     assert len(weights) == 4 * exported.manifest()["layers"]
     x = np.random.default_rng(1).standard_normal((7, 384)).astype(np.float32)
-    session = ort.InferenceSession(str(chain_model(weights, tmp_path / "chain.onnx")),
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        str(chain_model(weights, tmp_path / "chain.onnx")), providers=["CPUExecutionProvider"]
+    )
     final, *qkv = session.run(None, {"x": x})
     expected, projections = x, []
     for layer in range(len(weights) // 4):
-        qkv_w, out_w, up_w, down_w = weights[4 * layer: 4 * layer + 4]
+        qkv_w, out_w, up_w, down_w = weights[4 * layer : 4 * layer + 4]
         projections.append(expected @ qkv_w)
         expected = expected @ out_w @ up_w @ down_w
     np.testing.assert_allclose(final, expected, rtol=1e-3, atol=1e-3 * float(np.abs(expected).max()))

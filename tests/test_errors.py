@@ -69,8 +69,11 @@ def still_serving(gw: Gateway) -> None:
 
 def test_malformed_json_is_400(gw: Gateway) -> None:
     with gw.http() as http:
-        resp = http.post("/v1/chat/completions", content=b'{"model": "scripted", "messages": [',
-                         headers={"content-type": "application/json"})
+        resp = http.post(
+            "/v1/chat/completions",
+            content=b'{"model": "scripted", "messages": [',
+            headers={"content-type": "application/json"},
+        )
         assert resp.status_code == 400
         assert error_of(resp)["code"] == "invalid_json"
         resp = http.post("/v1/chat/completions", content=b"[1, 2]")
@@ -177,9 +180,7 @@ def test_stream_cut_midway_ends_with_an_error_event(gw: Gateway) -> None:
     still_serving(gw)
 
 
-def test_api_keys_are_checked_against_hashes(
-    gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_api_keys_are_checked_against_hashes(gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch) -> None:
     digest = hashlib.sha256(KEY.encode()).hexdigest()
     monkeypatch.setenv("TEST_KEY_SHA", hashlib.sha256(b"sk-other").hexdigest())
     keys = f"keys:\n  - {{name: a, sha256: '{digest}'}}\n  - {{name: b, sha256: 'env:TEST_KEY_SHA'}}\n"

@@ -39,10 +39,20 @@ def test_threshold_keeps_only_what_the_cheap_tier_gets_as_right_as_the_top() -> 
 
 def test_cost_counts_every_tier_asked() -> None:
     rows = [row(i, "yes", "test") for i in range(10)] + [row(i, "no", "test") for i in range(10, 20)]
-    cheap = TierSpec("cheap", "encoder", {r.id: yes(0.95 if r.answer == "yes" else 0.58) for r in rows},
-                     thresholds={"yes_no": 0.5}, per_call=1.0)
-    top = TierSpec("top", "recorded", {r.id: TierAnswer(scores=yes(0.99).scores, usage={"prompt_tokens": 500})
-                                       for r in rows}, per_call=10.0, per_1k_tokens=2.0)
+    cheap = TierSpec(
+        "cheap",
+        "encoder",
+        {r.id: yes(0.95 if r.answer == "yes" else 0.58) for r in rows},
+        thresholds={"yes_no": 0.5},
+        per_call=1.0,
+    )
+    top = TierSpec(
+        "top",
+        "recorded",
+        {r.id: TierAnswer(scores=yes(0.99).scores, usage={"prompt_tokens": 500}) for r in rows},
+        per_call=10.0,
+        per_1k_tokens=2.0,
+    )
     [report] = evaluate([cheap, top], rows)
     assert report.cost_top_per_question == pytest.approx(11.0)  # 10 per call + 500 tokens at 2 per 1k
     assert report.cost_per_question == pytest.approx(1.0 + 0.5 * 11.0)  # everyone asks cheap, half go on
@@ -77,11 +87,38 @@ def test_typed_rows_sample_is_seeded_and_split(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     with path.open("w") as f:
         for i in range(50):
-            f.write(json.dumps({"id": f"t-{'dev' if i % 2 else 'test'}-{i}", "source": "t", "type": "choice",
-                                "question": "?", "context": None, "options": ["a", "b"], "answer": "a",
-                                "category": None, "split": "dev" if i % 2 else "test"}) + "\n")
-        f.write(json.dumps({"id": "t-test-99", "source": "t", "type": "score", "question": "?", "context": None,
-                            "options": None, "answer": "3", "category": None, "split": "test"}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "id": f"t-{'dev' if i % 2 else 'test'}-{i}",
+                        "source": "t",
+                        "type": "choice",
+                        "question": "?",
+                        "context": None,
+                        "options": ["a", "b"],
+                        "answer": "a",
+                        "category": None,
+                        "split": "dev" if i % 2 else "test",
+                    }
+                )
+                + "\n"
+            )
+        f.write(
+            json.dumps(
+                {
+                    "id": "t-test-99",
+                    "source": "t",
+                    "type": "score",
+                    "question": "?",
+                    "context": None,
+                    "options": None,
+                    "answer": "3",
+                    "category": None,
+                    "split": "test",
+                }
+            )
+            + "\n"
+        )
     a, b = typed_rows(path, "test", 10), typed_rows(path, "test", 10)
     assert [r.id for r in a] == [r.id for r in b] and len(a) == 10
     assert all(r.split == "test" and r.question.type == "choice" for r in a)
@@ -93,9 +130,15 @@ def test_numeric_rows_are_compared_as_numbers() -> None:
     rows = [Row(f"n-test-{i}", "n", "test", q, "1250", None) for i in range(3)]
     skip = TierAnswer(skipped=True, error="a numeric answer needs generation")
     cheap = TierSpec("scorer", "scorer", {r.id: skip for r in rows})
-    top = TierSpec("top", "model", {rows[0].id: TierAnswer(text="1,250.0", confidence=0.9),
-                                    rows[1].id: TierAnswer(text="1250", confidence=0.9),
-                                    rows[2].id: TierAnswer(text="125", confidence=0.9)})
+    top = TierSpec(
+        "top",
+        "model",
+        {
+            rows[0].id: TierAnswer(text="1,250.0", confidence=0.9),
+            rows[1].id: TierAnswer(text="1250", confidence=0.9),
+            rows[2].id: TierAnswer(text="125", confidence=0.9),
+        },
+    )
     [report] = evaluate([cheap, top], rows)
     assert report.cascade == pytest.approx(2 / 3) and report.alone["top"] == pytest.approx(2 / 3)
     assert report.share == {"scorer": 0.0, "top": 1.0}
@@ -115,8 +158,18 @@ def test_sweep_curve_and_apgr() -> None:
 
 
 def test_bad_lines_are_reported_with_their_number_and_skipped(tmp_path: Path) -> None:
-    good = {"id": "t-test-0", "source": "t", "type": "choice", "question": "?", "context": None,
-            "options": ["a", "b"], "answer": "a", "category": None, "split": "test", "extra": "ignored"}
+    good = {
+        "id": "t-test-0",
+        "source": "t",
+        "type": "choice",
+        "question": "?",
+        "context": None,
+        "options": ["a", "b"],
+        "answer": "a",
+        "category": None,
+        "split": "test",
+        "extra": "ignored",
+    }
     lines = [
         json.dumps(good),
         "{not json",
@@ -150,6 +203,7 @@ def test_threshold_targets() -> None:
 
     def spec() -> TierSpec:
         return TierSpec("cheap", "encoder", {r.id: yes(0.95 if r.answer == "yes" else 0.58) for r in rows})
+
     top = TierSpec("top", "recorded", {r.id: yes(0.99 if r.answer == "yes" else 0.01) for r in rows})
     easy, strict = spec(), spec()
     fit_thresholds([easy, top], rows, target=("accuracy", 0.5))

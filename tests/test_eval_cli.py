@@ -13,8 +13,14 @@ from ruamel.yaml import YAML
 from tests.conftest import LlamaServer
 
 QUESTIONS = [
-    ("Is the sun hot?", "yes"), ("Is ice hot?", "no"), ("Do fish swim?", "yes"), ("Do stones sing?", "no"),
-    ("Is water wet?", "yes"), ("Can a cat fly?", "no"), ("Is snow cold?", "yes"), ("Is fire cold?", "no"),
+    ("Is the sun hot?", "yes"),
+    ("Is ice hot?", "no"),
+    ("Do fish swim?", "yes"),
+    ("Do stones sing?", "no"),
+    ("Is water wet?", "yes"),
+    ("Can a cat fly?", "no"),
+    ("Is snow cold?", "yes"),
+    ("Is fire cold?", "no"),
 ]
 
 
@@ -23,9 +29,22 @@ def write_set(path: Path) -> None:
         for i in range(40):
             question, answer = QUESTIONS[i % len(QUESTIONS)]
             split = "dev" if i < 30 else "test"
-            f.write(json.dumps({"id": f"toy-{split}-{i}", "source": "toy", "type": "yes_no", "question": question,
-                                "context": None, "options": ["yes", "no"], "answer": answer, "category": None,
-                                "split": split}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "id": f"toy-{split}-{i}",
+                        "source": "toy",
+                        "type": "yes_no",
+                        "question": question,
+                        "context": None,
+                        "options": ["yes", "no"],
+                        "answer": answer,
+                        "category": None,
+                        "split": split,
+                    }
+                )
+                + "\n"
+            )
         f.write("\n")
 
 
@@ -74,9 +93,24 @@ cascade:
     assert gate.returncode == 1 and "accuracy" in gate.stdout
     ok = subprocess.run([*cmd, "--no-plots", "--fail-under", "accuracy=0.0,ece=1.0"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout
-    targeted = subprocess.run([sys.executable, "-m", "gateway.cli", "calibrate", "--policy", str(policy), "--data",
-                               str(data), "--patch", str(out / "calibrated.yaml"), "--target", "accuracy=0.6"],
-                              capture_output=True, text=True)
+    targeted = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "calibrate",
+            "--policy",
+            str(policy),
+            "--data",
+            str(data),
+            "--patch",
+            str(out / "calibrated.yaml"),
+            "--target",
+            "accuracy=0.6",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert targeted.returncode == 0, targeted.stdout + targeted.stderr
     assert "target accuracy 0.6: dev" in targeted.stdout and "cascade:" in (out / "calibrated.yaml").read_text()
     bad = subprocess.run([*cmd, "--target", "speed=3"], capture_output=True, text=True)

@@ -74,7 +74,7 @@ def test_fallback_model_answers_when_the_chain_fails(gateway: Callable[..., Gate
 backends:
   gone:
     type: openai
-    replicas: [{{api_base: "{dead}"}}, {{api_base: "{dead.replace('/v1', '/x/v1')}"}}]
+    replicas: [{{api_base: "{dead}"}}, {{api_base: "{dead.replace("/v1", "/x/v1")}"}}]
     retries: {{attempts: 2, backoff_s: 0.01}}
     health: {{enabled: false}}
   flaky: {{type: scripted, fail_first: 100}}
@@ -103,8 +103,11 @@ def test_upstream_5xx_is_retried_on_the_next_replica(
 backends: {broken: {type: scripted, fail_first: 1000}}
 models: {smollm2: {backend: broken}}
 """)
-    gw = gateway(pool_policy(failing.base_url + "/v1", llama_server.api_base)
-                 .replace("interval_s: 0.5", "enabled: false").replace("strategy", "x"))
+    gw = gateway(
+        pool_policy(failing.base_url + "/v1", llama_server.api_base)
+        .replace("interval_s: 0.5", "enabled: false")
+        .replace("strategy", "x")
+    )
     for _ in range(3):
         out = gw.client().chat.completions.create(model="smollm2", messages=MSG, max_tokens=2)
         assert out.choices
@@ -119,8 +122,12 @@ def test_engine_killed_mid_stream_ends_with_an_error_event(
 ) -> None:
     gw = gateway(pool_policy(spare_llama_server.api_base))
     stream = gw.client().chat.completions.create(
-        model="smollm2", messages=[{"role": "user", "content": "Write a long story about a cat."}],
-        max_tokens=400, temperature=0, stream=True)
+        model="smollm2",
+        messages=[{"role": "user", "content": "Write a long story about a cat."}],
+        max_tokens=400,
+        temperature=0,
+        stream=True,
+    )
     got = 0
     with pytest.raises(openai.APIError) as info:
         for _ in stream:
@@ -137,13 +144,18 @@ def test_prefix_affinity_sends_a_shared_prompt_start_to_one_replica(
     gateway: Callable[..., Gateway], llama_server: LlamaServer, spare_llama_server: LlamaServer
 ) -> None:
     policy = pool_policy(llama_server.api_base, spare_llama_server.api_base).replace(
-        "    retries:", "    prefix_affinity_chars: 40\n    retries:")
+        "    retries:", "    prefix_affinity_chars: 40\n    retries:"
+    )
     gw = gateway(policy)
     client = gw.client()
     template = "You are a terse assistant. Answer in one word. Question number "
     for i in range(6):
-        client.chat.completions.create(model="smollm2", max_tokens=1, messages=[
-            {"role": "user", "content": f"{template}{i}?"}])
-    counts = [line for line in attempts_metric(gw).splitlines()
-              if line.startswith("triage_upstream_attempts_total") and 'outcome="ok"' in line]
+        client.chat.completions.create(
+            model="smollm2", max_tokens=1, messages=[{"role": "user", "content": f"{template}{i}?"}]
+        )
+    counts = [
+        line
+        for line in attempts_metric(gw).splitlines()
+        if line.startswith("triage_upstream_attempts_total") and 'outcome="ok"' in line
+    ]
     assert len(counts) == 1 and counts[0].endswith(" 6.0")  # one replica took them all

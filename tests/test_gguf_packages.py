@@ -33,19 +33,21 @@ def _fake_gguf(arch: str = "qwen2", size: int = 5000) -> bytes:
     return head + bytes(range(256)) * ((size - len(head)) // 256 + 1)
 
 
-def _series(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: bytes, parts: int = 3,
-            sha256: str | None = None) -> gguf.ChunkedGGUF:
+def _series(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: bytes, parts: int = 3, sha256: str | None = None
+) -> gguf.ChunkedGGUF:
     """A chunk series of fake packages on sys.path, registered like the real ones."""
     series = f"fake-series-{tmp_path.name.replace('_', '-')}"
-    c = gguf.ChunkedGGUF(series, "1.0", parts, "fake.gguf", len(data),
-                         sha256 or hashlib.sha256(data).hexdigest(), "qwen2")
+    c = gguf.ChunkedGGUF(
+        series, "1.0", parts, "fake.gguf", len(data), sha256 or hashlib.sha256(data).hexdigest(), "qwen2"
+    )
     root = tmp_path / "site"
     step = len(data) // parts + 1
     for i in range(1, parts + 1):
         pkg = root / c.module(i) / "data"
         pkg.mkdir(parents=True)
         (pkg.parent / "__init__.py").write_text("")
-        (pkg / f"part{i:02d}.bin").write_bytes(data[(i - 1) * step: i * step])
+        (pkg / f"part{i:02d}.bin").write_bytes(data[(i - 1) * step : i * step])
     monkeypatch.syspath_prepend(str(root))
     importlib.invalidate_caches()
     monkeypatch.setitem(gguf.CHUNKED, series, c)

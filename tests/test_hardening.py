@@ -79,13 +79,14 @@ def still_serving(gw: Gateway) -> None:
 
 @pytest.mark.parametrize("depth", [130, 255, 300, 1000])
 def test_json_nested_too_deep_is_a_400_in_any_field_and_the_server_keeps_serving(
-        gateway: Callable[..., Gateway], depth: int) -> None:
+    gateway: Callable[..., Gateway], depth: int
+) -> None:
     gw = gateway(policy())
     deep = nested(depth)
     bodies = {
         "metadata": chat("echo", metadata=deep),
         "messages": f'{{"model": "pool", "messages": [{{"role": "user", "content": [{{"type": "text", '
-                    f'"text": "hi", "x": {deep}}}]}}]}}'.encode(),
+        f'"text": "hi", "x": {deep}}}]}}]}}'.encode(),
         "tools": chat("pool", tools=f'[{{"type": "function", "function": {{"name": "f", "parameters": {deep}}}}}]'),
         "chat_template_kwargs": chat("echo", chat_template_kwargs=deep),
     }
@@ -114,16 +115,20 @@ def test_json_nested_within_the_limit_reaches_the_backend(gateway: Callable[...,
 # --- 2. response_format.json_schema that is not an object -------------------------------------------------
 
 
-@pytest.mark.parametrize(("json_schema", "param"), [
-    ('"x"', "response_format.json_schema"),
-    ("5", "response_format.json_schema"),
-    ("[]", "response_format.json_schema"),
-    ("null", "response_format.json_schema"),
-    ('{"name": "x", "schema": "x"}', "response_format.json_schema.schema"),
-    ('{"name": "x", "schema": [1]}', "response_format.json_schema.schema"),
-])
+@pytest.mark.parametrize(
+    ("json_schema", "param"),
+    [
+        ('"x"', "response_format.json_schema"),
+        ("5", "response_format.json_schema"),
+        ("[]", "response_format.json_schema"),
+        ("null", "response_format.json_schema"),
+        ('{"name": "x", "schema": "x"}', "response_format.json_schema.schema"),
+        ('{"name": "x", "schema": [1]}', "response_format.json_schema.schema"),
+    ],
+)
 def test_a_json_schema_that_is_not_an_object_is_a_400_naming_it(
-        gateway: Callable[..., Gateway], json_schema: str, param: str) -> None:
+    gateway: Callable[..., Gateway], json_schema: str, param: str
+) -> None:
     gw = gateway(policy())
     body = chat("auto", response_format=f'{{"type": "json_schema", "json_schema": {json_schema}}}')
     with gw.http() as http:
@@ -176,18 +181,21 @@ def batch_line(cid: str, body: dict[str, Any] | str) -> str:
 
 
 def test_lines_that_raise_become_error_lines_and_the_batch_completes(
-        gateway: Callable[..., Gateway], tmp_path: Path) -> None:
+    gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
     gw = gateway(policy(latency=0.3, extra=f'batches: {{dir: "{tmp_path / "b"}", concurrency: 4}}\n'))
     explode_in(gw)
     client = gw.client()
-    good = [batch_line(f"ok{i}", {"model": "scripted", "messages": [{"role": "user", "content": f"q{i}"}]})
-            for i in range(10)]
+    good = [
+        batch_line(f"ok{i}", {"model": "scripted", "messages": [{"role": "user", "content": f"q{i}"}]})
+        for i in range(10)
+    ]
     bad = {
         "boom": batch_line("boom", {"model": "scripted", "messages": [{"role": "user", "content": "explode"}]}),
-        "deep": batch_line("deep", json.loads(chat("scripted")) | {"metadata": "DEEP"}).replace(
-            '"DEEP"', nested(300)),
-        "typed": batch_line("typed", {"model": "auto", "messages": MSG,
-                                      "response_format": {"type": "json_schema", "json_schema": "x"}}),
+        "deep": batch_line("deep", json.loads(chat("scripted")) | {"metadata": "DEEP"}).replace('"DEEP"', nested(300)),
+        "typed": batch_line(
+            "typed", {"model": "auto", "messages": MSG, "response_format": {"type": "json_schema", "json_schema": "x"}}
+        ),
     }
     lines = [*good[:1], bad["boom"], *good[1:5], bad["deep"], bad["typed"], *good[5:]]  # boom while 3 in flight
     f = client.files.create(file=("in.jsonl", io.BytesIO("\n".join(lines).encode())), purpose="batch")
@@ -214,19 +222,25 @@ def test_lines_that_raise_become_error_lines_and_the_batch_completes(
 
 
 def keys(*names: str) -> str:
-    return "keys:\n" + "".join(f"  - {{name: {n}, sha256: '{hashlib.sha256(n.encode()).hexdigest()}'}}\n"
-                               for n in names)
+    return "keys:\n" + "".join(
+        f"  - {{name: {n}, sha256: '{hashlib.sha256(n.encode()).hexdigest()}'}}\n" for n in names
+    )
 
 
 def test_a_key_cannot_see_or_touch_another_keys_files_and_batches(
-        gateway: Callable[..., Gateway], tmp_path: Path) -> None:
-    gw = gateway(policy(latency=0.2, extra=f'batches: {{dir: "{tmp_path / "b"}", concurrency: 1}}\n'
-                        + keys("sk-alice", "sk-bob")))
+    gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    gw = gateway(
+        policy(
+            latency=0.2, extra=f'batches: {{dir: "{tmp_path / "b"}", concurrency: 1}}\n' + keys("sk-alice", "sk-bob")
+        )
+    )
     alice, bob = gw.client("sk-alice"), gw.client("sk-bob")
     data = "\n".join(batch_line(f"c{i}", {"model": "scripted", "messages": MSG}) for i in range(3)).encode()
     f = alice.files.create(file=("secret.jsonl", io.BytesIO(data)), purpose="batch")
-    done = wait_batch(alice, alice.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
-                                                  completion_window="24h").id)
+    done = wait_batch(
+        alice, alice.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id
+    )
     assert done.status == "completed" and done.output_file_id is not None
     running = alice.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
     for file_id in (f.id, done.output_file_id):
@@ -282,10 +296,25 @@ SECRET = "sk-upstream-0123456789abcdef"
 def fake_engine(request: Request) -> JSONResponse:
     """An engine that answers every call with the error its path names."""
     if request.url.path.startswith("/leaky"):
-        return JSONResponse({"error": {"message": f"bad request at 10.1.2.3:8000 from http://pool.internal:81/v1 "
-                                                  f"with Bearer {SECRET}", "type": "invalid_request_error"}}, 400)
-    return JSONResponse({"error": {"message": f"Incorrect API key provided: Bearer {SECRET}",
-                                   "type": "invalid_request_error", "code": "invalid_api_key"}}, 401)
+        return JSONResponse(
+            {
+                "error": {
+                    "message": f"bad request at 10.1.2.3:8000 from http://pool.internal:81/v1 with Bearer {SECRET}",
+                    "type": "invalid_request_error",
+                }
+            },
+            400,
+        )
+    return JSONResponse(
+        {
+            "error": {
+                "message": f"Incorrect API key provided: Bearer {SECRET}",
+                "type": "invalid_request_error",
+                "code": "invalid_api_key",
+            }
+        },
+        401,
+    )
 
 
 @pytest.fixture
@@ -304,7 +333,8 @@ def engine() -> Iterator[str]:
 
 
 def test_upstream_credentials_and_addresses_never_reach_the_client(
-        gateway: Callable[..., Gateway], engine: str) -> None:
+    gateway: Callable[..., Gateway], engine: str
+) -> None:
     upstream = gateway(policy())  # a real OpenAI-compatible engine: a triage gateway on a scripted backend
     refused_port = str(free_port())  # nothing listens there
     refused = f"http://127.0.0.1:{refused_port}/v1"
@@ -396,16 +426,19 @@ def read_all(s: socket.socket) -> bytes:
     return b"".join(chunks)
 
 
-def test_stalled_senders_hold_no_slot_and_are_cut_off(gateway: Callable[..., Gateway],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stalled_senders_hold_no_slot_and_are_cut_off(
+    gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from gateway import api
 
     monkeypatch.setattr(api, "BODY_TIMEOUT_S", 1.5)  # time, shortened: 30 s in service
     gw = gateway(policy(extra="limits: {max_concurrency: 16}\n"))
     stalled = [raw_socket(gw) for _ in range(16)]
     for s in stalled:  # headers and 13 bytes of a declared 1,000-byte body, then nothing
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
-                  b'Content-Length: 1000\r\n\r\n{"model": "sc')
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 1000\r\n\r\n{"model": "sc'
+        )
     time.sleep(0.3)  # every one of them is inside, waiting for its body
     t0 = time.monotonic()
     for _ in range(3):  # a 17th client, and more, are served at once
@@ -429,14 +462,19 @@ def rss_bytes() -> int:
 
 
 def test_a_chunked_upload_over_the_limit_is_refused_while_it_streams(
-        gateway: Callable[..., Gateway], tmp_path: Path) -> None:
+    gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
     gw = gateway(policy(extra=f'batches: {{dir: "{tmp_path / "b"}", max_file_bytes: 1048576}}\n'))
     s = raw_socket(gw)
-    s.sendall(b"POST /v1/files HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n"
-              b"Content-Type: multipart/form-data; boundary=BOUNDARY\r\n\r\n")
-    preamble = (b'--BOUNDARY\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
-                b'--BOUNDARY\r\nContent-Disposition: form-data; name="file"; filename="big.jsonl"\r\n'
-                b"Content-Type: application/octet-stream\r\n\r\n")
+    s.sendall(
+        b"POST /v1/files HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n"
+        b"Content-Type: multipart/form-data; boundary=BOUNDARY\r\n\r\n"
+    )
+    preamble = (
+        b'--BOUNDARY\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--BOUNDARY\r\nContent-Disposition: form-data; name="file"; filename="big.jsonl"\r\n'
+        b"Content-Type: application/octet-stream\r\n\r\n"
+    )
     s.sendall(b"%x\r\n%s\r\n" % (len(preamble), preamble))
     block = b"x" * 65536
     chunk = b"%x\r\n%s\r\n" % (len(block), block)

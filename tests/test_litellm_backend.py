@@ -44,8 +44,11 @@ def test_litellm_chat_and_stream_with_a_dead_replica_first(gw: Gateway) -> None:
     assert out.choices[0].message.content
     assert out.model == "smollm2"
     assert out.usage.prompt_tokens > 0
-    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-        model="smollm2", messages=MSG, max_tokens=6, temperature=0, stream=True) if c.choices)
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(model="smollm2", messages=MSG, max_tokens=6, temperature=0, stream=True)
+        if c.choices
+    )
     assert streamed == out.choices[0].message.content
     with gw.http() as http:
         metrics = http.get("/metrics").text

@@ -37,8 +37,16 @@ def test_local_chat(local_gateway: Gateway) -> None:
 def test_local_stream_matches_plain(local_gateway: Gateway) -> None:
     client = local_gateway.client()
     plain = client.chat.completions.create(model="smollm2", messages=MSG, max_tokens=8, temperature=0)
-    chunks = list(client.chat.completions.create(model="smollm2", messages=MSG, max_tokens=8, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="smollm2",
+            messages=MSG,
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == plain.choices[0].message.content
     usage = chunks[-1].usage
     assert usage is not None and usage.completion_tokens == plain.usage.completion_tokens

@@ -26,10 +26,17 @@ def test_one_event_per_request_without_prompt_text(gateway: Callable[..., Gatewa
     gw = gateway(POLICY.replace("LOG", "false"))
     client = gw.client()
     with structlog.testing.capture_logs() as logs:
-        client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": SECRET}],
-                                       extra_headers={"x-request-id": "req-1"})
-        list(client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": SECRET}],
-                                            stream=True, stream_options={"include_usage": True}))
+        client.chat.completions.create(
+            model="scripted", messages=[{"role": "user", "content": SECRET}], extra_headers={"x-request-id": "req-1"}
+        )
+        list(
+            client.chat.completions.create(
+                model="scripted",
+                messages=[{"role": "user", "content": SECRET}],
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         with pytest.raises(openai.NotFoundError):
             client.chat.completions.create(model="nope", messages=[{"role": "user", "content": SECRET}])
     events = request_events(logs)

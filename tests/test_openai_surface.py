@@ -52,8 +52,9 @@ def test_parameters_reach_the_engine(gw: Gateway) -> None:
     a = client.chat.completions.create(model="smollm2", messages=MSG, max_tokens=12, temperature=0)
     b = client.chat.completions.create(model="smollm2", messages=MSG, max_tokens=12, temperature=0)
     assert a.choices[0].message.content == b.choices[0].message.content
-    lp = client.chat.completions.create(model="smollm2", messages=MSG, max_tokens=3, temperature=0,
-                                        logprobs=True, top_logprobs=2)
+    lp = client.chat.completions.create(
+        model="smollm2", messages=MSG, max_tokens=3, temperature=0, logprobs=True, top_logprobs=2
+    )
     assert lp.choices[0].logprobs is not None
     assert len(lp.choices[0].logprobs.content[0].top_logprobs) == 2
     raw = client.chat.completions.with_raw_response.create(model="auto", messages=MSG, max_tokens=2, user="u1")
@@ -63,8 +64,9 @@ def test_parameters_reach_the_engine(gw: Gateway) -> None:
 
 
 def test_chat_stream(gw: Gateway) -> None:
-    stream = gw.client().chat.completions.create(model="smollm2", messages=MSG, max_tokens=8, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True})
+    stream = gw.client().chat.completions.create(
+        model="smollm2", messages=MSG, max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text
@@ -77,14 +79,19 @@ def test_chat_stream(gw: Gateway) -> None:
 
 def test_text_completion_plain_and_streamed(gw: Gateway) -> None:
     client = gw.client()
-    out = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=4,
-                                    temperature=0, stop=["\n"])
+    out = client.completions.create(
+        model="smollm2", prompt="The capital of France is", max_tokens=4, temperature=0, stop=["\n"]
+    )
     assert out.object == "text_completion"
     assert out.choices[0].text is not None
     assert out.usage.prompt_tokens > 0
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model="smollm2", prompt="The capital of France is", max_tokens=4, temperature=0, stop=["\n"], stream=True)
-        if c.choices)
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model="smollm2", prompt="The capital of France is", max_tokens=4, temperature=0, stop=["\n"], stream=True
+        )
+        if c.choices
+    )
     assert streamed == out.choices[0].text
 
 

@@ -169,8 +169,9 @@ def test_triage_train_fits_saves_and_measures_the_option_head(trained: tuple[Pat
     assert rows["options/piqa"].extra["chance"] == 0.5 and rows["options/mmlu_pro"].fit_rows == 32
 
 
-def test_the_classifier_loads_the_option_head_apart_from_the_linear_heads(trained: tuple[Path, TrainReport],
-                                                                          tmp_path: Path) -> None:
+def test_the_classifier_loads_the_option_head_apart_from_the_linear_heads(
+    trained: tuple[Path, TrainReport], tmp_path: Path
+) -> None:
     out, _ = trained
     pol = loader.parse(POLICY.format(data=DATA, artifacts=out, heads="[options]"))
     assert pol.classifier is not None

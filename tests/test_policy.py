@@ -174,13 +174,15 @@ def test_validate_cli_prints_problems_and_exits_nonzero(tmp_path: Path) -> None:
     bad.write_text(GOOD.replace("backend: b", "backend: c"))
     good = tmp_path / "good.yaml"
     good.write_text(GOOD)
-    run = subprocess.run([sys.executable, "-m", "gateway.cli", "validate", str(good), str(bad)],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "validate", str(good), str(bad)], capture_output=True, text=True
+    )
     assert run.returncode == 1
     assert f"ok: {good}" in run.stdout
     assert f"{bad}:7:5: models.m.backend: backend 'c' is not defined" in run.stderr
-    ok = subprocess.run([sys.executable, "-m", "gateway.cli", "validate", *map(str, EXAMPLES)],
-                        capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "validate", *map(str, EXAMPLES)], capture_output=True, text=True
+    )
     assert ok.returncode == 0, ok.stderr
 
 
@@ -211,11 +213,13 @@ def test_cascade_problems_are_reported_with_positions() -> None:
         assert any(e in p for p in found), (e, found)
     fixed = CASCADE.replace("1.5", "0.5").replace(" {answer}", "")
     found = problems(fixed)
-    for e in ["p.yaml:7:9: models.bad.backend: backend 's' is a scorer: it cannot generate",
-              "p.yaml:9:25: virtual_models.auto.open: 'nowhere' is not a model",
-              "cascade.tiers[0]: an encoder tier needs a `classifier` section",
-              "p.yaml:13:36: cascade.tiers[1].backend: backend 'b' is not a gguf_scorer backend",
-              "cascade.tiers[2].name: tier name 'scorer' is used twice",
-              "cascade.tiers[2].model: model 'ghost' is not defined"]:
+    for e in [
+        "p.yaml:7:9: models.bad.backend: backend 's' is a scorer: it cannot generate",
+        "p.yaml:9:25: virtual_models.auto.open: 'nowhere' is not a model",
+        "cascade.tiers[0]: an encoder tier needs a `classifier` section",
+        "p.yaml:13:36: cascade.tiers[1].backend: backend 'b' is not a gguf_scorer backend",
+        "cascade.tiers[2].name: tier name 'scorer' is used twice",
+        "cascade.tiers[2].model: model 'ghost' is not defined",
+    ]:
         assert any(e in p for p in found), (e, found)
     assert all(p.startswith("p.yaml:") for p in found)

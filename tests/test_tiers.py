@@ -29,7 +29,8 @@ def test_pool_request_per_constraint() -> None:
     assert "guided_choice" not in body and "structured_outputs" not in body
     assert model_body(ModelTier(**base, constrain="guided_choice"), CHOICE)[0]["guided_choice"] == ["A", "B"]
     assert model_body(ModelTier(**base, constrain="structured_outputs"), CHOICE)[0]["structured_outputs"] == {
-        "choice": ["A", "B"]}
+        "choice": ["A", "B"]
+    }
     assert model_body(ModelTier(**base, constrain="regex"), Question("yes_no", "?", YES_NO))[0]["regex"] == "(yes|no)"
     numeric, labels = model_body(ModelTier(**base, constrain="guided_choice"), Question("score", "6 * 7?", ()))
     assert labels == () and "guided_choice" not in numeric and "logprobs" not in numeric

@@ -95,6 +95,7 @@ def test_prefix_cache_gives_the_whole_texts_tokens(name: str, request: pytest.Fi
 
 def test_a_tokenizer_that_does_not_split_at_spaces_tokenizes_whole() -> None:
     """A dummy prefix (SentencePiece's space before every text) breaks concatenation: detected on load."""
+
     def dummy_prefix(text: str) -> list[int]:
         return [zlib.crc32(w.encode()) for w in (" " + text).split(" ")]
 
@@ -120,8 +121,10 @@ def test_each_model_gets_its_tokenizer_and_its_own_first_token(tmp_path: Path) -
     bodies = [{"model": m, "messages": [{"role": "user", "content": text}]} for m in ("smollm2", "remote", "plain")]
     bodies.append({"model": "first", "prompt": text})
     lists, used = batch_tokens(pol, bodies, tmp_path)
-    assert used == "first=gguf:SmolLM2-135M-Instruct.Q4_1.gguf, plain=approx, " \
-                   "remote=json:tokenizer.json, smollm2=gguf:SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert (
+        used == "first=gguf:SmolLM2-135M-Instruct.Q4_1.gguf, plain=approx, "
+        "remote=json:tokenizer.json, smollm2=gguf:SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
     smol = tokenizer_for(pol, "smollm2", tmp_path)
     remote = tokenizer_for(pol, "remote", tmp_path)
     assert smol is not None and remote is not None
@@ -184,5 +187,9 @@ def test_a_bad_tokenizer_path_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_the_setting_defaults_to_model_tokens() -> None:
-    assert loader.parse(POLICY.format(tokenizer="t.json", mode="model").replace("batches: {tokens: model}\n", "")
-                        ).batches.tokens == "model"
+    assert (
+        loader.parse(
+            POLICY.format(tokenizer="t.json", mode="model").replace("batches: {tokens: model}\n", "")
+        ).batches.tokens
+        == "model"
+    )

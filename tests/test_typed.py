@@ -15,8 +15,11 @@ SPEC = Cascade(tiers=[{"name": "s", "type": "scorer", "backend": "b"}])
 
 def body(prop: Any, messages: list[dict[str, Any]] | None = None, props: dict[str, Any] | None = None) -> dict:
     schema = {"type": "object", "properties": props if props is not None else {"answer": prop}}
-    return {"model": "auto", "messages": messages or [{"role": "user", "content": "Q?"}],
-            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    return {
+        "model": "auto",
+        "messages": messages or [{"role": "user", "content": "Q?"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+    }
 
 
 def test_enum_boolean_and_bounded_numbers() -> None:
@@ -29,22 +32,34 @@ def test_enum_boolean_and_bounded_numbers() -> None:
     assert scale is not None and scale.question.scale == (1, 3) and scale.values == (1, 2, 3)
 
 
-@pytest.mark.parametrize("request_body", [
-    body({"type": "string"}),
-    body({"type": "integer"}),  # unbounded
-    body(None, props={"a": {"type": "boolean"}, "b": {"type": "boolean"}}),
-    {"model": "auto", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
-    {"model": "auto", "messages": [{"role": "user", "content": "x"}]},
-])
+@pytest.mark.parametrize(
+    "request_body",
+    [
+        body({"type": "string"}),
+        body({"type": "integer"}),  # unbounded
+        body(None, props={"a": {"type": "boolean"}, "b": {"type": "boolean"}}),
+        {"model": "auto", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+        {"model": "auto", "messages": [{"role": "user", "content": "x"}]},
+    ],
+)
 def test_other_requests_are_not_typed(request_body: dict) -> None:
     assert typed_ask(request_body, SPEC) is None
 
 
 def test_the_last_user_turn_is_the_question_and_earlier_turns_its_context() -> None:
-    ask = typed_ask(body({"type": "boolean"}, [
-        {"role": "system", "content": "You judge."}, {"role": "user", "content": "The sky is green."},
-        {"role": "assistant", "content": "Noted."}, {"role": "user", "content": [{"type": "text", "text": "True?"}]},
-        {"role": "assistant", "content": "Thinking"}]), SPEC)
+    ask = typed_ask(
+        body(
+            {"type": "boolean"},
+            [
+                {"role": "system", "content": "You judge."},
+                {"role": "user", "content": "The sky is green."},
+                {"role": "assistant", "content": "Noted."},
+                {"role": "user", "content": [{"type": "text", "text": "True?"}]},
+                {"role": "assistant", "content": "Thinking"},
+            ],
+        ),
+        SPEC,
+    )
     assert ask is not None and ask.question.question == "True?"
     assert ask.question.context == "The sky is green.\n\nNoted."
 

@@ -89,20 +89,30 @@ def run(**kwargs: Any) -> dict[str, Any]:
     prompts = [r["prompt"] for r in rows]
     tokens = prefix.scheduler(rows, popts)["tokens"]  # SmolLM2's own tokens (GGUF vocab)
     n_ctx = -(-(max(map(len, tokens)) + 16) // 256) * 256
-    keys = [p[:opts.chars] for p in prompts]
+    keys = [p[: opts.chars] for p in prompts]
     groups = [r["group"] for r in rows]
     result: dict[str, Any] = {
-        "machine": machine(), "settings": {**asdict(opts), "data": str(opts.data), "out": str(opts.out)},
-        "batch": {"n": len(rows), "templates": len({r["group"] for r in rows}), "n_ctx": n_ctx,
-                  "prompt_tokens": sum(map(len, tokens)), "max_prompt_tokens": max(map(len, tokens)),
-                  "affinity_keys": len(set(keys)), "ideal_reuse": ideal_reuse(tokens),
-                  "ideal_tokens": "SmolLM2's own tokens (llama_cpp.Llama vocab_only)",
-                  "per_template": _per_template(rows, tokens)},
-        "split_odds": split_odds(keys, tokens, ODDS_DRAWS, opts.seed)}
+        "machine": machine(),
+        "settings": {**asdict(opts), "data": str(opts.data), "out": str(opts.out)},
+        "batch": {
+            "n": len(rows),
+            "templates": len({r["group"] for r in rows}),
+            "n_ctx": n_ctx,
+            "prompt_tokens": sum(map(len, tokens)),
+            "max_prompt_tokens": max(map(len, tokens)),
+            "affinity_keys": len(set(keys)),
+            "ideal_reuse": ideal_reuse(tokens),
+            "ideal_tokens": "SmolLM2's own tokens (llama_cpp.Llama vocab_only)",
+            "per_template": _per_template(rows, tokens),
+        },
+        "split_odds": split_odds(keys, tokens, ODDS_DRAWS, opts.seed),
+    }
     b = result["batch"]
-    console.print(f"[bold]batch[/]: {b['n']} prompts from {opts.data.name}, {b['templates']} templates, seed "
-                  f"{opts.seed}, {b['prompt_tokens']:,} prompt tokens, ideal reuse {b['ideal_reuse']:.1%}; "
-                  f"{b['affinity_keys']} distinct affinity keys at {opts.chars} characters")
+    console.print(
+        f"[bold]batch[/]: {b['n']} prompts from {opts.data.name}, {b['templates']} templates, seed "
+        f"{opts.seed}, {b['prompt_tokens']:,} prompt tokens, ideal reuse {b['ideal_reuse']:.1%}; "
+        f"{b['affinity_keys']} distinct affinity keys at {opts.chars} characters"
+    )
     with tempfile.TemporaryDirectory(prefix="triage-bench-affinity-") as tmp:
         result["rounds"] = asyncio.run(_main(prompts, tokens, keys, groups, n_ctx, opts, Path(tmp), console))
     _ratios(result)
@@ -159,15 +169,26 @@ def split_odds(keys: list[str], tokens: list[tuple[int, ...]], draws: int, seed:
         t0 = sum(tok_by[k] for k, w in zip(uniq, where, strict=True) if w == 0)
         req_shares.append(max(n0, total_n - n0) / total_n)
         tok_shares.append(max(t0, total_t - t0) / total_t)
-    return {"draws": draws, "keys": len(uniq),
-            "busier_share_requests_mean": statistics.fmean(req_shares),
-            "busier_share_tokens_mean": statistics.fmean(tok_shares),
-            "p_all_on_one": sum(s == 1.0 for s in req_shares) / draws,
-            "p_busier_over_75pct_requests": sum(s > 0.75 for s in req_shares) / draws}
+    return {
+        "draws": draws,
+        "keys": len(uniq),
+        "busier_share_requests_mean": statistics.fmean(req_shares),
+        "busier_share_tokens_mean": statistics.fmean(tok_shares),
+        "p_all_on_one": sum(s == 1.0 for s in req_shares) / draws,
+        "p_busier_over_75pct_requests": sum(s > 0.75 for s in req_shares) / draws,
+    }
 
 
-async def _main(prompts: list[str], tokens: list[tuple[int, ...]], keys: list[str], groups: list[str], n_ctx: int,
-                opts: Options, tmp: Path, console: Console) -> list[dict[str, Any]]:
+async def _main(
+    prompts: list[str],
+    tokens: list[tuple[int, ...]],
+    keys: list[str],
+    groups: list[str],
+    n_ctx: int,
+    opts: Options,
+    tmp: Path,
+    console: Console,
+) -> list[dict[str, Any]]:
     """``rounds`` rounds of both modes, each from cold servers; the order of the modes alternates."""
     rounds: list[dict[str, Any]] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
@@ -176,22 +197,45 @@ async def _main(prompts: list[str], tokens: list[tuple[int, ...]], keys: list[st
             for mode in opts.modes if k % 2 == 0 else opts.modes[::-1]:
                 chars = opts.chars if mode == "affinity" else 0
                 window = opts.admission if mode == "admission" else None
-                console.print(f"[bold]round {k + 1}, {mode}[/] (prefix_affinity_chars: {chars}, admission: "
-                              f"{window}): {len(prompts)} requests, concurrency {opts.concurrency}")
+                console.print(
+                    f"[bold]round {k + 1}, {mode}[/] (prefix_affinity_chars: {chars}, admission: "
+                    f"{window}): {len(prompts)} requests, concurrency {opts.concurrency}"
+                )
                 work = tmp / f"{k}-{mode}"
                 work.mkdir()
                 row = await _mode(http, prompts, tokens, keys, groups, (chars, window), n_ctx, opts, work)
                 rounds[-1][mode] = row
-                console.print(f"  {row['wall_s']:.1f} s, requests {row['requests']}, "
-                              f"evaluated {row['evaluated_per_server']}")
+                console.print(
+                    f"  {row['wall_s']:.1f} s, requests {row['requests']}, evaluated {row['evaluated_per_server']}"
+                )
     return [{m: r[m] for m in opts.modes} for r in rounds]
 
 
 def _server_argv(port: int, n_ctx: int, threads: int) -> list[str]:
     t = str(threads)
-    return [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_path()), "--model_alias", MODEL,
-            "--host", HOST, "--port", str(port), "--n_threads", t, "--n_threads_batch", t, "--n_ctx", str(n_ctx),
-            "--interrupt_requests", "False", "--verbose", "True"]
+    return [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(smollm2_path()),
+        "--model_alias",
+        MODEL,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--n_threads",
+        t,
+        "--n_threads_batch",
+        t,
+        "--n_ctx",
+        str(n_ctx),
+        "--interrupt_requests",
+        "False",
+        "--verbose",
+        "True",
+    ]
 
 
 def policy(bases: list[str], chars: int, admission: str | None = None) -> str:
@@ -219,34 +263,70 @@ logging:
 """
 
 
-async def start_pool(fleet: Fleet, http: aiohttp.ClientSession, n_ctx: int, threads: int, work: Path,
-                     policy_text: Callable[[list[str]], str]) -> tuple[list[Proc], Proc]:
+async def start_pool(
+    fleet: Fleet,
+    http: aiohttp.ClientSession,
+    n_ctx: int,
+    threads: int,
+    work: Path,
+    policy_text: Callable[[list[str]], str],
+) -> tuple[list[Proc], Proc]:
     """Two llama.cpp servers (warmed up: the first request's one-off costs stay out of the
     measurement) and a triage gateway whose policy ``policy_text`` writes for their ``/v1`` bases."""
     servers = []
     for i in range(2):
         port = free_port()
-        servers.append(fleet.add(Proc(f"llama-{i}", _server_argv(port, n_ctx, threads), port, "/v1/models",
-                                      work / f"llama-{i}.log")))
+        servers.append(
+            fleet.add(
+                Proc(f"llama-{i}", _server_argv(port, n_ctx, threads), port, "/v1/models", work / f"llama-{i}.log")
+            )
+        )
     await asyncio.gather(*(s.wait_ready(http, 180) for s in servers))
     for s in servers:
         await prefix._complete(http, s.base + "/v1/completions", prefix.RESET_PROMPT)
     (work / "policy.yaml").write_text(policy_text([s.base + "/v1" for s in servers]))
     port = free_port()
-    gw = fleet.add(Proc("triage", [sys.executable, "-m", "gateway.cli", "serve", "--policy", str(work / "policy.yaml"),
-                                   "--host", HOST, "--port", str(port), "--no-watch"],
-                        port, "/v1/models", work / "triage.log"))
+    gw = fleet.add(
+        Proc(
+            "triage",
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "serve",
+                "--policy",
+                str(work / "policy.yaml"),
+                "--host",
+                HOST,
+                "--port",
+                str(port),
+                "--no-watch",
+            ],
+            port,
+            "/v1/models",
+            work / "triage.log",
+        )
+    )
     await gw.wait_ready(http, 120)
     return servers, gw
 
 
-async def _mode(http: aiohttp.ClientSession, prompts: list[str], tokens: list[tuple[int, ...]], keys: list[str],
-                groups: list[str], rule: tuple[int, str | None], n_ctx: int, opts: Options, work: Path,
-                ) -> dict[str, Any]:
+async def _mode(
+    http: aiohttp.ClientSession,
+    prompts: list[str],
+    tokens: list[tuple[int, ...]],
+    keys: list[str],
+    groups: list[str],
+    rule: tuple[int, str | None],
+    n_ctx: int,
+    opts: Options,
+    work: Path,
+) -> dict[str, Any]:
     chars, window = rule
     with Fleet(work) as fleet:
-        servers, gw = await start_pool(fleet, http, n_ctx, opts.n_threads, work,
-                                       lambda bases: policy(bases, chars, window))
+        servers, gw = await start_pool(
+            fleet, http, n_ctx, opts.n_threads, work, lambda bases: policy(bases, chars, window)
+        )
         bases = [s.base + "/v1" for s in servers]
         starts = [s.log_path.stat().st_size for s in servers]
         others = meters.foreign({p.name: p for p in fleet.procs})
@@ -254,28 +334,43 @@ async def _mode(http: aiohttp.ClientSession, prompts: list[str], tokens: list[tu
         other_cores = others()
         per_replica = await _attempts(http, gw.base)
         requests = [per_replica.get(b, 0) for b in bases]
-        parsed = [await prefix._parse_log(s.log_path, st, n) for s, st, n in zip(servers, starts, requests,
-                                                                                  strict=True)]
+        parsed = [
+            await prefix._parse_log(s.log_path, st, n) for s, st, n in zip(servers, starts, requests, strict=True)
+        ]
         texts = [_read_from(s.log_path, st) for s, st in zip(servers, starts, strict=True)]
     logged = [len(prefix._PROMPT_EVAL.findall(t)) for t in texts]
     busy = [sum(map(float, _TOTAL_TIME.findall(t))) / 1000 for t in texts]
     evaluated = [ev for ev, _ in parsed]
     where = None if window is not None else assign(keys, bases, chars)  # admission's choice is dynamic
     lat = sorted(latencies)
-    placed = None if where is None else {g: sorted({w for w, gg in zip(where, groups, strict=True) if gg == g})
-                                         for g in sorted(set(groups))}
+    placed = (
+        None
+        if where is None
+        else {g: sorted({w for w, gg in zip(where, groups, strict=True) if gg == g}) for g in sorted(set(groups))}
+    )
     total_ev = None if None in evaluated else sum(e for e in evaluated if e is not None)
-    return {"prefix_affinity_chars": chars, "admission": window, "replicas": bases, "wall_s": wall,
-            "rps": len(prompts) / wall,
-            "latency_p50_s": statistics.median(lat), "latency_p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))],
-            "prompt_tokens": sum(counts), "requests": requests, "requests_in_logs": logged,
-            "evaluated_per_server": evaluated, "evaluated_tokens": total_ev, "busy_s_per_server": busy,
-            "utilization": sum(busy) / (len(servers) * wall),
-            "prefix_hits_per_server": [hits for _, hits in parsed],
-            "predicted_requests": None if where is None else [where.count(r) for r in range(2)],
-            "predicted_reuse": None if where is None else predicted_reuse(tokens, where, 2),
-            "other_cpu_cores": other_cores,
-            "template_replicas": placed, "latencies_s": [round(x, 4) for x in latencies]}
+    return {
+        "prefix_affinity_chars": chars,
+        "admission": window,
+        "replicas": bases,
+        "wall_s": wall,
+        "rps": len(prompts) / wall,
+        "latency_p50_s": statistics.median(lat),
+        "latency_p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))],
+        "prompt_tokens": sum(counts),
+        "requests": requests,
+        "requests_in_logs": logged,
+        "evaluated_per_server": evaluated,
+        "evaluated_tokens": total_ev,
+        "busy_s_per_server": busy,
+        "utilization": sum(busy) / (len(servers) * wall),
+        "prefix_hits_per_server": [hits for _, hits in parsed],
+        "predicted_requests": None if where is None else [where.count(r) for r in range(2)],
+        "predicted_reuse": None if where is None else predicted_reuse(tokens, where, 2),
+        "other_cpu_cores": other_cores,
+        "template_replicas": placed,
+        "latencies_s": [round(x, 4) for x in latencies],
+    }
 
 
 async def _send(base_url: str, prompts: list[str], concurrency: int) -> tuple[float, list[float], list[int]]:
@@ -325,8 +420,9 @@ def _ratios(res: dict[str, Any]) -> None:
             row["reuse"] = None if ev is None else 1 - ev / row["prompt_tokens"]
             row["share_of_ideal"] = None if row["reuse"] is None or ideal <= 0 else row["reuse"] / ideal
             row["rps_x_baseline"] = row["rps"] / base["rps"]
-            row["evaluated_x_baseline"] = None if ev is None or not base["evaluated_tokens"] else ev / base[
-                "evaluated_tokens"]
+            row["evaluated_x_baseline"] = (
+                None if ev is None or not base["evaluated_tokens"] else ev / base["evaluated_tokens"]
+            )
             row["busier_share_requests"] = max(row["requests"]) / n if n else None
             evs = row["evaluated_per_server"]
             row["busier_share_evaluated"] = None if None in evs or not ev else max(e or 0 for e in evs) / ev
@@ -344,23 +440,32 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
         ev = None if None in evs else sum(e for e in evs if e is not None)
         prompt = sum(r["prompt_tokens"] for r in rows)
         reuse = None if ev is None else 1 - ev / prompt
-        out[mode] = {"wall_s": sum(r["wall_s"] for r in rows), "rps": sum(map(sum, (r["requests"] for r in rows)))
-                     / sum(r["wall_s"] for r in rows), "evaluated_tokens": ev, "prompt_tokens": prompt,
-                     "reuse": reuse, "share_of_ideal": None if reuse is None or ideal <= 0 else reuse / ideal,
-                     "predicted_reuse": None if rows[0]["predicted_reuse"] is None else statistics.fmean(
-                         r["predicted_reuse"] for r in rows),
-                     "latency_p50_s": statistics.median(lat), "latency_p95_s": lat[min(len(lat) - 1,
-                                                                                      int(0.95 * len(lat)))],
-                     "busier_share_requests_mean": statistics.fmean(r["busier_share_requests"] for r in rows),
-                     "other_cpu_cores_mean": statistics.fmean(r["other_cpu_cores"] for r in rows),
-                     "utilization_mean": statistics.fmean(r["utilization"] for r in rows),
-                     "rps_x_baseline_per_round": [r["rps_x_baseline"] for r in rows],
-                     "evaluated_x_baseline_per_round": [r["evaluated_x_baseline"] for r in rows]}
+        out[mode] = {
+            "wall_s": sum(r["wall_s"] for r in rows),
+            "rps": sum(map(sum, (r["requests"] for r in rows))) / sum(r["wall_s"] for r in rows),
+            "evaluated_tokens": ev,
+            "prompt_tokens": prompt,
+            "reuse": reuse,
+            "share_of_ideal": None if reuse is None or ideal <= 0 else reuse / ideal,
+            "predicted_reuse": None
+            if rows[0]["predicted_reuse"] is None
+            else statistics.fmean(r["predicted_reuse"] for r in rows),
+            "latency_p50_s": statistics.median(lat),
+            "latency_p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))],
+            "busier_share_requests_mean": statistics.fmean(r["busier_share_requests"] for r in rows),
+            "other_cpu_cores_mean": statistics.fmean(r["other_cpu_cores"] for r in rows),
+            "utilization_mean": statistics.fmean(r["utilization"] for r in rows),
+            "rps_x_baseline_per_round": [r["rps_x_baseline"] for r in rows],
+            "evaluated_x_baseline_per_round": [r["evaluated_x_baseline"] for r in rows],
+        }
     base = out["round_robin"]
     for row in out.values():
         row["rps_x_baseline"] = row["rps"] / base["rps"]
-        row["evaluated_x_baseline"] = (None if row["evaluated_tokens"] is None or not base["evaluated_tokens"]
-                                       else row["evaluated_tokens"] / base["evaluated_tokens"])
+        row["evaluated_x_baseline"] = (
+            None
+            if row["evaluated_tokens"] is None or not base["evaluated_tokens"]
+            else row["evaluated_tokens"] / base["evaluated_tokens"]
+        )
     return out
 
 
@@ -377,15 +482,19 @@ def verdict(res: dict[str, Any]) -> dict[str, Any]:
         helps = speed > 1.05 and min(per_round) >= 1.0 and (ev is None or ev < 1.0)
         out[mode] = {"helps": helps, "rps_x_baseline": speed, "evaluated_x_baseline": ev}
         splits = ", ".join(f"{r[mode]['requests'][0]}/{r[mode]['requests'][1]}" for r in res["rounds"])
-        texts.append(f"{mode} {'helps' if helps else 'does not help'} here: {speed:.2f}x the requests/s of round "
-                     f"robin over {len(per_round)} round(s) (per round {', '.join(f'{x:.2f}x' for x in per_round)}), "
-                     f"{'-' if ev is None else f'{ev:.2f}x'} the prompt tokens evaluated; requests per replica "
-                     f"{splits}.")
+        texts.append(
+            f"{mode} {'helps' if helps else 'does not help'} here: {speed:.2f}x the requests/s of round "
+            f"robin over {len(per_round)} round(s) (per round {', '.join(f'{x:.2f}x' for x in per_round)}), "
+            f"{'-' if ev is None else f'{ev:.2f}x'} the prompt tokens evaluated; requests per replica "
+            f"{splits}."
+        )
     if "affinity" in out:
         odds = res["split_odds"]
-        texts.append(f"Over random replica addresses, {res['batch']['affinity_keys']} affinity keys put "
-                     f"{odds['busier_share_requests_mean']:.0%} of the requests on the busier replica on average, all "
-                     f"of them on one in {odds['p_all_on_one']:.0%} of draws.")
+        texts.append(
+            f"Over random replica addresses, {res['batch']['affinity_keys']} affinity keys put "
+            f"{odds['busier_share_requests_mean']:.0%} of the requests on the busier replica on average, all "
+            f"of them on one in {odds['p_all_on_one']:.0%} of draws."
+        )
     out["text"] = " ".join(texts)
     return out
 
@@ -402,54 +511,95 @@ def _split(xs: list[int | None]) -> str:
     return " / ".join(_f(x, ",") for x in xs)
 
 
-_COLUMNS = ("mode", "wall s", "req/s", "x base", "p50 / p95 s", "requests A / B", "evaluated A / B", "evaluated",
-            "eval x base", "reuse (predicted)", "of ideal", "busy s A / B (use)", "other cores")
+_COLUMNS = (
+    "mode",
+    "wall s",
+    "req/s",
+    "x base",
+    "p50 / p95 s",
+    "requests A / B",
+    "evaluated A / B",
+    "evaluated",
+    "eval x base",
+    "reuse (predicted)",
+    "of ideal",
+    "busy s A / B (use)",
+    "other cores",
+)
 
 
 def _table(res: dict[str, Any]) -> Table:
     b = res["batch"]
-    t = Table(title=f"Two llama.cpp replicas behind triage, /v1/completions max_tokens=1, concurrency "
-                    f"{res['settings']['concurrency']} (ideal reuse {b['ideal_reuse']:.1%}, SmolLM2 tokens)",
-              title_justify="left")
+    t = Table(
+        title=f"Two llama.cpp replicas behind triage, /v1/completions max_tokens=1, concurrency "
+        f"{res['settings']['concurrency']} (ideal reuse {b['ideal_reuse']:.1%}, SmolLM2 tokens)",
+        title_justify="left",
+    )
     for col in _COLUMNS:
         t.add_column(col, justify="left" if col == "mode" else "right")
     for k, rnd in enumerate(res["rounds"]):
         for mode, r in rnd.items():
-            label = f"{k + 1}: {mode}" + (f" ({r['prefix_affinity_chars']})" if r["prefix_affinity_chars"] else "") + (
-                f" ({r['admission']})" if r.get("admission") else "")
-            t.add_row(label, f"{r['wall_s']:.1f}", f"{r['rps']:.3f}", f"{r['rps_x_baseline']:.2f}",
-                      f"{r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f}",
-                      f"{_split(r['requests'])} ({_f(r['busier_share_requests'], '.0%')})",
-                      _split(r["evaluated_per_server"]), _f(r["evaluated_tokens"], ","),
-                      _f(r["evaluated_x_baseline"], ".3f"), _reuse(r),
-                      _f(r["share_of_ideal"], ".1%"),
-                      f"{r['busy_s_per_server'][0]:.0f} / {r['busy_s_per_server'][1]:.0f} ({r['utilization']:.0%})",
-                      f"{r['other_cpu_cores']:.2f}")
+            label = (
+                f"{k + 1}: {mode}"
+                + (f" ({r['prefix_affinity_chars']})" if r["prefix_affinity_chars"] else "")
+                + (f" ({r['admission']})" if r.get("admission") else "")
+            )
+            t.add_row(
+                label,
+                f"{r['wall_s']:.1f}",
+                f"{r['rps']:.3f}",
+                f"{r['rps_x_baseline']:.2f}",
+                f"{r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f}",
+                f"{_split(r['requests'])} ({_f(r['busier_share_requests'], '.0%')})",
+                _split(r["evaluated_per_server"]),
+                _f(r["evaluated_tokens"], ","),
+                _f(r["evaluated_x_baseline"], ".3f"),
+                _reuse(r),
+                _f(r["share_of_ideal"], ".1%"),
+                f"{r['busy_s_per_server'][0]:.0f} / {r['busy_s_per_server'][1]:.0f} ({r['utilization']:.0%})",
+                f"{r['other_cpu_cores']:.2f}",
+            )
         t.add_section()
     for mode, r in res["summary"].items():
-        t.add_row(f"all: {mode}", f"{r['wall_s']:.1f}", f"{r['rps']:.3f}", f"{r['rps_x_baseline']:.2f}",
-                  f"{r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f}",
-                  f"busier {r['busier_share_requests_mean']:.0%}", "", _f(r["evaluated_tokens"], ","),
-                  _f(r["evaluated_x_baseline"], ".3f"), _reuse(r),
-                  _f(r["share_of_ideal"], ".1%"), f"({r['utilization_mean']:.0%})", f"{r['other_cpu_cores_mean']:.2f}")
+        t.add_row(
+            f"all: {mode}",
+            f"{r['wall_s']:.1f}",
+            f"{r['rps']:.3f}",
+            f"{r['rps_x_baseline']:.2f}",
+            f"{r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f}",
+            f"busier {r['busier_share_requests_mean']:.0%}",
+            "",
+            _f(r["evaluated_tokens"], ","),
+            _f(r["evaluated_x_baseline"], ".3f"),
+            _reuse(r),
+            _f(r["share_of_ideal"], ".1%"),
+            f"({r['utilization_mean']:.0%})",
+            f"{r['other_cpu_cores_mean']:.2f}",
+        )
     return t
 
 
 def render(console: Console, res: dict[str, Any]) -> None:
     m, b, o = res["machine"], res["batch"], res["split_odds"]
     console.print()
-    console.print(f"[bold]triage bench affinity[/]  {m['date']}  {m['platform']}  {m['nproc']} CPUs, load average "
-                  f"before the run {m['load_avg'][0]}; {b['n']} prompts, {b['templates']} templates, "
-                  f"{b['prompt_tokens']:,} prompt tokens (longest {b['max_prompt_tokens']}), n_ctx {b['n_ctx']}, "
-                  f"{res['settings']['n_threads']} thread(s) per server, {len(res['rounds'])} round(s)")
-    console.print("[yellow]note:[/] requests A / B from the gateway's triage_upstream_attempts; evaluated from each "
-                  "server's llama.cpp log; reuse '(predicted)': one-slot caches with the mode's assignment in arrival "
-                  "order; 'busy': llama.cpp's own time for the requests, 'use' = busy / (2 x wall); 'other cores': CPU "
-                  "used outside the bench while the mode ran; each round starts cold servers on new ports (a new "
-                  "affinity split); 'all': requests over summed wall time, tokens summed.")
+    console.print(
+        f"[bold]triage bench affinity[/]  {m['date']}  {m['platform']}  {m['nproc']} CPUs, load average "
+        f"before the run {m['load_avg'][0]}; {b['n']} prompts, {b['templates']} templates, "
+        f"{b['prompt_tokens']:,} prompt tokens (longest {b['max_prompt_tokens']}), n_ctx {b['n_ctx']}, "
+        f"{res['settings']['n_threads']} thread(s) per server, {len(res['rounds'])} round(s)"
+    )
+    console.print(
+        "[yellow]note:[/] requests A / B from the gateway's triage_upstream_attempts; evaluated from each "
+        "server's llama.cpp log; reuse '(predicted)': one-slot caches with the mode's assignment in arrival "
+        "order; 'busy': llama.cpp's own time for the requests, 'use' = busy / (2 x wall); 'other cores': CPU "
+        "used outside the bench while the mode ran; each round starts cold servers on new ports (a new "
+        "affinity split); 'all': requests over summed wall time, tokens summed."
+    )
     console.print(_table(res))
-    console.print(f"split odds over {o['draws']} random replica address pairs ({o['keys']} affinity keys): busier "
-                  f"replica {o['busier_share_requests_mean']:.0%} of requests and {o['busier_share_tokens_mean']:.0%} "
-                  f"of prompt tokens on average; all on one replica {o['p_all_on_one']:.0%}; over 75% of requests "
-                  f"on one {o['p_busier_over_75pct_requests']:.0%}")
+    console.print(
+        f"split odds over {o['draws']} random replica address pairs ({o['keys']} affinity keys): busier "
+        f"replica {o['busier_share_requests_mean']:.0%} of requests and {o['busier_share_tokens_mean']:.0%} "
+        f"of prompt tokens on average; all on one replica {o['p_all_on_one']:.0%}; over 75% of requests "
+        f"on one {o['p_busier_over_75pct_requests']:.0%}"
+    )
     console.print(f"[bold]verdict:[/] {res['verdict']['text']}")

@@ -81,9 +81,12 @@ def run(**kwargs: Any) -> dict[str, Any]:
     console = Console()
     console.print("exporting (or reusing) the ONNX models ...")
     art, built = ensure_exported()
-    contestants = [onnx_contestant(ONNX_INT8, art, "int8", (1, 2)), onnx_contestant(ONNX_FP32, art, "fp32", (1, 2)),
-                   onnx_contestant(ONNX_INT8_TOGETHER, art, "int8", (1, 2), rows="together"),
-                   onnx_contestant(ONNX_INT8_SLN, art, "int8", (1, 2), skip_layer_norm=True)]
+    contestants = [
+        onnx_contestant(ONNX_INT8, art, "int8", (1, 2)),
+        onnx_contestant(ONNX_FP32, art, "fp32", (1, 2)),
+        onnx_contestant(ONNX_INT8_TOGETHER, art, "int8", (1, 2), rows="together"),
+        onnx_contestant(ONNX_INT8_SLN, art, "int8", (1, 2), skip_layer_norm=True),
+    ]
     for n in opts.layers:
         fewer, _ = ensure_exported(settings=ExportSettings(layers=n))
         contestants.insert(1, onnx_contestant(f"{FEWER_LAYERS}{n}", fewer, "int8", (1, 2)))
@@ -111,13 +114,25 @@ def run(**kwargs: Any) -> dict[str, Any]:
     result: dict[str, Any] = {
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "settings": {**asdict(opts), "out": str(opts.out)},
-        "machine": {"cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "other_processes_cpu_share": busy.other_share(), "seconds": time.perf_counter() - t0},
+        "machine": {
+            "cores": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "other_processes_cpu_share": busy.other_share(),
+            "seconds": time.perf_counter() - t0,
+        },
         "export": {"dir": str(art.root), "built_now": built, **{k: art.manifest()[k] for k in ("key", "versions")}},
         "torch": torch_version(),
-        "truncation": {str(n): {"tokens": n, "onnx_kept": len(probe.encode(prompts[n][0]).ids), "onnx_policy":
-                                "head+tail", "pytorch_kept": torch_kept_tokens(n), "pytorch_policy": "head"}
-                       for n in opts.lengths},
+        "truncation": {
+            str(n): {
+                "tokens": n,
+                "onnx_kept": len(probe.encode(prompts[n][0]).ids),
+                "onnx_policy": "head+tail",
+                "pytorch_kept": torch_kept_tokens(n),
+                "pytorch_policy": "head",
+            }
+            for n in opts.lengths
+        },
         "single": single,
         "batched": batched,
         "throughput": throughput,
@@ -136,8 +151,13 @@ def _rotated(items: Sequence[Contestant], r: int) -> list[Contestant]:
 
 def _stats(samples: list[float]) -> dict[str, float | int]:
     ms = np.asarray(samples) * 1000.0
-    return {"n": len(ms), "p50_ms": float(np.percentile(ms, 50)), "p90_ms": float(np.percentile(ms, 90)),
-            "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean())}
+    return {
+        "n": len(ms),
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p90_ms": float(np.percentile(ms, 90)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "mean_ms": float(ms.mean()),
+    }
 
 
 def _single(contestants: list[Contestant], prompts: dict[int, list[str]], opts: Options) -> dict[str, Any]:
@@ -155,8 +175,14 @@ def _single(contestants: list[Contestant], prompts: dict[int, list[str]], opts: 
     return {name: {str(n): _stats(s) for n, s in by.items()} for name, by in samples.items()}
 
 
-async def _closed_loop(batcher: MicroBatcher[str, np.ndarray], texts: list[str], clients: int, *,
-                       requests: int | None = None, seconds: float | None = None) -> tuple[list[float], float]:
+async def _closed_loop(
+    batcher: MicroBatcher[str, np.ndarray],
+    texts: list[str],
+    clients: int,
+    *,
+    requests: int | None = None,
+    seconds: float | None = None,
+) -> tuple[list[float], float]:
     lat: list[float] = []
     stop = time.perf_counter() + seconds if seconds is not None else None
     issued = 0
@@ -175,8 +201,9 @@ async def _closed_loop(batcher: MicroBatcher[str, np.ndarray], texts: list[str],
     return lat, time.perf_counter() - t0
 
 
-async def _batched_latency(contestants: list[Contestant], prompts: dict[int, list[str]],
-                           opts: Options) -> dict[str, Any]:
+async def _batched_latency(
+    contestants: list[Contestant], prompts: dict[int, list[str]], opts: Options
+) -> dict[str, Any]:
     samples: dict[str, dict[int, list[float]]] = {c.name: {n: [] for n in prompts} for c in contestants}
     sizes: dict[str, list[int]] = {c.name: [] for c in contestants}
     for r in range(opts.rounds):
@@ -187,16 +214,19 @@ async def _batched_latency(contestants: list[Contestant], prompts: dict[int, lis
                     samples[c.name][n].extend(lat)
             sizes[c.name].extend(b.stats.sizes)
             c.settle(1)
-    return {name: {**{str(n): _stats(s) for n, s in by.items()}, "mean_batch": float(np.mean(sizes[name]))}
-            for name, by in samples.items()}
+    return {
+        name: {**{str(n): _stats(s) for n, s in by.items()}, "mean_batch": float(np.mean(sizes[name]))}
+        for name, by in samples.items()
+    }
 
 
 async def _rate(forwards: list[Forward], texts: list[str], opts: Options, seconds: float) -> tuple[int, float, float]:
     batchers = [MicroBatcher(f, max_batch=opts.max_batch, max_wait_ms=opts.max_wait_ms) for f in forwards]
     clients = 2 * opts.max_batch
     try:
-        results = await asyncio.gather(*(_closed_loop(b, texts, clients // len(batchers), seconds=seconds)
-                                         for b in batchers))
+        results = await asyncio.gather(
+            *(_closed_loop(b, texts, clients // len(batchers), seconds=seconds) for b in batchers)
+        )
     finally:
         for b in batchers:
             await b.aclose()
@@ -206,8 +236,9 @@ async def _rate(forwards: list[Forward], texts: list[str], opts: Options, second
     return done, elapsed, mean_batch
 
 
-async def _throughput(contestants: list[Contestant], int8_alone: Contestant, texts: list[str],
-                      opts: Options) -> dict[str, Any]:
+async def _throughput(
+    contestants: list[Contestant], int8_alone: Contestant, texts: list[str], opts: Options
+) -> dict[str, Any]:
     cells: list[tuple[str, Contestant, list[Forward], int]] = []
     for c in contestants:
         cells += [(f"{c.name}|1", c, [c.forwards[1]], 1), (f"{c.name}|2", c, [c.forwards[2]], 2)]

@@ -58,11 +58,21 @@ def exact_prompts(encoder: Encoder, tokens: int, count: int, seed: int) -> list[
     return out
 
 
-def onnx_contestant(name: str, art: Artifacts, precision: str, threads: Sequence[int], rows: str = "auto",
-                    skip_layer_norm: bool = False) -> Contestant:
-    encoders = {n: Encoder.load(EncoderSettings(precision=precision, intra_op_threads=n,  # type: ignore[arg-type]
-                                                rows=rows, skip_layer_norm=skip_layer_norm),  # type: ignore[arg-type]
-                                artifacts=art) for n in threads}
+def onnx_contestant(
+    name: str, art: Artifacts, precision: str, threads: Sequence[int], rows: str = "auto", skip_layer_norm: bool = False
+) -> Contestant:
+    encoders = {
+        n: Encoder.load(
+            EncoderSettings(
+                precision=precision,
+                intra_op_threads=n,  # type: ignore[arg-type]
+                rows=rows,
+                skip_layer_norm=skip_layer_norm,
+            ),  # type: ignore[arg-type]
+            artifacts=art,
+        )
+        for n in threads
+    }
     return Contestant(name, {n: e.embed for n, e in encoders.items()}, lambda n: None)
 
 
@@ -79,8 +89,10 @@ def torch_contestant(threads: Sequence[int]) -> Contestant:
             if torch.get_num_threads() != n:
                 torch.set_num_threads(n)
             with torch.inference_mode():
-                return model.encode(list(texts), batch_size=max(len(texts), 1), convert_to_numpy=True,
-                                    show_progress_bar=False)
+                return model.encode(
+                    list(texts), batch_size=max(len(texts), 1), convert_to_numpy=True, show_progress_bar=False
+                )
+
         return forward
 
     def settle(n: int) -> None:

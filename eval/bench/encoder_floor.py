@@ -61,9 +61,13 @@ def chain_model(weights: Sequence[np.ndarray], dst: Path) -> Path:
         else:
             x = y
     outputs.insert(0, helper.make_tensor_value_info(x, TensorProto.FLOAT, None))
-    graph = helper.make_graph(nodes, "matmul-floor", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                                      ["tokens", hidden])],
-                              outputs, inits)
+    graph = helper.make_graph(
+        nodes,
+        "matmul-floor",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["tokens", hidden])],
+        outputs,
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     onnx.save(model, str(dst))

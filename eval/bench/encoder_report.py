@@ -40,29 +40,68 @@ def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
     pair = _get(res, "throughput", "onnx-int8-2x1", "2", "decisions_per_s")
     tokens = _get(res, "throughput", "tokens")
     rows = [
-        {"goal": "int8 p50 <= 3 ms, 32-token prompt, one core", "value": p50, "unit": "ms",
-         "pass": p50 is not None and p50 <= P50_32_MAX_MS},
-        {"goal": f">= 400 decisions/s micro-batched on two cores (int8, intra-op 2, {tokens} tokens)",
-         "value": tp, "unit": "/s", "pass": tp is not None and tp >= DECISIONS_2CORE_MIN},
-        {"goal": f"(info) two 1-thread int8 sessions side by side, {tokens} tokens", "value": pair, "unit": "/s",
-         "pass": None},
-        {"goal": "(info) int8 vs fp32 mean cosine", "value": _get(res, "agreement", "int8_vs_fp32", "mean_cosine"),
-         "unit": "", "pass": None},
-        {"goal": "(info) int8 p50 / int8 with SkipLayerNorm fused, 32 tokens, one core",
-         "value": _ratio(_get(res, "single", ONNX_INT8_SLN, "32", "p50_ms"), p50), "unit": "x", "pass": None},
-        {"goal": "(info) floor: the int8 matrix products alone, 32 tokens, one core (3 ms is reachable only if "
-                 "this is well under it)", "value": floor, "unit": "ms", "pass": None},
-        {"goal": "(info) share of the int8 p50 that the matrix products take, 32 tokens",
-         "value": _ratio(p50, floor), "unit": "", "pass": None},
+        {
+            "goal": "int8 p50 <= 3 ms, 32-token prompt, one core",
+            "value": p50,
+            "unit": "ms",
+            "pass": p50 is not None and p50 <= P50_32_MAX_MS,
+        },
+        {
+            "goal": f">= 400 decisions/s micro-batched on two cores (int8, intra-op 2, {tokens} tokens)",
+            "value": tp,
+            "unit": "/s",
+            "pass": tp is not None and tp >= DECISIONS_2CORE_MIN,
+        },
+        {
+            "goal": f"(info) two 1-thread int8 sessions side by side, {tokens} tokens",
+            "value": pair,
+            "unit": "/s",
+            "pass": None,
+        },
+        {
+            "goal": "(info) int8 vs fp32 mean cosine",
+            "value": _get(res, "agreement", "int8_vs_fp32", "mean_cosine"),
+            "unit": "",
+            "pass": None,
+        },
+        {
+            "goal": "(info) int8 p50 / int8 with SkipLayerNorm fused, 32 tokens, one core",
+            "value": _ratio(_get(res, "single", ONNX_INT8_SLN, "32", "p50_ms"), p50),
+            "unit": "x",
+            "pass": None,
+        },
+        {
+            "goal": "(info) floor: the int8 matrix products alone, 32 tokens, one core (3 ms is reachable only if "
+            "this is well under it)",
+            "value": floor,
+            "unit": "ms",
+            "pass": None,
+        },
+        {
+            "goal": "(info) share of the int8 p50 that the matrix products take, 32 tokens",
+            "value": _ratio(p50, floor),
+            "unit": "",
+            "pass": None,
+        },
     ]
     for name in _order(res.get("single", {})):
         if name.startswith(FEWER_LAYERS):  # the same goals for an export with fewer layers (other heads)
             n = name.removeprefix(FEWER_LAYERS)
             p50, tp = _get(res, "single", name, "32", "p50_ms"), _get(res, "throughput", name, "2", "decisions_per_s")
-            rows += [{"goal": f"int8, first {n} layers: p50 <= 3 ms, 32 tokens, one core", "value": p50, "unit": "ms",
-                      "pass": p50 is not None and p50 <= P50_32_MAX_MS},
-                     {"goal": f"int8, first {n} layers: >= 400 decisions/s on two cores", "value": tp, "unit": "/s",
-                      "pass": tp is not None and tp >= DECISIONS_2CORE_MIN}]
+            rows += [
+                {
+                    "goal": f"int8, first {n} layers: p50 <= 3 ms, 32 tokens, one core",
+                    "value": p50,
+                    "unit": "ms",
+                    "pass": p50 is not None and p50 <= P50_32_MAX_MS,
+                },
+                {
+                    "goal": f"int8, first {n} layers: >= 400 decisions/s on two cores",
+                    "value": tp,
+                    "unit": "/s",
+                    "pass": tp is not None and tp >= DECISIONS_2CORE_MIN,
+                },
+            ]
     return rows
 
 
@@ -86,29 +125,45 @@ def _latency_table(res: dict[str, Any], key: str, title: str) -> Table:
             if i == 1 and tr["onnx_kept"] != tr["tokens"]:
                 label = f"kept {tr['onnx_kept']}"
             p50 = _get(res, key, n, length, "p50_ms")
-            t.add_row(label, n, _num(p50), _num(_get(res, key, n, length, "p90_ms")),
-                      _num(_get(res, key, n, length, "p99_ms")), _num(_ratio(p50, base), "{:.1f}x"),
-                      end_section=i == len(names) - 1)
+            t.add_row(
+                label,
+                n,
+                _num(p50),
+                _num(_get(res, key, n, length, "p90_ms")),
+                _num(_get(res, key, n, length, "p99_ms")),
+                _num(_ratio(p50, base), "{:.1f}x"),
+                end_section=i == len(names) - 1,
+            )
     return t
 
 
 def _throughput_table(res: dict[str, Any]) -> Table:
     tp = res["throughput"]
-    t = Table(title=f"Decisions per second, micro-batched, {tp['tokens']}-token prompts "
-                    f"(max batch {res['settings']['max_batch']}, {res['settings']['max_wait_ms']:g} ms)",
-              title_justify="left")
-    for col in ("contestant", "one core (intra-op 1)", "two cores (intra-op 2)", "mean batch (1 / 2)",
-                "vs pytorch (1 / 2)"):
+    t = Table(
+        title=f"Decisions per second, micro-batched, {tp['tokens']}-token prompts "
+        f"(max batch {res['settings']['max_batch']}, {res['settings']['max_wait_ms']:g} ms)",
+        title_justify="left",
+    )
+    for col in (
+        "contestant",
+        "one core (intra-op 1)",
+        "two cores (intra-op 2)",
+        "mean batch (1 / 2)",
+        "vs pytorch (1 / 2)",
+    ):
         t.add_column(col, justify="left" if col == "contestant" else "right")
     for name in (*_order(tp), "onnx-int8-2x1"):
         if name not in tp:
             continue
         one, two = _get(tp, name, "1", "decisions_per_s"), _get(tp, name, "2", "decisions_per_s")
         vs = [_ratio(_get(tp, PYTORCH, c, "decisions_per_s"), v) for c, v in (("1", one), ("2", two))]
-        t.add_row(name if name != "onnx-int8-2x1" else "onnx-int8, 2 sessions x 1 thread",
-                  _num(one, "{:.0f}"), _num(two, "{:.0f}"),
-                  " / ".join(_num(_get(tp, name, c, "mean_batch"), "{:.1f}") for c in ("1", "2")),
-                  " / ".join(_num(v, "{:.1f}x") for v in vs))
+        t.add_row(
+            name if name != "onnx-int8-2x1" else "onnx-int8, 2 sessions x 1 thread",
+            _num(one, "{:.0f}"),
+            _num(two, "{:.0f}"),
+            " / ".join(_num(_get(tp, name, c, "mean_batch"), "{:.1f}") for c in ("1", "2")),
+            " / ".join(_num(v, "{:.1f}x") for v in vs),
+        )
     return t
 
 
@@ -124,15 +179,29 @@ def _agreement_table(res: dict[str, Any]) -> Table:
 
 def render(console: Console, res: dict[str, Any]) -> None:
     s = res["settings"]
-    console.print(_latency_table(res, "single", f"Latency, one prompt at a time, one core (ms; {s['rounds']} rounds "
-                                                f"x {s['single_per_round']} per cell)"))
-    console.print(_latency_table(res, "batched", f"Latency, micro-batched, one core (ms, submit to result; "
-                                                 f"{s['concurrency']} clients, max batch {s['max_batch']})"))
+    console.print(
+        _latency_table(
+            res,
+            "single",
+            f"Latency, one prompt at a time, one core (ms; {s['rounds']} rounds x {s['single_per_round']} per cell)",
+        )
+    )
+    console.print(
+        _latency_table(
+            res,
+            "batched",
+            f"Latency, micro-batched, one core (ms, submit to result; "
+            f"{s['concurrency']} clients, max batch {s['max_batch']})",
+        )
+    )
     console.print(_throughput_table(res))
     console.print(_agreement_table(res))
     console.print(goals_table(res["goals"]))
-    trunc = [f"{v['tokens']} -> {v['onnx_kept']} (head+tail; pytorch keeps the first {v['pytorch_kept']})"
-             for v in res["truncation"].values() if v["onnx_kept"] != v["tokens"]]
+    trunc = [
+        f"{v['tokens']} -> {v['onnx_kept']} (head+tail; pytorch keeps the first {v['pytorch_kept']})"
+        for v in res["truncation"].values()
+        if v["onnx_kept"] != v["tokens"]
+    ]
     if trunc:
         console.print("truncated prompts: " + "; ".join(trunc))
     share = res["machine"]["other_processes_cpu_share"]

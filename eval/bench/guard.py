@@ -44,8 +44,9 @@ class Options:
 
 def sample(data: Path, n: int) -> list[str]:
     typed = datasets.subsample(datasets.question_type(data, "test", per_source_cap=100), n * 3 // 4, "bench-guard")
-    intents = datasets.subsample(datasets.task(data / "intent" / "clinc150.jsonl.gz", "test"), n - len(typed),
-                                 "bench-guard")
+    intents = datasets.subsample(
+        datasets.task(data / "intent" / "clinc150.jsonl.gz", "test"), n - len(typed), "bench-guard"
+    )
     return typed.texts + intents.texts
 
 
@@ -81,21 +82,30 @@ def run(**kwargs: Any) -> dict[str, Any]:
         language.append((time.perf_counter() - t0) * 1000 / len(texts))
     cells = {name: {str(size): statistics.median(v) for size, v in by.items()} for name, by in times.items()}
     ratios = {str(size): cells["read"][str(size)] / cells["embed"][str(size)] for size in (1, opts.batch)}
-    result = {"options": {k: str(v) for k, v in asdict(opts).items()}, "ms_per_prompt": cells,
-              "read_over_embed": ratios, "language_ms_per_prompt": statistics.median(language),
-              "prompts": len(texts), "with_sentences": sum(s > 0 for s in sentences) / len(texts),
-              "mean_sentences": statistics.mean(sentences),
-              "machine": machine()}
-    table = Table(title=f"the guard's cost: {len(texts)} real prompts, int8, one thread, "
-                        f"median of {opts.rounds} rounds")
+    result = {
+        "options": {k: str(v) for k, v in asdict(opts).items()},
+        "ms_per_prompt": cells,
+        "read_over_embed": ratios,
+        "language_ms_per_prompt": statistics.median(language),
+        "prompts": len(texts),
+        "with_sentences": sum(s > 0 for s in sentences) / len(texts),
+        "mean_sentences": statistics.mean(sentences),
+        "machine": machine(),
+    }
+    table = Table(
+        title=f"the guard's cost: {len(texts)} real prompts, int8, one thread, median of {opts.rounds} rounds"
+    )
     for col in ("prompts per call", "embed ms/prompt", "read ms/prompt", "read / embed"):
         table.add_column(col)
     for size in (1, opts.batch):
-        table.add_row(str(size), f"{cells['embed'][str(size)]:.2f}", f"{cells['read'][str(size)]:.2f}",
-                      f"{ratios[str(size)]:.3f}")
+        table.add_row(
+            str(size), f"{cells['embed'][str(size)]:.2f}", f"{cells['read'][str(size)]:.2f}", f"{ratios[str(size)]:.3f}"
+        )
     console.print(table)
-    console.print(f"{result['with_sentences']:.0%} of the prompts have sentences (2+), "
-                  f"{result['mean_sentences']:.1f} on average; the language check alone: "
-                  f"{result['language_ms_per_prompt']:.3f} ms a prompt (inside `read`)")
+    console.print(
+        f"{result['with_sentences']:.0%} of the prompts have sentences (2+), "
+        f"{result['mean_sentences']:.1f} on average; the language check alone: "
+        f"{result['language_ms_per_prompt']:.3f} ms a prompt (inside `read`)"
+    )
     report.save(console, opts.out, result)
     return result

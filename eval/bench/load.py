@@ -35,8 +35,8 @@ class Target:
 
     async def open(self, max_conns: int) -> None:
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=max_conns, keepalive_timeout=60, force_close=False),
-            timeout=TIMEOUT)
+            connector=aiohttp.TCPConnector(limit=max_conns, keepalive_timeout=60, force_close=False), timeout=TIMEOUT
+        )
 
     async def close(self) -> None:
         if self.session is not None:
@@ -87,8 +87,12 @@ class Sample:
 
     def summary(self) -> dict[str, Any]:
         xs = sorted(self.latencies)
-        out: dict[str, Any] = {"n": len(xs), "errors": self.errors, "wall_s": round(self.wall_s, 3),
-                               "rps": round(len(xs) / self.wall_s, 1) if self.wall_s > 0 else 0.0}
+        out: dict[str, Any] = {
+            "n": len(xs),
+            "errors": self.errors,
+            "wall_s": round(self.wall_s, 3),
+            "rps": round(len(xs) / self.wall_s, 1) if self.wall_s > 0 else 0.0,
+        }
         for name, q in (("p50_ms", 0.5), ("p90_ms", 0.9), ("p99_ms", 0.99)):
             out[name] = round(percentile(xs, q) * 1000, 3)
         out["mean_ms"] = round(sum(xs) / len(xs) * 1000, 3) if xs else math.nan

@@ -27,6 +27,7 @@ def busy_s() -> float:
 
 def foreign(procs: dict[str, Proc]) -> Callable[[], float]:
     """Mean cores used by processes outside this benchmark while it measured: noise to report."""
+
     def ours() -> float:
         return time.process_time() + sum(cpu_s(p.pid) for p in procs.values())
 
@@ -48,8 +49,10 @@ def per_request(procs: dict[str, Proc], name: str) -> Callable[[int], dict[str, 
         if n == 0:
             return {}
         d = {"up": cpu_s(up.pid) - t0["up"], "client": time.process_time() - t0["client"]}
-        out = {"upstream_cpu_ms_per_req": round(d["up"] / n * 1000, 4),
-               "client_cpu_ms_per_req": round(d["client"] / n * 1000, 4)}
+        out = {
+            "upstream_cpu_ms_per_req": round(d["up"] / n * 1000, 4),
+            "client_cpu_ms_per_req": round(d["client"] / n * 1000, 4),
+        }
         if name != "direct":
             out["gateway_cpu_ms_per_req"] = round((cpu_s(gw.pid) - t0["gw"]) / n * 1000, 4)
         return out

@@ -62,18 +62,39 @@ def run(**kwargs: Any) -> dict[str, Any]:
     popts = prefix.Options(data=opts.data, limit=opts.limit, templates=opts.templates, seed=opts.seed, repeats=1)
     rows = prefix.load(popts)
     rng = random.Random(opts.seed)
-    lines = [orjson.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
-                           "body": {"model": MODEL, "prompt": r["prompt"], "max_tokens": rng.choice(opts.decode),
-                                    "temperature": 0.0}}) for i, r in enumerate(rows)]
+    lines = [
+        orjson.dumps(
+            {
+                "custom_id": f"r{i}",
+                "method": "POST",
+                "url": "/v1/completions",
+                "body": {
+                    "model": MODEL,
+                    "prompt": r["prompt"],
+                    "max_tokens": rng.choice(opts.decode),
+                    "temperature": 0.0,
+                },
+            }
+        )
+        for i, r in enumerate(rows)
+    ]
     tokens = prefix.scheduler(rows, popts)["tokens"]
     n_ctx = -(-(max(map(len, tokens)) + max(opts.decode) + 16) // 256) * 256
     result: dict[str, Any] = {
-        "machine": machine(), "settings": {**asdict(opts), "data": str(opts.data), "out": str(opts.out)},
-        "batch": {"n": len(rows), "templates": len({r["group"] for r in rows}), "n_ctx": n_ctx,
-                  "prompt_tokens": sum(map(len, tokens)), "max_tokens_asked": sum(
-                      orjson.loads(x)["body"]["max_tokens"] for x in lines)}}
-    console.print(f"[bold]batch[/]: {len(rows)} prompts, {result['batch']['templates']} templates, max_tokens from "
-                  f"{opts.decode}, {result['batch']['prompt_tokens']:,} prompt tokens")
+        "machine": machine(),
+        "settings": {**asdict(opts), "data": str(opts.data), "out": str(opts.out)},
+        "batch": {
+            "n": len(rows),
+            "templates": len({r["group"] for r in rows}),
+            "n_ctx": n_ctx,
+            "prompt_tokens": sum(map(len, tokens)),
+            "max_tokens_asked": sum(orjson.loads(x)["body"]["max_tokens"] for x in lines),
+        },
+    }
+    console.print(
+        f"[bold]batch[/]: {len(rows)} prompts, {result['batch']['templates']} templates, max_tokens from "
+        f"{opts.decode}, {result['batch']['prompt_tokens']:,} prompt tokens"
+    )
     with tempfile.TemporaryDirectory(prefix="triage-bench-order-") as tmp:
         result["rounds"] = asyncio.run(_main(b"\n".join(lines), n_ctx, opts, Path(tmp), console))
     result["summary"] = summary(result["rounds"])
@@ -92,8 +113,10 @@ async def _main(batch: bytes, n_ctx: int, opts: Options, tmp: Path, console: Con
                 work.mkdir()
                 row = await _order(http, batch, order, n_ctx, opts, work)
                 rounds[-1][order] = row
-                console.print(f"  round {k + 1}, {order}: {row['wall_s']:.1f} s, {row['completion_tokens']} "
-                              f"completion tokens, evaluated {row['evaluated_per_server']}")
+                console.print(
+                    f"  round {k + 1}, {order}: {row['wall_s']:.1f} s, {row['completion_tokens']} "
+                    f"completion tokens, evaluated {row['evaluated_per_server']}"
+                )
     return [{o: r[o] for o in ORDERS} for r in rounds]
 
 
@@ -111,29 +134,46 @@ backends:
     timeouts: {{total_s: 600}}
 models:
   {MODEL}: {{backend: pool}}
-batches: {{dir: "{work / 'batches'}", concurrency: {concurrency}, order: {order}, tokens: approx}}
+batches: {{dir: "{work / "batches"}", concurrency: {concurrency}, order: {order}, tokens: approx}}
 limits: {{max_concurrency: 256}}
 logging: {{level: warning, format: json}}
 """
 
 
-async def _order(http: aiohttp.ClientSession, batch: bytes, order: str, n_ctx: int, opts: Options, work: Path,
-                 ) -> dict[str, Any]:
+async def _order(
+    http: aiohttp.ClientSession,
+    batch: bytes,
+    order: str,
+    n_ctx: int,
+    opts: Options,
+    work: Path,
+) -> dict[str, Any]:
     with Fleet(work) as fleet:
-        servers, gw = await start_pool(fleet, http, n_ctx, opts.n_threads, work,
-                                       lambda bases: policy(bases, work, order, opts.concurrency))
+        servers, gw = await start_pool(
+            fleet, http, n_ctx, opts.n_threads, work, lambda bases: policy(bases, work, order, opts.concurrency)
+        )
         starts = [s.log_path.stat().st_size for s in servers]
         others = meters.foreign({p.name: p for p in fleet.procs})
         wall, out = await _submit(gw.base + "/v1", batch)
         other_cores = others()
         done = [o for o in out if o.get("response") and o["response"]["status_code"] == 200]
-        logged = [prefix._PROMPT_EVAL.findall(s.log_path.read_bytes()[st:].decode("utf-8", "replace"))
-                  for s, st in zip(servers, starts, strict=True)]
+        logged = [
+            prefix._PROMPT_EVAL.findall(s.log_path.read_bytes()[st:].decode("utf-8", "replace"))
+            for s, st in zip(servers, starts, strict=True)
+        ]
     evaluated = [sum(map(int, found)) for found in logged]
-    return {"order": order, "wall_s": wall, "rps": len(done) / wall, "completed": len(done), "failed": len(out)
-            - len(done), "completion_tokens": sum(o["response"]["body"]["usage"]["completion_tokens"] for o in done),
-            "evaluated_per_server": evaluated, "evaluated_tokens": sum(evaluated),
-            "requests_per_server": [len(found) for found in logged], "other_cpu_cores": other_cores}
+    return {
+        "order": order,
+        "wall_s": wall,
+        "rps": len(done) / wall,
+        "completed": len(done),
+        "failed": len(out) - len(done),
+        "completion_tokens": sum(o["response"]["body"]["usage"]["completion_tokens"] for o in done),
+        "evaluated_per_server": evaluated,
+        "evaluated_tokens": sum(evaluated),
+        "requests_per_server": [len(found) for found in logged],
+        "other_cpu_cores": other_cores,
+    }
 
 
 async def _submit(base_url: str, batch: bytes) -> tuple[float, list[dict[str, Any]]]:
@@ -157,42 +197,74 @@ def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for order in ORDERS:
         rows = [r[order] for r in rounds]
-        out[order] = {"wall_s": sum(r["wall_s"] for r in rows), "rps": sum(r["completed"] for r in rows)
-                      / sum(r["wall_s"] for r in rows), "evaluated_tokens": sum(r["evaluated_tokens"] for r in rows),
-                      "completion_tokens": sum(r["completion_tokens"] for r in rows),
-                      "per_round_wall_s": [r["wall_s"] for r in rows]}
+        out[order] = {
+            "wall_s": sum(r["wall_s"] for r in rows),
+            "rps": sum(r["completed"] for r in rows) / sum(r["wall_s"] for r in rows),
+            "evaluated_tokens": sum(r["evaluated_tokens"] for r in rows),
+            "completion_tokens": sum(r["completion_tokens"] for r in rows),
+            "per_round_wall_s": [r["wall_s"] for r in rows],
+        }
     base = out["none"]
     for row in out.values():
         row["rps_x_none"] = row["rps"] / base["rps"]
     d = out["decode_ratio"]["rps_x_none"]
     per_round = [r["none"]["wall_s"] / r["decode_ratio"]["wall_s"] for r in rounds]
-    out["verdict"] = (f"decode_ratio gives {d:.2f}x the requests/s of token order (per round "
-                      f"{', '.join(f'{x:.2f}x' for x in per_round)}): "
-                      + ("it helps here." if d > 1.05 and min(per_round) > 1.0 else "no gain beyond noise here."))
+    out["verdict"] = (
+        f"decode_ratio gives {d:.2f}x the requests/s of token order (per round "
+        f"{', '.join(f'{x:.2f}x' for x in per_round)}): "
+        + ("it helps here." if d > 1.05 and min(per_round) > 1.0 else "no gain beyond noise here.")
+    )
     return out
 
 
 def render(console: Console, res: dict[str, Any]) -> None:
     m, b, s = res["machine"], res["batch"], res["settings"]
     console.print()
-    console.print(f"[bold]triage bench order[/]  {m['date']}  {m['platform']}  {m['nproc']} CPUs; {b['n']} prompts, "
-                  f"{b['templates']} templates, max_tokens from {tuple(s['decode'])} "
-                  f"({b['max_tokens_asked']:,} all told), "
-                  f"batches.concurrency {s['concurrency']}, two one-slot llama.cpp replicas with admission")
+    console.print(
+        f"[bold]triage bench order[/]  {m['date']}  {m['platform']}  {m['nproc']} CPUs; {b['n']} prompts, "
+        f"{b['templates']} templates, max_tokens from {tuple(s['decode'])} "
+        f"({b['max_tokens_asked']:,} all told), "
+        f"batches.concurrency {s['concurrency']}, two one-slot llama.cpp replicas with admission"
+    )
     t = Table(title="The same batch, planned decode-first and in token order", title_justify="left")
-    for col in ("round", "order", "wall s", "req/s", "completion tok", "evaluated A / B", "requests A / B",
-                "other cores"):
+    for col in (
+        "round",
+        "order",
+        "wall s",
+        "req/s",
+        "completion tok",
+        "evaluated A / B",
+        "requests A / B",
+        "other cores",
+    ):
         t.add_column(col, justify="left" if col in ("round", "order") else "right")
     for k, rnd in enumerate(res["rounds"]):
         for order, r in rnd.items():
-            t.add_row(str(k + 1), order, f"{r['wall_s']:.1f}", f"{r['rps']:.3f}", f"{r['completion_tokens']:,}",
-                      " / ".join(f"{x:,}" for x in r["evaluated_per_server"]),
-                      " / ".join(map(str, r["requests_per_server"])), f"{r['other_cpu_cores']:.2f}")
+            t.add_row(
+                str(k + 1),
+                order,
+                f"{r['wall_s']:.1f}",
+                f"{r['rps']:.3f}",
+                f"{r['completion_tokens']:,}",
+                " / ".join(f"{x:,}" for x in r["evaluated_per_server"]),
+                " / ".join(map(str, r["requests_per_server"])),
+                f"{r['other_cpu_cores']:.2f}",
+            )
     for order in ORDERS:
         r = res["summary"][order]
-        t.add_row("all", order, f"{r['wall_s']:.1f}", f"{r['rps']:.3f} ({r['rps_x_none']:.2f}x)",
-                  f"{r['completion_tokens']:,}", f"{r['evaluated_tokens']:,}", "", "")
+        t.add_row(
+            "all",
+            order,
+            f"{r['wall_s']:.1f}",
+            f"{r['rps']:.3f} ({r['rps_x_none']:.2f}x)",
+            f"{r['completion_tokens']:,}",
+            f"{r['evaluated_tokens']:,}",
+            "",
+            "",
+        )
     console.print(t)
-    console.print(f"[bold]verdict:[/] {res['summary']['verdict']} (median round wall: "
-                  f"{statistics.median(res['summary']['decode_ratio']['per_round_wall_s']):.1f} s decode_ratio, "
-                  f"{statistics.median(res['summary']['none']['per_round_wall_s']):.1f} s none)")
+    console.print(
+        f"[bold]verdict:[/] {res['summary']['verdict']} (median round wall: "
+        f"{statistics.median(res['summary']['decode_ratio']['per_round_wall_s']):.1f} s decode_ratio, "
+        f"{statistics.median(res['summary']['none']['per_round_wall_s']):.1f} s none)"
+    )

@@ -83,10 +83,16 @@ def _run_loop(coro: Any) -> Any:
 
 
 def machine() -> dict[str, Any]:
-    return {"nproc": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "platform": platform.platform(),
-            "machine": platform.machine(), "python": sys.version.split()[0],
-            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "load_avg": [round(x, 2) for x in os.getloadavg()], "versions": _versions()}
+    return {
+        "nproc": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": sys.version.split()[0],
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "versions": _versions(),
+    }
 
 
 def _versions() -> dict[str, str]:
@@ -98,9 +104,15 @@ def _versions() -> dict[str, str]:
 
 
 async def _main(opts: Options, console: Console, workdir: Path) -> dict[str, Any]:
-    result: dict[str, Any] = {"machine": machine(), "settings": {**asdict(opts), "out": str(opts.out),
-                                                                  "levels": opts.levels()},
-                              "targets": {}, "latency": {}, "sweep": {}, "best": {}, "fixed": {}}
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "settings": {**asdict(opts), "out": str(opts.out), "levels": opts.levels()},
+        "targets": {},
+        "latency": {},
+        "sweep": {},
+        "best": {},
+        "fixed": {},
+    }
     deadline = time.monotonic() + opts.time_cap_s
     async with aiohttp.ClientSession() as probe:
         with Fleet(workdir) as fleet:
@@ -119,10 +131,15 @@ async def _main(opts: Options, console: Console, workdir: Path) -> dict[str, Any
     return result
 
 
-async def _start(opts: Options, fleet: Fleet, probe: aiohttp.ClientSession, result: dict[str, Any],
-                 console: Console) -> dict[str, Proc]:
-    names = ["upstream", "triage", *(["triage-info"] if opts.with_logging_row else []),
-             *(["litellm"] if opts.with_litellm else [])]
+async def _start(
+    opts: Options, fleet: Fleet, probe: aiohttp.ClientSession, result: dict[str, Any], console: Console
+) -> dict[str, Proc]:
+    names = [
+        "upstream",
+        "triage",
+        *(["triage-info"] if opts.with_logging_row else []),
+        *(["litellm"] if opts.with_litellm else []),
+    ]
     console.print(f"[bold]starting servers[/] ({', '.join(names)})")
     up = fleet.upstream()
     await up.wait_ready(probe, READY_S["upstream"])
@@ -175,8 +192,14 @@ def _rotate(xs: list[Target], k: int) -> list[Target]:
     return xs[k:] + xs[:k]
 
 
-async def _measure(opts: Options, targets: list[Target], procs: dict[str, Proc], result: dict[str, Any],
-                   console: Console, deadline: float) -> None:
+async def _measure(
+    opts: Options,
+    targets: list[Target],
+    procs: dict[str, Proc],
+    result: dict[str, Any],
+    console: Console,
+    deadline: float,
+) -> None:
     console.print(f"[bold]warm-up[/]: {opts.warmup} requests per target")
     for t in targets:
         await sequential(t, opts.warmup, deadline)
@@ -193,8 +216,10 @@ async def _measure(opts: Options, targets: list[Target], procs: dict[str, Proc],
         s["added_p50_ms"] = round(s["p50_ms"] - base["p50_ms"], 3)
         s["added_p99_ms"] = round(s["p99_ms"] - base["p99_ms"], 3)
 
-    console.print(f"[bold]throughput sweep[/]: levels {opts.levels()}, {opts.sweep_duration:g} s each, "
-                  f"a target leaves the sweep at its first level with p99 over {opts.p99_limit_ms:g} ms")
+    console.print(
+        f"[bold]throughput sweep[/]: levels {opts.levels()}, {opts.sweep_duration:g} s each, "
+        f"a target leaves the sweep at its first level with p99 over {opts.p99_limit_ms:g} ms"
+    )
     sweep: dict[str, list[dict[str, Any]]] = {t.name: [] for t in targets}
     alive = list(targets)
     for i, c in enumerate(opts.levels()):
@@ -209,8 +234,9 @@ async def _measure(opts: Options, targets: list[Target], procs: dict[str, Proc],
     for name, rows in sweep.items():
         ok = [r for r in rows if r["p99_ms"] <= opts.p99_limit_ms and not r["errors"]]
         best = max(ok, key=lambda r: r["rps"], default=None)
-        result["best"][name] = ({"rps": best["rps"], "concurrency": best["concurrency"], "p99_ms": best["p99_ms"]}
-                                if best else None)
+        result["best"][name] = (
+            {"rps": best["rps"], "concurrency": best["concurrency"], "p99_ms": best["p99_ms"]} if best else None
+        )
 
     console.print(f"[bold]fixed concurrency[/]: {opts.concurrency} for {opts.duration:g} s per target")
     for t in targets:
@@ -220,13 +246,16 @@ async def _measure(opts: Options, targets: list[Target], procs: dict[str, Proc],
         result["fixed"][t.name] = row
 
 
-async def _profile(opts: Options, fleet: Fleet, procs: dict[str, Proc], probe: aiohttp.ClientSession,
-                   console: Console) -> dict[str, Any]:
+async def _profile(
+    opts: Options, fleet: Fleet, procs: dict[str, Proc], probe: aiohttp.ClientSession, console: Console
+) -> dict[str, Any]:
     exe = prof.pyspy()
     tri = procs["triage"]
     if exe is not None:
-        console.print(f"[bold]profile[/]: py-spy on triage (pid {tri.pid}), concurrency {opts.concurrency}, "
-                      f"{opts.profile_duration:g} s")
+        console.print(
+            f"[bold]profile[/]: py-spy on triage (pid {tri.pid}), concurrency {opts.concurrency}, "
+            f"{opts.profile_duration:g} s"
+        )
         t = Target("triage", tri.base + "/v1/chat/completions")
         await t.open(opts.concurrency + 8)
         try:
@@ -246,10 +275,13 @@ async def _profile(opts: Options, fleet: Fleet, procs: dict[str, Proc], probe: a
     return await _profile_cprofile(opts, fleet, procs, probe, console)
 
 
-async def _profile_cprofile(opts: Options, fleet: Fleet, procs: dict[str, Proc], probe: aiohttp.ClientSession,
-                            console: Console) -> dict[str, Any]:
-    console.print(f"[bold]profile[/]: triage under cProfile, concurrency {opts.concurrency}, "
-                  f"{opts.profile_duration:g} s (py-spy not installed)")
+async def _profile_cprofile(
+    opts: Options, fleet: Fleet, procs: dict[str, Proc], probe: aiohttp.ClientSession, console: Console
+) -> dict[str, Any]:
+    console.print(
+        f"[bold]profile[/]: triage under cProfile, concurrency {opts.concurrency}, "
+        f"{opts.profile_duration:g} s (py-spy not installed)"
+    )
     stats = fleet.workdir / "triage.pstats"
     p = fleet.triage("triage-cprofile", procs["direct"], "warning", pre=["-m", "cProfile", "-o", str(stats)])
     await p.wait_ready(probe, READY_S["triage"])

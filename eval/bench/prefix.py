@@ -83,18 +83,27 @@ def run(**kwargs: Any) -> dict[str, Any]:
         raise ValueError(f"engines are {', '.join(ENGINES)}; group_by is one of {', '.join(TOKENS)}")
     console = Console()
     rows = load(opts)
-    console.print(f"[bold]batch[/]: {len(rows)} prompts from {opts.data.name}, "
-                  f"{len({r['group'] for r in rows})} templates, seed {opts.seed}")
-    result: dict[str, Any] = {"machine": machine(), "settings": {**asdict(opts), "data": str(opts.data),
-                                                                  "out": str(opts.out)}}
+    console.print(
+        f"[bold]batch[/]: {len(rows)} prompts from {opts.data.name}, "
+        f"{len({r['group'] for r in rows})} templates, seed {opts.seed}"
+    )
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "settings": {**asdict(opts), "data": str(opts.data), "out": str(opts.out)},
+    }
     sched = scheduler(rows, opts)
     result["scheduler"] = sched.pop("summary")
     tokens, orders = sched["tokens"], sched["orders"]
     n_ctx = -(-(max(map(len, tokens)) + 16) // 256) * 256  # tokens: with the BOS the engines add
-    result["batch"] = {"n": len(rows), "templates": len({r["group"] for r in rows}), "n_ctx": n_ctx,
-                       "prompt_tokens": sum(map(len, tokens)), "max_prompt_tokens": max(map(len, tokens)),
-                       "ideal_reuse": ideal_reuse(tokens),
-                       "predicted_reuse": {o: reuse_in_order([tokens[k] for k in orders[o]]) for o in ORDERS}}
+    result["batch"] = {
+        "n": len(rows),
+        "templates": len({r["group"] for r in rows}),
+        "n_ctx": n_ctx,
+        "prompt_tokens": sum(map(len, tokens)),
+        "max_prompt_tokens": max(map(len, tokens)),
+        "ideal_reuse": ideal_reuse(tokens),
+        "predicted_reuse": {o: reuse_in_order([tokens[k] for k in orders[o]]) for o in ORDERS},
+    }
     result["engines"] = {}
     with tempfile.TemporaryDirectory(prefix="triage-bench-prefix-") as tmp:
         for engine in opts.engines:
@@ -117,7 +126,7 @@ def load(opts: Options) -> list[dict[str, Any]]:
         keep = set(rng.sample(groups, min(opts.templates, len(groups))))
         rows = [r for r in rows if r["group"] in keep]
     rng.shuffle(rows)
-    return rows[:opts.limit]
+    return rows[: opts.limit]
 
 
 def _median_ms(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
@@ -142,27 +151,37 @@ def scheduler(rows: list[dict[str, Any]], opts: Options) -> dict[str, Any]:
     tokenizers: dict[str, Callable[[], list[tuple[int, ...]]]] = {
         "model": lambda: tokens_mod.tokenize_batch(prompts, vocab.tokenize, prefix_cache=False),
         "cached": lambda: tokens_mod.tokenize_batch(prompts, vocab.tokenize, prefix_cache=vocab.splits_at_spaces),
-        "approx": lambda: [approx_tokens(p) for p in prompts]}
+        "approx": lambda: [approx_tokens(p) for p in prompts],
+    }
     n, summary, groupings, lists = len(rows), {}, {}, {}
     for name, tok in tokenizers.items():
         tok_ms, toks = _median_ms(tok, opts.repeats)
         plan_ms, groups = _median_ms(lambda toks=toks: _plan(toks, opts.min_shared), opts.repeats)
         lists[name], groupings[name] = toks, groups
-        summary[name] = {"tokenize_ms_per_req": tok_ms / n, "plan_ms_per_req": plan_ms / n,
-                         "total_ms_per_req": (tok_ms + plan_ms) / n, "groups": len(groups),
-                         "tokens_per_prompt": sum(map(len, toks)) / n, "own_ideal_reuse": ideal_reuse(toks)}
+        summary[name] = {
+            "tokenize_ms_per_req": tok_ms / n,
+            "plan_ms_per_req": plan_ms / n,
+            "total_ms_per_req": (tok_ms + plan_ms) / n,
+            "groups": len(groups),
+            "tokens_per_prompt": sum(map(len, toks)) / n,
+            "own_ideal_reuse": ideal_reuse(toks),
+        }
     for name, groups in groupings.items():  # how good each grouping is, counted in the engines' tokens
         summary[name]["predicted_reuse"] = reuse_in_order([model_tokens[k] for k in flatten(groups)])
         same = sum(a == b for a, b in zip(lists[name], lists["model"], strict=True))
         summary[name]["same_tokens_as_model"] = same / n
-        summary[name]["same_groups_as_model"] = ([g.keys for g in groups] == [g.keys for g in groupings["model"]])
+        summary[name]["same_groups_as_model"] = [g.keys for g in groups] == [g.keys for g in groupings["model"]]
     summary["model"]["tokenizer"] = f"backends.tokens (llama.cpp vocab_only) on {path.name}, each prompt whole"
     summary["cached"]["tokenizer"] = f"backends.tokens.tokenize_batch on {path.name}, shared prefixes once" + (
-        "" if vocab.splits_at_spaces else " (off: the vocabulary does not split at spaces)")
+        "" if vocab.splits_at_spaces else " (off: the vocabulary does not split at spaces)"
+    )
     summary["approx"]["tokenizer"] = "backends.prefix.approx_tokens"
     summary["used"] = opts.group_by
-    orders = {"arrival": list(range(n)), "sorted": sorted(range(n), key=prompts.__getitem__),
-              "grouped": flatten(groupings[opts.group_by])}
+    orders = {
+        "arrival": list(range(n)),
+        "sorted": sorted(range(n), key=prompts.__getitem__),
+        "grouped": flatten(groupings[opts.group_by]),
+    }
     return {"summary": summary, "tokens": model_tokens, "orders": orders}
 
 
@@ -171,17 +190,39 @@ def _plan(tokens: list[tuple[int, ...]], min_shared: int) -> list[Group]:
     return plan(items, min_shared=min_shared)
 
 
-def _server(rows: list[dict[str, Any]], orders: dict[str, list[int]], n_ctx: int, opts: Options, tmp: Path,
-            console: Console) -> dict[str, Any]:
+def _server(
+    rows: list[dict[str, Any]], orders: dict[str, list[int]], n_ctx: int, opts: Options, tmp: Path, console: Console
+) -> dict[str, Any]:
     return asyncio.run(_server_main(rows, orders, n_ctx, opts, tmp, console))
 
 
-async def _server_main(rows: list[dict[str, Any]], orders: dict[str, list[int]], n_ctx: int, opts: Options,
-                       tmp: Path, console: Console) -> dict[str, Any]:
+async def _server_main(
+    rows: list[dict[str, Any]], orders: dict[str, list[int]], n_ctx: int, opts: Options, tmp: Path, console: Console
+) -> dict[str, Any]:
     port, threads = free_port(), str(opts.n_threads)
-    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_path()), "--model_alias", "smollm2",
-            "--host", HOST, "--port", str(port), "--n_threads", threads, "--n_threads_batch", threads,
-            "--n_ctx", str(n_ctx), "--interrupt_requests", "False", "--verbose", "True"]
+    argv = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(smollm2_path()),
+        "--model_alias",
+        "smollm2",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--n_threads",
+        threads,
+        "--n_threads_batch",
+        threads,
+        "--n_ctx",
+        str(n_ctx),
+        "--interrupt_requests",
+        "False",
+        "--verbose",
+        "True",
+    ]
     out: dict[str, Any] = {"argv": argv[1:], "orders": {}}
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as http:
@@ -206,8 +247,9 @@ async def _complete(http: aiohttp.ClientSession, url: str, prompt: str) -> int:
     return int(data["usage"]["prompt_tokens"])
 
 
-async def _server_order(http: aiohttp.ClientSession, proc: Proc, prompts: list[str], concurrency: int
-                        ) -> dict[str, Any]:
+async def _server_order(
+    http: aiohttp.ClientSession, proc: Proc, prompts: list[str], concurrency: int
+) -> dict[str, Any]:
     url = proc.base + "/v1/completions"
     await _complete(http, url, RESET_PROMPT)
     start = proc.log_path.stat().st_size
@@ -221,8 +263,13 @@ async def _server_order(http: aiohttp.ClientSession, proc: Proc, prompts: list[s
     counts = await asyncio.gather(*(one(p) for p in prompts))
     wall = time.perf_counter() - t0
     evaluated, hits = await _parse_log(proc.log_path, start, len(prompts))
-    return {"wall_s": wall, "rps": len(prompts) / wall, "prompt_tokens": sum(counts), "evaluated_tokens": evaluated,
-            "prefix_hits": hits}
+    return {
+        "wall_s": wall,
+        "rps": len(prompts) / wall,
+        "prompt_tokens": sum(counts),
+        "evaluated_tokens": evaluated,
+        "prefix_hits": hits,
+    }
 
 
 async def _parse_log(path: Path, start: int, n: int) -> tuple[int | None, int]:
@@ -238,8 +285,9 @@ async def _parse_log(path: Path, start: int, n: int) -> tuple[int | None, int]:
     return None, len(_PREFIX_HIT.findall(text))  # the log does not say: no number rather than a wrong one
 
 
-def _scorer(rows: list[dict[str, Any]], orders: dict[str, list[int]], n_ctx: int, opts: Options, tmp: Path,
-            console: Console) -> dict[str, Any]:
+def _scorer(
+    rows: list[dict[str, Any]], orders: dict[str, list[int]], n_ctx: int, opts: Options, tmp: Path, console: Console
+) -> dict[str, Any]:
     from backends.logprob import OptionScorer
 
     scorer = OptionScorer(smollm2_path(), n_ctx=n_ctx, n_threads=opts.n_threads)
@@ -255,8 +303,13 @@ def _scorer(rows: list[dict[str, Any]], orders: dict[str, list[int]], n_ctx: int
                 prompt_tokens += s.prompt_tokens
                 reused += s.reused_tokens
             wall = time.perf_counter() - t0
-            out["orders"][name] = {"wall_s": wall, "rps": len(orders[name]) / wall, "prompt_tokens": prompt_tokens,
-                                   "evaluated_tokens": prompt_tokens - reused, "other_cpu_cores": others()}
+            out["orders"][name] = {
+                "wall_s": wall,
+                "rps": len(orders[name]) / wall,
+                "prompt_tokens": prompt_tokens,
+                "evaluated_tokens": prompt_tokens - reused,
+                "other_cpu_cores": others(),
+            }
             console.print(f"  {name}: {wall:.1f} s, {prompt_tokens - reused} tokens evaluated")
     finally:
         scorer.close()
@@ -272,8 +325,9 @@ def _ratios(result: dict[str, Any]) -> None:
             row["reuse"] = None if ev is None else 1 - ev / row["prompt_tokens"]
             row["share_of_ideal"] = None if row["reuse"] is None or ideal <= 0 else row["reuse"] / ideal
             row["rps_x_arrival"] = row["rps"] / base["rps"]
-            row["evaluated_x_arrival"] = (None if ev is None or not base["evaluated_tokens"]
-                                          else ev / base["evaluated_tokens"])
+            row["evaluated_x_arrival"] = (
+                None if ev is None or not base["evaluated_tokens"] else ev / base["evaluated_tokens"]
+            )
 
 
 def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
@@ -281,16 +335,34 @@ def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
     for name, eng in res["engines"].items():
         g = eng["orders"]["grouped"]
         share, speed = g["share_of_ideal"], g["rps_x_arrival"]
-        rows.append({"goal": f"{name}: grouped reuse >= {REUSE_SHARE_MIN:.0%} of the ideal", "value": share,
-                     "unit": "", "pass": None if share is None else share >= REUSE_SHARE_MIN})
-        rows.append({"goal": f"{name}: grouped throughput >= {SPEEDUP_MIN:g}x arrival", "value": speed,
-                     "unit": "x", "pass": speed >= SPEEDUP_MIN})
+        rows.append(
+            {
+                "goal": f"{name}: grouped reuse >= {REUSE_SHARE_MIN:.0%} of the ideal",
+                "value": share,
+                "unit": "",
+                "pass": None if share is None else share >= REUSE_SHARE_MIN,
+            }
+        )
+        rows.append(
+            {
+                "goal": f"{name}: grouped throughput >= {SPEEDUP_MIN:g}x arrival",
+                "value": speed,
+                "unit": "x",
+                "pass": speed >= SPEEDUP_MIN,
+            }
+        )
     used = res["scheduler"]["used"]
     for tok in TOKENS:
         ms = res["scheduler"][tok]["total_ms_per_req"]
         tag = "" if tok == used else "(info) "
-        rows.append({"goal": f"{tag}scheduler ({tok} tokens + plan) <= {SCHEDULER_MAX_MS} ms/request", "value": ms,
-                     "unit": "ms", "pass": None if tag else ms <= SCHEDULER_MAX_MS})
+        rows.append(
+            {
+                "goal": f"{tag}scheduler ({tok} tokens + plan) <= {SCHEDULER_MAX_MS} ms/request",
+                "value": ms,
+                "unit": "ms",
+                "pass": None if tag else ms <= SCHEDULER_MAX_MS,
+            }
+        )
     return rows
 
 
@@ -300,19 +372,38 @@ def _f(x: float | None, fmt: str) -> str:
 
 def _scheduler_table(res: dict[str, Any]) -> Table:
     s, n = res["scheduler"], res["batch"]["n"]
-    t = Table(title=f"Scheduler cost ({n} prompts, median of {res['settings']['repeats']} runs; "
-                    f"GROUPED uses {s['used']} tokens)", title_justify="left")
-    for col in ("tokens", "per prompt", "tokenize ms/req", "plan ms/req", "total ms/req", "groups",
-                "reuse / ideal", "tokens = whole", "groups = whole"):
+    t = Table(
+        title=f"Scheduler cost ({n} prompts, median of {res['settings']['repeats']} runs; "
+        f"GROUPED uses {s['used']} tokens)",
+        title_justify="left",
+    )
+    for col in (
+        "tokens",
+        "per prompt",
+        "tokenize ms/req",
+        "plan ms/req",
+        "total ms/req",
+        "groups",
+        "reuse / ideal",
+        "tokens = whole",
+        "groups = whole",
+    ):
         t.add_column(col, justify="left" if col == "tokens" else "right")
     ideal = res["batch"]["ideal_reuse"]
     labels = {"model": "SmolLM2, whole", "cached": "SmolLM2, cached", "approx": "approx_tokens"}
     for name in TOKENS:
         r = s[name]
-        t.add_row(labels[name], f"{r['tokens_per_prompt']:.0f}", f"{r['tokenize_ms_per_req']:.4f}",
-                  f"{r['plan_ms_per_req']:.4f}", f"{r['total_ms_per_req']:.4f}", str(r["groups"]),
-                  _f(r["predicted_reuse"] / ideal if ideal else None, ".2%"), f"{r['same_tokens_as_model']:.1%}",
-                  "yes" if r["same_groups_as_model"] else "no")
+        t.add_row(
+            labels[name],
+            f"{r['tokens_per_prompt']:.0f}",
+            f"{r['tokenize_ms_per_req']:.4f}",
+            f"{r['plan_ms_per_req']:.4f}",
+            f"{r['total_ms_per_req']:.4f}",
+            str(r["groups"]),
+            _f(r["predicted_reuse"] / ideal if ideal else None, ".2%"),
+            f"{r['same_tokens_as_model']:.1%}",
+            "yes" if r["same_groups_as_model"] else "no",
+        )
     return t
 
 
@@ -320,28 +411,52 @@ def _orders_table(res: dict[str, Any], name: str) -> Table:
     eng, b = res["engines"][name], res["batch"]
     what = "llama.cpp server, /v1/completions max_tokens=1" if name == "server" else "in-process OptionScorer"
     t = Table(title=f"{name}: {what} (ideal reuse {b['ideal_reuse']:.1%})", title_justify="left")
-    for col in ("order", "wall s", "req/s", "x arrival", "prompt tok", "evaluated", "eval x arrival",
-                "predicted reuse", "reuse", "of ideal", "other cores"):
+    for col in (
+        "order",
+        "wall s",
+        "req/s",
+        "x arrival",
+        "prompt tok",
+        "evaluated",
+        "eval x arrival",
+        "predicted reuse",
+        "reuse",
+        "of ideal",
+        "other cores",
+    ):
         t.add_column(col, justify="left" if col == "order" else "right")
     for order, r in eng["orders"].items():
-        t.add_row(order, f"{r['wall_s']:.1f}", f"{r['rps']:.2f}", f"{r['rps_x_arrival']:.2f}",
-                  f"{r['prompt_tokens']:,}", _f(r["evaluated_tokens"], ","), _f(r["evaluated_x_arrival"], ".3f"),
-                  f"{b['predicted_reuse'][order]:.1%}", _f(r["reuse"], ".1%"), _f(r["share_of_ideal"], ".1%"),
-                  f"{r['other_cpu_cores']:.2f}")
+        t.add_row(
+            order,
+            f"{r['wall_s']:.1f}",
+            f"{r['rps']:.2f}",
+            f"{r['rps_x_arrival']:.2f}",
+            f"{r['prompt_tokens']:,}",
+            _f(r["evaluated_tokens"], ","),
+            _f(r["evaluated_x_arrival"], ".3f"),
+            f"{b['predicted_reuse'][order]:.1%}",
+            _f(r["reuse"], ".1%"),
+            _f(r["share_of_ideal"], ".1%"),
+            f"{r['other_cpu_cores']:.2f}",
+        )
     return t
 
 
 def render(console: Console, res: dict[str, Any]) -> None:
     m, b = res["machine"], res["batch"]
     console.print()
-    console.print(f"[bold]triage bench prefix[/]  {m['date']}  {m['platform']}  {m['nproc']} CPUs, load average "
-                  f"before the run {m['load_avg'][0]}; {b['n']} prompts, {b['templates']} templates, "
-                  f"{b['prompt_tokens']:,} prompt tokens (longest {b['max_prompt_tokens']}), n_ctx {b['n_ctx']}, "
-                  f"{res['settings']['n_threads']} engine thread(s)")
-    console.print("[yellow]note:[/] every request has max_tokens=1, so every decode is alike and decode_ratio "
-                  "ordering reduces to smaller prompt work first; 'predicted reuse' is a one-slot cache's reuse "
-                  "of that order, counted on SmolLM2 tokens; 'other cores': CPU used by processes outside the "
-                  "bench while the order ran.")
+    console.print(
+        f"[bold]triage bench prefix[/]  {m['date']}  {m['platform']}  {m['nproc']} CPUs, load average "
+        f"before the run {m['load_avg'][0]}; {b['n']} prompts, {b['templates']} templates, "
+        f"{b['prompt_tokens']:,} prompt tokens (longest {b['max_prompt_tokens']}), n_ctx {b['n_ctx']}, "
+        f"{res['settings']['n_threads']} engine thread(s)"
+    )
+    console.print(
+        "[yellow]note:[/] every request has max_tokens=1, so every decode is alike and decode_ratio "
+        "ordering reduces to smaller prompt work first; 'predicted reuse' is a one-slot cache's reuse "
+        "of that order, counted on SmolLM2 tokens; 'other cores': CPU used by processes outside the "
+        "bench while the order ran."
+    )
     console.print(_scheduler_table(res))
     for name in res["engines"]:
         console.print(_orders_table(res, name))

@@ -23,8 +23,18 @@ import aiohttp
 
 HOST = "127.0.0.1"
 # proxies and network fetches off for every child: all traffic stays on loopback
-_SCRUB = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy",
-          "DATABASE_URL", "DIRECT_URL", "REDIS_URL", "REDIS_HOST")
+_SCRUB = (
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+    "DATABASE_URL",
+    "DIRECT_URL",
+    "REDIS_URL",
+    "REDIS_HOST",
+)
 LITELLM_ENV = {
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # the bundled cost map, no fetch from GitHub
     "LITELLM_TELEMETRY_DISABLED": "true",
@@ -50,8 +60,7 @@ def free_port() -> int:
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
-    env.update(NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost", HF_HUB_OFFLINE="1",
-               PYTHONUNBUFFERED="1")
+    env.update(NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
     env.update(extra or {})
     return env
 
@@ -78,8 +87,15 @@ class Proc:
 
     def start(self) -> None:
         with self.log_path.open("wb") as log:
-            self.popen = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env=self.env, cwd=self.cwd, start_new_session=True)
+            self.popen = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
 
     def log_tail(self, lines: int = 15) -> str:
         try:
@@ -146,30 +162,71 @@ class Fleet:
 
     def upstream(self) -> Proc:
         port = free_port()
-        return self.add(Proc("upstream", [sys.executable, "-m", "eval.bench.upstream", "--port", str(port)],
-                             port, "/v1/models", self.workdir / "upstream.log"))
+        return self.add(
+            Proc(
+                "upstream",
+                [sys.executable, "-m", "eval.bench.upstream", "--port", str(port)],
+                port,
+                "/v1/models",
+                self.workdir / "upstream.log",
+            )
+        )
 
     def triage(self, name: str, upstream: Proc, level: str, pre: list[str] | None = None) -> Proc:
         """``pre``: interpreter arguments before ``-m gateway.cli`` (a profiler, say)."""
         port = free_port()
         policy = self.workdir / f"{name}.yaml"
         policy.write_text(triage_policy(upstream.base + "/v1", level))
-        argv = [sys.executable, *(pre or []), "-m", "gateway.cli", "serve", "--policy", str(policy),
-                "--host", HOST, "--port", str(port), "--no-watch"]
+        argv = [
+            sys.executable,
+            *(pre or []),
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--policy",
+            str(policy),
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--no-watch",
+        ]
         return self.add(Proc(name, argv, port, "/v1/models", self.workdir / f"{name}.log"))
 
     def litellm(self, upstream: Proc) -> Proc:
         exe = Path(sys.executable).with_name("litellm")
         if not exe.exists():
-            raise StartFailed(f"the LiteLLM proxy is not installed ({exe} is missing): "
-                              "pip install -e '.[bench]' (make bench-overhead does)")
+            raise StartFailed(
+                f"the LiteLLM proxy is not installed ({exe} is missing): "
+                "pip install -e '.[bench]' (make bench-overhead does)"
+            )
         port = free_port()
         cfg = self.workdir / "litellm.yaml"
         cfg.write_text(litellm_config(upstream.base + "/v1"))
-        argv = [str(exe), "--config", str(cfg), "--host", HOST, "--port", str(port), "--num_workers", "1",
-                "--telemetry", "False"]
-        return self.add(Proc("litellm", argv, port, "/health/liveliness", self.workdir / "litellm.log",
-                             env=child_env(LITELLM_ENV), cwd=self.workdir))
+        argv = [
+            str(exe),
+            "--config",
+            str(cfg),
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--num_workers",
+            "1",
+            "--telemetry",
+            "False",
+        ]
+        return self.add(
+            Proc(
+                "litellm",
+                argv,
+                port,
+                "/health/liveliness",
+                self.workdir / "litellm.log",
+                env=child_env(LITELLM_ENV),
+                cwd=self.workdir,
+            )
+        )
 
 
 def triage_policy(api_base: str, level: str) -> str:

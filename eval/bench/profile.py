@@ -20,15 +20,31 @@ from typing import Any
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>.*?)(?::(?P<line>\d+))?\)$")
 _SKIP = ("<module>",)  # import-time frames say nothing about request handling
 # frames under which everything runs: left out of the cumulative table (own time still counts)
-_ROOTS = {"asyncio_run", "Server.run", "Server.serve", "Server._serve", "Server.main_loop", "Runner.run",
-          "run", "main", "serve", "run_until_complete", "run_forever", "_run_once", "Handle._run", "_run_code",
-          "_run_module_as_main"}
+_ROOTS = {
+    "asyncio_run",
+    "Server.run",
+    "Server.serve",
+    "Server._serve",
+    "Server.main_loop",
+    "Runner.run",
+    "run",
+    "main",
+    "serve",
+    "run_until_complete",
+    "run_forever",
+    "_run_once",
+    "Handle._run",
+    "_run_code",
+    "_run_module_as_main",
+}
 _ROOT_PACKAGES = ("typer", "click", "<frozen runpy>")
 # leaves where a thread waits for work: a thread pool's idle workers, sampled in blocking mode
 _IDLE_LEAVES = {("_worker", "thread.py"), ("wait", "threading.py"), ("get", "queue.py")}
 # a frame's own time that is really native code below it (py-spy samples Python frames only)
-NATIVE = {"Runner.run": "the event loop itself: uvloop's C code (epoll, callbacks, socket I/O)",
-          "StreamWriter._writelines": "aiohttp sending the upstream request (mostly the send syscall)"}
+NATIVE = {
+    "Runner.run": "the event loop itself: uvloop's C code (epoll, callbacks, socket I/O)",
+    "StreamWriter._writelines": "aiohttp sending the upstream request (mostly the send syscall)",
+}
 
 
 def pyspy() -> Path | None:
@@ -50,8 +66,14 @@ class Profile:
         def rows(xs: list[tuple[str, float]]) -> list[dict[str, Any]]:
             return [{"name": n, "share": round(s, 4)} for n, s in xs]
 
-        return {"tool": self.tool, "samples": self.samples, "note": self.note, "own": rows(self.own),
-                "cumulative": rows(self.cumulative), "packages": rows(self.packages)}
+        return {
+            "tool": self.tool,
+            "samples": self.samples,
+            "note": self.note,
+            "own": rows(self.own),
+            "cumulative": rows(self.cumulative),
+            "packages": rows(self.packages),
+        }
 
 
 def package_of(path: str) -> str:
@@ -79,10 +101,23 @@ async def record_pyspy(exe: Path, pid: int, duration_s: float, out: Path, rate: 
     Blocking mode (the process pauses for each sample, which slows it: the caller reports the
     req/s under the profiler): non-blocking reads of a busy process give torn stacks. Native
     frames too, so that the garbage collector's time shows (py-spy has no other view of it)."""
-    argv = [str(exe), "record", "--pid", str(pid), "--duration", str(max(1, round(duration_s))),
-            "--rate", str(rate), "--format", "raw", "--full-filenames", "--native", "--output", str(out)]
-    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT)
+    argv = [
+        str(exe),
+        "record",
+        "--pid",
+        str(pid),
+        "--duration",
+        str(max(1, round(duration_s))),
+        "--rate",
+        str(rate),
+        "--format",
+        "raw",
+        "--full-filenames",
+        "--native",
+        "--output",
+        str(out),
+    ]
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:
         text, _ = await asyncio.wait_for(proc.communicate(), timeout=duration_s + 60)
     finally:
@@ -127,8 +162,14 @@ def parse_collapsed(text: str, tool: str, top: int = 40) -> Profile:
         for m, lab in {(m["func"], lab) for m, lab in zip(frames, labels, strict=True)}:
             if m not in _ROOTS and not lab.split("(", 1)[-1].startswith(_ROOT_PACKAGES):
                 cum[lab] += n
-    return Profile(tool, total, _shares(own, total, top), _shares(cum, total, 400), _shares(pkgs, total, top),
-                   note=f"{idle} samples without a running Python frame (idle threads) left out" if idle else "")
+    return Profile(
+        tool,
+        total,
+        _shares(own, total, top),
+        _shares(cum, total, 400),
+        _shares(pkgs, total, top),
+        note=f"{idle} samples without a running Python frame (idle threads) left out" if idle else "",
+    )
 
 
 def _shares(c: Counter[str], total: float, top: int) -> list[tuple[str, float]]:
@@ -151,5 +192,11 @@ def parse_pstats(path: Path, top: int = 40) -> Profile:
             cum[lab] = max(cum[lab], ct)
         pkgs[package_of(file)] += tt
     total = sum(own.values())
-    return Profile("cProfile", len(raw), _shares(own, total, top), _shares(cum, total, 400), _shares(pkgs, total, top),
-                   note="cProfile: deterministic, includes start-up; shares are of total own time")
+    return Profile(
+        "cProfile",
+        len(raw),
+        _shares(own, total, top),
+        _shares(cum, total, 400),
+        _shares(pkgs, total, top),
+        note="cProfile: deterministic, includes start-up; shares are of total own time",
+    )

@@ -39,19 +39,39 @@ def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
     lit_best = (best.get("litellm") or {}).get("rps")
     no_litellm = "litellm" not in lat
     rows = [
-        {"goal": "triage added p50 <= 1 ms", "value": tri_added, "unit": "ms",
-         "pass": tri_added is not None and tri_added <= ADDED_P50_MAX_MS},
-        {"goal": "triage added p50 <= 0.3x LiteLLM's", "value": _ratio(tri_added, lit_added), "unit": "x",
-         "pass": None if no_litellm else (r := _ratio(tri_added, lit_added)) is not None and r <= ADDED_P50_MAX_RATIO},
-        {"goal": "triage throughput (best, p99 under limit) >= 3x LiteLLM's", "value": _ratio(tri_best, lit_best),
-         "unit": "x", "pass": None if no_litellm else (r := _ratio(tri_best, lit_best)) is not None
-         and r >= THROUGHPUT_MIN_RATIO},
+        {
+            "goal": "triage added p50 <= 1 ms",
+            "value": tri_added,
+            "unit": "ms",
+            "pass": tri_added is not None and tri_added <= ADDED_P50_MAX_MS,
+        },
+        {
+            "goal": "triage added p50 <= 0.3x LiteLLM's",
+            "value": _ratio(tri_added, lit_added),
+            "unit": "x",
+            "pass": None
+            if no_litellm
+            else (r := _ratio(tri_added, lit_added)) is not None and r <= ADDED_P50_MAX_RATIO,
+        },
+        {
+            "goal": "triage throughput (best, p99 under limit) >= 3x LiteLLM's",
+            "value": _ratio(tri_best, lit_best),
+            "unit": "x",
+            "pass": None if no_litellm else (r := _ratio(tri_best, lit_best)) is not None and r >= THROUGHPUT_MIN_RATIO,
+        },
     ]
     fixed_ratio = _ratio(fixed.get("triage", {}).get("rps"), fixed.get("litellm", {}).get("rps"))
-    rows.append({"goal": "(info) triage / LiteLLM throughput at the fixed concurrency", "value": fixed_ratio,
-                 "unit": "x", "pass": None})
-    cpu = _ratio(fixed.get("litellm", {}).get("gateway_cpu_ms_per_req"),
-                 fixed.get("triage", {}).get("gateway_cpu_ms_per_req"))
+    rows.append(
+        {
+            "goal": "(info) triage / LiteLLM throughput at the fixed concurrency",
+            "value": fixed_ratio,
+            "unit": "x",
+            "pass": None,
+        }
+    )
+    cpu = _ratio(
+        fixed.get("litellm", {}).get("gateway_cpu_ms_per_req"), fixed.get("triage", {}).get("gateway_cpu_ms_per_req")
+    )
     rows.append({"goal": "(info) LiteLLM / triage gateway CPU per request", "value": cpu, "unit": "x", "pass": None})
     return rows
 
@@ -65,16 +85,26 @@ def _latency_table(res: dict[str, Any]) -> Table:
     for col in ("target", "n", "p50", "p90", "p99", "added p50", "added p99", "errors"):
         t.add_column(col, justify="left" if col == "target" else "right", no_wrap=col == "target")
     for name, s in res["latency"].items():
-        t.add_row(name, str(s["n"]), _ms(s["p50_ms"]), _ms(s["p90_ms"]), _ms(s["p99_ms"]),
-                  "-" if name == "direct" else _ms(s["added_p50_ms"]),
-                  "-" if name == "direct" else _ms(s["added_p99_ms"]), str(s["errors"]))
+        t.add_row(
+            name,
+            str(s["n"]),
+            _ms(s["p50_ms"]),
+            _ms(s["p90_ms"]),
+            _ms(s["p99_ms"]),
+            "-" if name == "direct" else _ms(s["added_p50_ms"]),
+            "-" if name == "direct" else _ms(s["added_p99_ms"]),
+            str(s["errors"]),
+        )
     return t
 
 
 def _sweep_table(res: dict[str, Any]) -> Table:
     limit = res["settings"]["p99_limit_ms"]
-    t = Table(title=f"Throughput sweep (req/s | p99 ms; {res['settings']['sweep_duration']:g} s per cell; "
-                    f"red: p99 over {limit:g} ms, the target leaves the sweep)", title_justify="left")
+    t = Table(
+        title=f"Throughput sweep (req/s | p99 ms; {res['settings']['sweep_duration']:g} s per cell; "
+        f"red: p99 over {limit:g} ms, the target leaves the sweep)",
+        title_justify="left",
+    )
     t.add_column("concurrency", justify="right")
     names = list(res["sweep"])
     for name in names:
@@ -91,23 +121,44 @@ def _sweep_table(res: dict[str, Any]) -> Table:
             cells.append(f"[red]{cell}[/]" if r["p99_ms"] > limit or r["errors"] else cell)
         t.add_row(str(c), *cells)
     best = [res["best"].get(n) for n in names]
-    t.add_row(f"[bold]best, p99 < {limit:g}[/]",
-              *(f"[bold]{b['rps']:.0f}[/] at c={b['concurrency']}" if b else "none" for b in best))
+    t.add_row(
+        f"[bold]best, p99 < {limit:g}[/]",
+        *(f"[bold]{b['rps']:.0f}[/] at c={b['concurrency']}" if b else "none" for b in best),
+    )
     return t
 
 
 def _fixed_table(res: dict[str, Any]) -> Table:
     c = res["settings"]["concurrency"]
-    t = Table(title=f"Fixed concurrency {c}, {res['settings']['duration']:g} s "
-                    "(CPU ms per request, measured from /proc)", title_justify="left")
-    for col in ("target", "req/s", "p50", "p99", "gateway CPU", "req/s per gateway core", "upstream CPU",
-                "client CPU", "errors"):
+    t = Table(
+        title=f"Fixed concurrency {c}, {res['settings']['duration']:g} s (CPU ms per request, measured from /proc)",
+        title_justify="left",
+    )
+    for col in (
+        "target",
+        "req/s",
+        "p50",
+        "p99",
+        "gateway CPU",
+        "req/s per gateway core",
+        "upstream CPU",
+        "client CPU",
+        "errors",
+    ):
         t.add_column(col, justify="left" if col == "target" else "right", no_wrap=col == "target")
     for name, s in res["fixed"].items():
         gw = s.get("gateway_cpu_ms_per_req")
-        t.add_row(name, f"{s['rps']:.0f}", _ms(s["p50_ms"]), _ms(s["p99_ms"]), _ms(gw),
-                  f"{1000 / gw:.0f}" if gw else "-", _ms(s.get("upstream_cpu_ms_per_req")),
-                  _ms(s.get("client_cpu_ms_per_req")), str(s["errors"]))
+        t.add_row(
+            name,
+            f"{s['rps']:.0f}",
+            _ms(s["p50_ms"]),
+            _ms(s["p99_ms"]),
+            _ms(gw),
+            f"{1000 / gw:.0f}" if gw else "-",
+            _ms(s.get("upstream_cpu_ms_per_req")),
+            _ms(s.get("client_cpu_ms_per_req")),
+            str(s["errors"]),
+        )
     return t
 
 
@@ -134,10 +185,16 @@ def _profile_tables(p: dict[str, Any]) -> list[Table]:
         t.add_row(p["error"])
         return [t]
     out = []
-    views = (("packages", "own time by package", 12, lambda n: True),
-             ("own", "top functions by own time", 20, lambda n: True),
-             ("cumulative", "triage's functions by cumulative time (run_asgi: all request handling)", 20,
-              lambda n: "(triage:" in n or n.startswith("RequestResponseCycle.run_asgi ")))
+    views = (
+        ("packages", "own time by package", 12, lambda n: True),
+        ("own", "top functions by own time", 20, lambda n: True),
+        (
+            "cumulative",
+            "triage's functions by cumulative time (run_asgi: all request handling)",
+            20,
+            lambda n: "(triage:" in n or n.startswith("RequestResponseCycle.run_asgi "),
+        ),
+    )
     for key, title, top, keep in views:
         unit = "samples" if p["tool"] == "py-spy" else "functions"
         t = Table(title=f"Profile of triage ({p['tool']}, {p['samples']} {unit}): {title}", title_justify="left")
@@ -154,20 +211,30 @@ def _profile_tables(p: dict[str, Any]) -> list[Table]:
 def render(console: Console, res: dict[str, Any]) -> None:
     m = res["machine"]
     console.print()
-    console.print(f"[bold]triage bench overhead[/]  {m['date']}  {m['platform']}  Python {m['python']}  "
-                  f"{m['nproc']} CPUs (affinity {m['affinity']}), load average before the run {m['load_avg'][0]}")
+    console.print(
+        f"[bold]triage bench overhead[/]  {m['date']}  {m['platform']}  Python {m['python']}  "
+        f"{m['nproc']} CPUs (affinity {m['affinity']}), load average before the run {m['load_avg'][0]}"
+    )
     if "other_cpu_cores" in m:
-        console.print(f"other processes on this machine used {m['other_cpu_cores']} cores on average "
-                      "while the bench measured" + (" [red](noisy run)[/]" if m["other_cpu_cores"] > 0.2 else ""))
+        console.print(
+            f"other processes on this machine used {m['other_cpu_cores']} cores on average "
+            "while the bench measured" + (" [red](noisy run)[/]" if m["other_cpu_cores"] > 0.2 else "")
+        )
     console.print("versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()))
-    console.print(f"[yellow]note:[/] the load generator (aiohttp, this process) shares the {m['nproc']} CPUs with "
-                  "the upstream and the gateway under test, and the idle servers stay up; absolute req/s are "
-                  "bounded by that, compare rows, not machines. Gateway CPU ms/request does not depend on it.")
+    console.print(
+        f"[yellow]note:[/] the load generator (aiohttp, this process) shares the {m['nproc']} CPUs with "
+        "the upstream and the gateway under test, and the idle servers stay up; absolute req/s are "
+        "bounded by that, compare rows, not machines. Gateway CPU ms/request does not depend on it."
+    )
     for name, t in res["targets"].items():
         if t["status"] != "ok":
             console.print(f"[red]{name} not measured:[/] {t['reason']}")
-    for table in (_latency_table(res), _sweep_table(res), _fixed_table(res),
-                  goals_table(res["goals"], "Goals (from the issue)", "n/a (no LiteLLM)")):
+    for table in (
+        _latency_table(res),
+        _sweep_table(res),
+        _fixed_table(res),
+        goals_table(res["goals"], "Goals (from the issue)", "n/a (no LiteLLM)"),
+    ):
         console.print(table)
     if "profile" in res:
         for table in _profile_tables(res["profile"]):

@@ -22,40 +22,65 @@ _REPLY = "Hello from the bench upstream."
 
 
 def _response(status: bytes, content_type: bytes, body: bytes) -> bytes:
-    head = (b"HTTP/1.1 " + status + b"\r\ncontent-type: " + content_type
-            + b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n")
+    head = (
+        b"HTTP/1.1 "
+        + status
+        + b"\r\ncontent-type: "
+        + content_type
+        + b"\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+    )
     return head + body
 
 
 def _completion() -> bytes:
-    return orjson.dumps({
-        "id": "chatcmpl-bench", "object": "chat.completion", "created": 1700000000, "model": MODEL,
-        "choices": [{"index": 0, "finish_reason": "stop",
-                     "message": {"role": "assistant", "content": _REPLY}}],
-        "usage": {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19},
-    })
+    return orjson.dumps(
+        {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion",
+            "created": 1700000000,
+            "model": MODEL,
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": _REPLY}}],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19},
+        }
+    )
 
 
 def _sse() -> bytes:
     base = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1700000000, "model": MODEL}
     chunks = [
         {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
-        *({**base, "choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}]}
-          for w in _REPLY.split(" ")),
-        {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
-         "usage": {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19}},
+        *(
+            {**base, "choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}]}
+            for w in _REPLY.split(" ")
+        ),
+        {
+            **base,
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19},
+        },
     ]
     return b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
 
 
 CHAT = _response(b"200 OK", b"application/json", _completion())
 STREAM = _response(b"200 OK", b"text/event-stream", _sse())
-MODELS = _response(b"200 OK", b"application/json", orjson.dumps(
-    {"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "bench"}]}))
-NOT_FOUND = _response(b"404 Not Found", b"application/json",
-                      orjson.dumps({"error": {"message": "not found", "type": "invalid_request_error"}}))
-BAD = _response(b"400 Bad Request", b"application/json",
-                orjson.dumps({"error": {"message": "body is not JSON", "type": "invalid_request_error"}}))
+MODELS = _response(
+    b"200 OK",
+    b"application/json",
+    orjson.dumps({"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "bench"}]}),
+)
+NOT_FOUND = _response(
+    b"404 Not Found",
+    b"application/json",
+    orjson.dumps({"error": {"message": "not found", "type": "invalid_request_error"}}),
+)
+BAD = _response(
+    b"400 Bad Request",
+    b"application/json",
+    orjson.dumps({"error": {"message": "body is not JSON", "type": "invalid_request_error"}}),
+)
 
 
 def _answer(method: bytes, path: bytes, body: bytes) -> bytes:

@@ -29,10 +29,21 @@ def overhead(
     """Added latency and throughput: direct vs triage vs LiteLLM proxy, one fast upstream."""
     from eval.bench.overhead import run
 
-    run(requests=requests, concurrency=concurrency, duration=duration, with_litellm=litellm,
-        with_logging_row=logging_row, sweep_duration=sweep_duration, max_concurrency=max_concurrency,
-        rounds=rounds, warmup=warmup, p99_limit_ms=p99_limit_ms, profile=profile,
-        profile_duration=profile_duration, out=out)
+    run(
+        requests=requests,
+        concurrency=concurrency,
+        duration=duration,
+        with_litellm=litellm,
+        with_logging_row=logging_row,
+        sweep_duration=sweep_duration,
+        max_concurrency=max_concurrency,
+        rounds=rounds,
+        warmup=warmup,
+        p99_limit_ms=p99_limit_ms,
+        profile=profile,
+        profile_duration=profile_duration,
+        out=out,
+    )
 
 
 @app.command("encoder")
@@ -46,16 +57,27 @@ def encoder(
     throughput_tokens: Annotated[int, typer.Option(help="Prompt length of the decisions/s run.")] = 32,
     throughput_seconds: Annotated[float, typer.Option(help="Seconds per decisions/s cell.")] = 4.0,
     torch_baseline: Annotated[bool, typer.Option(help="Include sentence-transformers/PyTorch.")] = True,
-    layers: Annotated[list[int] | None, typer.Option(help="Also int8 keeping only the first N layers "
-                                                          "(repeatable).")] = None,
+    layers: Annotated[
+        list[int] | None, typer.Option(help="Also int8 keeping only the first N layers (repeatable).")
+    ] = None,
     out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-encoder.json"),
 ) -> None:
     """Encoder latency and decisions/s: ONNX int8 and fp32 against sentence-transformers, in one run."""
     from eval.bench.encoder import run
 
-    run(rounds=rounds, single_per_round=single_per_round, batched_per_round=batched_per_round,
-        concurrency=concurrency, max_batch=max_batch, max_wait_ms=max_wait_ms, throughput_tokens=throughput_tokens,
-        throughput_seconds=throughput_seconds, torch_baseline=torch_baseline, layers=tuple(layers or ()), out=out)
+    run(
+        rounds=rounds,
+        single_per_round=single_per_round,
+        batched_per_round=batched_per_round,
+        concurrency=concurrency,
+        max_batch=max_batch,
+        max_wait_ms=max_wait_ms,
+        throughput_tokens=throughput_tokens,
+        throughput_seconds=throughput_seconds,
+        torch_baseline=torch_baseline,
+        layers=tuple(layers or ()),
+        out=out,
+    )
 
 
 @app.command("guard")
@@ -74,27 +96,46 @@ def guard(
 @app.command("prefix")
 def prefix(
     data: Annotated[Path | None, typer.Option(help="JSONL.gz of prompts (default: BBH few-shot direct).")] = None,
-    limit: Annotated[int, typer.Option(help="Prompts in the batch (after the seeded shuffle); 60 takes ~16 min "
-                                            "on two cores, 300 about an hour.")] = 60,
+    limit: Annotated[
+        int,
+        typer.Option(
+            help="Prompts in the batch (after the seeded shuffle); 60 takes ~16 min on two cores, 300 about an hour."
+        ),
+    ] = 60,
     templates: Annotated[int, typer.Option(help="Only rows of this many templates (0: all).")] = 6,
     seed: Annotated[int, typer.Option(help="Seed of the shuffle (the arrival order).")] = 0,
     min_shared: Annotated[int, typer.Option(help="Tokens a group's members share at least.")] = 16,
-    engine: Annotated[list[str] | None, typer.Option(help="server and/or scorer (default: both); none: the "
-                                                          "scheduler's cost alone.")] = None,
+    engine: Annotated[
+        list[str] | None, typer.Option(help="server and/or scorer (default: both); none: the scheduler's cost alone.")
+    ] = None,
     n_threads: Annotated[int, typer.Option(help="llama.cpp threads of each engine.")] = 1,
     concurrency: Annotated[int, typer.Option(help="Requests in flight to the server.")] = 1,
-    group_by: Annotated[str, typer.Option(help="Tokens the grouping uses: model (SmolLM2's, each prompt whole), "
-                                               "cached (the same, shared prefixes once) or approx.")] = "model",
+    group_by: Annotated[
+        str,
+        typer.Option(
+            help="Tokens the grouping uses: model (SmolLM2's, each prompt whole), "
+            "cached (the same, shared prefixes once) or approx."
+        ),
+    ] = "model",
     repeats: Annotated[int, typer.Option(help="Runs of the scheduler timing (median).")] = 5,
     out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-prefix.json"),
 ) -> None:
     """Prefix-sorted dispatch: arrival vs sorted vs grouped order, llama.cpp server and local scorer."""
     from eval.bench.prefix import DATA, ENGINES, run
 
-    run(data=data or DATA, limit=limit, templates=templates, seed=seed, min_shared=min_shared,
-        engines=() if engine == ["none"] else tuple(engine or ENGINES), n_threads=n_threads,
-        concurrency=concurrency, group_by=group_by,
-        repeats=repeats, out=out)
+    run(
+        data=data or DATA,
+        limit=limit,
+        templates=templates,
+        seed=seed,
+        min_shared=min_shared,
+        engines=() if engine == ["none"] else tuple(engine or ENGINES),
+        n_threads=n_threads,
+        concurrency=concurrency,
+        group_by=group_by,
+        repeats=repeats,
+        out=out,
+    )
 
 
 @app.command("order")
@@ -103,8 +144,9 @@ def order(
     limit: Annotated[int, typer.Option(help="Requests in the batch (after the seeded shuffle).")] = 40,
     templates: Annotated[int, typer.Option(help="Only rows of this many templates (0: all).")] = 4,
     seed: Annotated[int, typer.Option(help="Seed of the shuffle and of the max_tokens draw.")] = 0,
-    decode: Annotated[list[int] | None, typer.Option(help="max_tokens values drawn per request (repeat; default "
-                                                          "1 and 48).")] = None,
+    decode: Annotated[
+        list[int] | None, typer.Option(help="max_tokens values drawn per request (repeat; default 1 and 48).")
+    ] = None,
     concurrency: Annotated[int, typer.Option(help="batches.concurrency.")] = 2,
     n_threads: Annotated[int, typer.Option(help="llama.cpp threads of each server.")] = 1,
     rounds: Annotated[int, typer.Option(help="Rounds of both orders, each on fresh servers.")] = 2,
@@ -114,26 +156,40 @@ def order(
     from eval.bench.order import run
     from eval.bench.prefix import DATA
 
-    run(data=data or DATA, limit=limit, templates=templates, seed=seed, decode=tuple(decode or (1, 48)),
-        concurrency=concurrency, n_threads=n_threads, rounds=rounds, out=out)
+    run(
+        data=data or DATA,
+        limit=limit,
+        templates=templates,
+        seed=seed,
+        decode=tuple(decode or (1, 48)),
+        concurrency=concurrency,
+        n_threads=n_threads,
+        rounds=rounds,
+        out=out,
+    )
 
 
 @app.command("affinity")
 def affinity(
     data: Annotated[Path | None, typer.Option(help="JSONL.gz of prompts (default: BBH few-shot direct).")] = None,
-    limit: Annotated[int, typer.Option(help="Prompts sent (after the seeded shuffle); 48 in 3 rounds take about "
-                                            "12 min on two cores.")] = 48,
+    limit: Annotated[
+        int,
+        typer.Option(help="Prompts sent (after the seeded shuffle); 48 in 3 rounds take about 12 min on two cores."),
+    ] = 48,
     templates: Annotated[int, typer.Option(help="Only rows of this many templates (0: all).")] = 4,
     seed: Annotated[int, typer.Option(help="Seed of the shuffle (the arrival order).")] = 0,
     concurrency: Annotated[int, typer.Option(help="Requests in flight through the gateway.")] = 2,
     chars: Annotated[int, typer.Option(help="prefix_affinity_chars of the affinity run.")] = 200,
-    admission: Annotated[str, typer.Option(help="The admission run's settings, a YAML flow mapping.")
-                         ] = "slots: 1, max_skips: 8, window_ms: 0",
-    mode: Annotated[list[str] | None, typer.Option(help="Modes to run (repeat; default all): round_robin, "
-                                                        "affinity, admission.")] = None,
+    admission: Annotated[
+        str, typer.Option(help="The admission run's settings, a YAML flow mapping.")
+    ] = "slots: 1, max_skips: 8, window_ms: 0",
+    mode: Annotated[
+        list[str] | None, typer.Option(help="Modes to run (repeat; default all): round_robin, affinity, admission.")
+    ] = None,
     n_threads: Annotated[int, typer.Option(help="llama.cpp threads of each server.")] = 1,
-    rounds: Annotated[int, typer.Option(help="Rounds of every mode, each on fresh servers (a new affinity split).")
-                      ] = 3,
+    rounds: Annotated[
+        int, typer.Option(help="Rounds of every mode, each on fresh servers (a new affinity split).")
+    ] = 3,
     out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-affinity.json"),
 ) -> None:
     """Online requests by prefix: two llama.cpp replicas behind triage, round robin vs prefix affinity vs the
@@ -141,5 +197,16 @@ def affinity(
     from eval.bench.affinity import DATA, MODES, run
 
     modes = tuple(m for m in MODES if m in set(mode or MODES) | {"round_robin"})
-    run(data=data or DATA, limit=limit, templates=templates, seed=seed, concurrency=concurrency, chars=chars,
-        admission=admission, modes=modes, n_threads=n_threads, rounds=rounds, out=out)
+    run(
+        data=data or DATA,
+        limit=limit,
+        templates=templates,
+        seed=seed,
+        concurrency=concurrency,
+        chars=chars,
+        admission=admission,
+        modes=modes,
+        n_threads=n_threads,
+        rounds=rounds,
+        out=out,
+    )

@@ -17,16 +17,22 @@ from gateway.cli.policy_arg import load_or_exit
 
 _Policy = Annotated[Path, typer.Option(help="Policy YAML with a `cascade` section.")]
 _Data = Annotated[list[Path] | None, typer.Option(help="Typed JSONL files (dev rows fit, test rows report).")]
-_Router = Annotated[str | None, typer.Option(
-    help="A routed virtual model: measure (or calibrate) the learned router on its labels file instead")]
+_Router = Annotated[
+    str | None,
+    typer.Option(help="A routed virtual model: measure (or calibrate) the learned router on its labels file instead"),
+]
 _Top = Annotated[str | None, typer.Option(help="A recorded model (model_labels) as the last tier.")]
 _TopPrice = Annotated[float, typer.Option(help="What one question to the recorded top tier costs.")]
 _DevCap = Annotated[int, typer.Option(help="Dev rows per set (a seeded sample).")]
 _TestCap = Annotated[int, typer.Option(help="Test rows per set (a seeded sample).")]
-_Target = Annotated[str | None, typer.Option(
-    help="accuracy=X (kept answers right X of the time), escalation=X (at most X past the first tier) or "
-         "cost=X (best accuracy at a mean cost per question of at most X); default: a cheaper tier keeps "
-         "what it answers as well as the last tier. With --router: strong_share=X, cost=X or quality=X")]
+_Target = Annotated[
+    str | None,
+    typer.Option(
+        help="accuracy=X (kept answers right X of the time), escalation=X (at most X past the first tier) or "
+        "cost=X (best accuracy at a mean cost per question of at most X); default: a cheaper tier keeps "
+        "what it answers as well as the last tier. With --router: strong_share=X, cost=X or quality=X"
+    ),
+]
 
 
 def evaluate(
@@ -40,13 +46,21 @@ def evaluate(
     slack: Annotated[float, typer.Option(help="Accuracy a cheaper tier may give up against the last one.")] = 0.0,
     target: _Target = None,
     patch: Annotated[Path | None, typer.Option(help="Write the fitted numbers here as a YAML policy patch.")] = None,
-    fail_under: Annotated[str | None, typer.Option(
-        help="Gates for CI, e.g. accuracy=0.8,ece=0.05 (also apgr, escalation): exit 1 when one is missed.")] = None,
+    fail_under: Annotated[
+        str | None,
+        typer.Option(
+            help="Gates for CI, e.g. accuracy=0.8,ece=0.05 (also apgr, escalation): exit 1 when one is missed."
+        ),
+    ] = None,
     plots: Annotated[bool, typer.Option(help="Draw curves.png and reliability.png.")] = True,
     router: _Router = None,
-    cv_by: Annotated[str, typer.Option(
-        help="With --router, for a labels file without dev and test rows: cross-validation folds by 'row' or "
-             "by 'category' (BBH's tasks: no task both fitted and measured)")] = "row",
+    cv_by: Annotated[
+        str,
+        typer.Option(
+            help="With --router, for a labels file without dev and test rows: cross-validation folds by 'row' or "
+            "by 'category' (BBH's tasks: no task both fitted and measured)"
+        ),
+    ] = "row",
 ) -> None:
     """Fit temperatures and thresholds on dev rows, then report each tier and the cascade on test rows.
     With --router: the learned router of a routed model against every single model, random mixtures,
@@ -141,8 +155,16 @@ class _Run:
     specs: list = field(default_factory=list)
 
     @classmethod
-    def prepare(cls, console: Console, policy: Path, data: list[Path], out: Path, top: tuple[str | None, float],
-                dev_cap: int, test_cap: int) -> _Run:
+    def prepare(
+        cls,
+        console: Console,
+        policy: Path,
+        data: list[Path],
+        out: Path,
+        top: tuple[str | None, float],
+        dev_cap: int,
+        test_cap: int,
+    ) -> _Run:
         from eval.tier_outputs import typed_rows
 
         pol = load_or_exit(policy, "cascade")
@@ -189,8 +211,15 @@ class _Run:
                 compute, key = live.compute(tier), f"model-{tier.model}-{pol.upstream_name(tier.model)}"
             cache = TierCache(self.out / "cache" / f"{key}.jsonl")
             outputs = _fill(self.console, cache, rows, compute, tier.name)
-            specs.append(cascade_eval.TierSpec(tier.name, tier.type, outputs, per_call=tier.prices.per_call,
-                                               per_1k_tokens=tier.prices.per_1k_tokens))
+            specs.append(
+                cascade_eval.TierSpec(
+                    tier.name,
+                    tier.type,
+                    outputs,
+                    per_call=tier.prices.per_call,
+                    per_1k_tokens=tier.prices.per_1k_tokens,
+                )
+            )
         if live is not None:
             live.close()
         name, price = self.top
@@ -220,12 +249,22 @@ class _Run:
         from eval import report_md
 
         self.out.mkdir(parents=True, exist_ok=True)
-        doc: Any = _clean({
-            "version": 1, "policy": str(self.policy), "data": [str(p) for p in self.data], "top": self.top[0],
-            "dev_cap": self.caps[0], "test_cap": self.caps[1], "skipped_lines": self.problems,
-            "tiers": [{"name": s.name, "kind": s.kind, "temperature": s.temperatures, "thresholds": s.thresholds}
-                      for s in self.specs],
-            "sets": [asdict(r) for r in reports]})
+        doc: Any = _clean(
+            {
+                "version": 1,
+                "policy": str(self.policy),
+                "data": [str(p) for p in self.data],
+                "top": self.top[0],
+                "dev_cap": self.caps[0],
+                "test_cap": self.caps[1],
+                "skipped_lines": self.problems,
+                "tiers": [
+                    {"name": s.name, "kind": s.kind, "temperature": s.temperatures, "thresholds": s.thresholds}
+                    for s in self.specs
+                ],
+                "sets": [asdict(r) for r in reports],
+            }
+        )
         (self.out / "report.json").write_text(json.dumps(doc, indent=2, allow_nan=False))
         (self.out / "report.md").write_text(report_md.render(doc))
         if plots:
@@ -233,8 +272,9 @@ class _Run:
 
             draw.curves(reports, self.out / "curves.png")
             draw.reliability(self.specs, self.test, self.out / "reliability.png")
-        self.console.print(f"wrote {self.out / 'report.json'}, report.md"
-                           + (", curves.png, reliability.png" if plots else ""))
+        self.console.print(
+            f"wrote {self.out / 'report.json'}, report.md" + (", curves.png, reliability.png" if plots else "")
+        )
 
 
 def _pooled(reports: list, attr: str) -> float:
@@ -257,10 +297,13 @@ def _check_target(goal: tuple[str, float], dev: list, test: list) -> str:
 def policy_patch(policy: Path, specs: list, reports: list, dev_rows: int) -> str:
     """The fitted temperatures and thresholds of the policy's own tiers, as a YAML fragment with
     what they achieved on the test rows as comments. The policy file itself is never edited."""
-    lines = [f"# triage eval --patch: fitted on {dev_rows} dev rows of the data given; merge into {policy.name}",
-             "# by hand (tiers are matched by name). Test rows, per set: cascade accuracy, share past the first tier"]
-    lines += [f"#   {r.source} ({r.qtype}, n={r.n}): accuracy {r.cascade:.3f}, past first {r.past_first:.0%}"
-              for r in reports]
+    lines = [
+        f"# triage eval --patch: fitted on {dev_rows} dev rows of the data given; merge into {policy.name}",
+        "# by hand (tiers are matched by name). Test rows, per set: cascade accuracy, share past the first tier",
+    ]
+    lines += [
+        f"#   {r.source} ({r.qtype}, n={r.n}): accuracy {r.cascade:.3f}, past first {r.past_first:.0%}" for r in reports
+    ]
     lines += ["cascade:", "  tiers:"]
     for s in specs:
         if s.kind == "recorded":
@@ -285,8 +328,14 @@ def _clean(x: object) -> object:
 
 
 def _fill(console: Console, cache: object, rows: list, compute: object, name: str) -> dict:
-    with Progress(TextColumn(f"{name:>10}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=console, transient=True) as bar:
+    with Progress(
+        TextColumn(f"{name:>10}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
         task = bar.add_task(name, total=len(rows))
         return cache.fill(rows, compute, lambda: bar.advance(task))  # type: ignore[attr-defined]
 

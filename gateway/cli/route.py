@@ -21,8 +21,13 @@ def route(
     policy: Annotated[Path, typer.Option(help="Policy YAML with a `classifier` section.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     top: Annotated[int, typer.Option(help="Classes shown per head.")] = 3,
-    model: Annotated[str | None, typer.Option(help="The semantic or routed virtual model whose decision to "
-                                                   "show (default: the policy's first semantic one).")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="The semantic or routed virtual model whose decision to "
+            "show (default: the policy's first semantic one)."
+        ),
+    ] = None,
 ) -> None:
     """Print the decision of a semantic or routed virtual model (the policy's first semantic one, or
     --model; a routed model's decision lists every candidate's predicted P(right) and expected cost),
@@ -48,15 +53,25 @@ def route(
     clf.classify(prompt)  # warm-up: the first run pays for ONNX Runtime's allocations
     out = clf.classify(prompt)
     doc = {
-        "heads": {name: {"label": p.label, "confidence": round(p.confidence, 4),
-                         "top": [[c, round(v, 4)] for c, v in p.top(top)]} for name, p in out.heads.items()},
-        "familiarity": {"similarity": round(out.familiarity.similarity, 4),
-                        "threshold": round(out.familiarity.threshold, 4),
-                        "foreign": round(out.familiarity.foreign, 4),
-                        "foreign_threshold": round(out.familiarity.foreign_threshold, 4),
-                        "language": out.familiarity.language,
-                        "in_distribution": out.familiarity.in_distribution},
-        "tokens": out.tokens, "truncated": out.truncated, "latency_ms": round(out.latency_ms, 3),
+        "heads": {
+            name: {
+                "label": p.label,
+                "confidence": round(p.confidence, 4),
+                "top": [[c, round(v, 4)] for c, v in p.top(top)],
+            }
+            for name, p in out.heads.items()
+        },
+        "familiarity": {
+            "similarity": round(out.familiarity.similarity, 4),
+            "threshold": round(out.familiarity.threshold, 4),
+            "foreign": round(out.familiarity.foreign, 4),
+            "foreign_threshold": round(out.familiarity.foreign_threshold, 4),
+            "language": out.familiarity.language,
+            "in_distribution": out.familiarity.in_distribution,
+        },
+        "tokens": out.tokens,
+        "truncated": out.truncated,
+        "latency_ms": round(out.latency_ms, 3),
     }
     vm = semantic.get(chosen) if chosen is not None else None
     if isinstance(vm, RoutedModel):
@@ -73,13 +88,16 @@ def route(
         d = doc["decision"]
         rule = d["rule"]
         by = f", rule {rule['index']}: {rule['head']} {rule['label']} ({rule['confidence']:.2f})" if rule else ""
-        console.print(f"{'route':>14}: {d['virtual_model']} -> [bold]{d['model']}[/bold] ({d['reason']}), "
-                      f"reasoning {'on' if d['reasoning'] else 'off'}, category {d['category']} "
-                      f"({d['confidence']:.2f}){by}")
+        console.print(
+            f"{'route':>14}: {d['virtual_model']} -> [bold]{d['model']}[/bold] ({d['reason']}), "
+            f"reasoning {'on' if d['reasoning'] else 'off'}, category {d['category']} "
+            f"({d['confidence']:.2f}){by}"
+        )
         for c in d.get("candidates", ()):
             mark = "*" if c["chosen"] else " "
-            console.print(f"{mark:>14} {c['candidate']}: P(right) {c['quality']:.3f}, "
-                          f"expected cost {c['expected_cost']:.6g}")
+            console.print(
+                f"{mark:>14} {c['candidate']}: P(right) {c['quality']:.3f}, expected cost {c['expected_cost']:.6g}"
+            )
         if "router_ms" in d:
             console.print(f"{'router':>14}: {d['router_ms']:.3f} ms beside the encoder's pass")
     for name, head in doc["heads"].items():
@@ -87,11 +105,15 @@ def route(
         console.print(f"{name:>14}: [bold]{head['label']}[/bold] ({head['confidence']:.2f})   {tops}")
     fam = doc["familiarity"]
     verdict = "in distribution" if fam["in_distribution"] else "OUT OF DISTRIBUTION"
-    console.print(f"{'familiarity':>14}: similarity {fam['similarity']:.3f} (at least {fam['threshold']:.3f}), "
-                  f"foreign pieces {fam['foreign']:.3f} (at most {fam['foreign_threshold']:.3f}), "
-                  f"language {fam['language']}: {verdict}")
-    console.print(f"{'latency':>14}: {doc['latency_ms']:.2f} ms for {doc['tokens']} tokens"
-                  + (" (truncated)" if doc["truncated"] else ""))
+    console.print(
+        f"{'familiarity':>14}: similarity {fam['similarity']:.3f} (at least {fam['threshold']:.3f}), "
+        f"foreign pieces {fam['foreign']:.3f} (at most {fam['foreign_threshold']:.3f}), "
+        f"language {fam['language']}: {verdict}"
+    )
+    console.print(
+        f"{'latency':>14}: {doc['latency_ms']:.2f} ms for {doc['tokens']} tokens"
+        + (" (truncated)" if doc["truncated"] else "")
+    )
 
 
 def _routed(pol: Policy, policy: Path, name: str, vm: RoutedModel, clf, prompt: str) -> dict:  # type: ignore[no-untyped-def]
@@ -104,20 +126,34 @@ def _routed(pol: Policy, policy: Path, name: str, vm: RoutedModel, clf, prompt: 
 
     assert pol.classifier is not None
     try:
-        head = QualityHead.load(artifacts_dir(pol.classifier, policy.resolve().parent), quality_head_name(name),
-                                f"triage train --policy {policy}")
+        head = QualityHead.load(
+            artifacts_dir(pol.classifier, policy.resolve().parent),
+            quality_head_name(name),
+            f"triage train --policy {policy}",
+        )
     except NotReady as exc:
         typer.echo(exc.message, err=True)
         raise typer.Exit(2) from None
     reading = clf.encoder.read_encoded([clf.encoder.encode(prompt)])[0]
     t0 = time.perf_counter()
-    route = quality_route(pol, vm, head, reading, input_tokens("chat", {"messages": [{"role": "user",
-                                                                                     "content": prompt}]}))
+    route = quality_route(
+        pol, vm, head, reading, input_tokens("chat", {"messages": [{"role": "user", "content": prompt}]})
+    )
     router_ms = (time.perf_counter() - t0) * 1000
     q = route.quality
     assert q is not None
-    return {"virtual_model": name, "model": route.model, "reason": route.reason, "reasoning": route.reasoning,
-            "category": None, "confidence": round(q.quality, 4), "rule": None, "quality": round(q.quality, 4),
-            "candidates": [{"candidate": label, "quality": round(p, 4), "expected_cost": cost,
-                            "chosen": i == q.candidate} for i, (label, p, cost) in enumerate(q.predictions)],
-            "router_ms": round(router_ms, 3)}
+    return {
+        "virtual_model": name,
+        "model": route.model,
+        "reason": route.reason,
+        "reasoning": route.reasoning,
+        "category": None,
+        "confidence": round(q.quality, 4),
+        "rule": None,
+        "quality": round(q.quality, 4),
+        "candidates": [
+            {"candidate": label, "quality": round(p, 4), "expected_cost": cost, "chosen": i == q.candidate}
+            for i, (label, p, cost) in enumerate(q.predictions)
+        ],
+        "router_ms": round(router_ms, 3),
+    }

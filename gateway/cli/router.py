@@ -36,8 +36,9 @@ def _embedder(pol: Policy, threads: int = 2):  # type: ignore[no-untyped-def]
     return embedding_cache(pol.classifier, threads, "-labels")
 
 
-def evaluate_router(policy: Path, name: str, out: Path, fail_under: str | None, plots: bool,
-                    cv_by: str = "row") -> None:
+def evaluate_router(
+    policy: Path, name: str, out: Path, fail_under: str | None, plots: bool, cv_by: str = "row"
+) -> None:
     from classifiers.service import data_dir
     from eval import router_run
     from eval.router_plots import curve_plot
@@ -47,21 +48,29 @@ def evaluate_router(policy: Path, name: str, out: Path, fail_under: str | None, 
     assert pol.classifier is not None
     cache = _embedder(pol)
     try:
-        result = router_run.run(pol, name, vm, data_dir(pol.classifier, policy.resolve().parent), cache.embed,
-                                cv_by)
+        result = router_run.run(pol, name, vm, data_dir(pol.classifier, policy.resolve().parent), cache.embed, cv_by)
     finally:
         cache.save()
     r = result.report
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"virtual_model": name, "labels": vm.labels, "protocol": result.protocol, "learner": result.learner,
-           "test_ece": result.test_ece, **asdict(r)}
+    doc = {
+        "virtual_model": name,
+        "labels": vm.labels,
+        "protocol": result.protocol,
+        "learner": result.learner,
+        "test_ece": result.test_ece,
+        **asdict(r),
+    }
     (out / f"router-{name}.json").write_text(json.dumps(doc, indent=2))
     if plots:
         curve_plot(r, out / f"router-{name}.png")
     _print(console, result)
     limits = _gates(fail_under)
-    missed = [f"{k} {v:.3f} < {limits[k]}" for k, v in r.two_model.items()
-              if k in limits and isinstance(v, float) and v < limits[k]]
+    missed = [
+        f"{k} {v:.3f} < {limits[k]}"
+        for k, v in r.two_model.items()
+        if k in limits and isinstance(v, float) and v < limits[k]
+    ]
     for line in missed:
         console.print(f"[red]fail-under[/red]: {line}")
     console.print(f"wrote {out / f'router-{name}.json'}" + (f" and {out / f'router-{name}.png'}" if plots else ""))
@@ -79,26 +88,36 @@ def _gates(spec: str | None) -> dict[str, float]:
 
 def _print(console: Console, result) -> None:  # type: ignore[no-untyped-def]
     r = result.report
-    console.print(f"router {r.name} on {r.rows} test rows ({result.protocol}); learner {result.learner}; "
-                  f"ECE of P(right) {result.test_ece:.3f}; strongest on dev rows: {r.strongest}")
+    console.print(
+        f"router {r.name} on {r.rows} test rows ({result.protocol}); learner {result.learner}; "
+        f"ECE of P(right) {result.test_ece:.3f}; strongest on dev rows: {r.strongest}"
+    )
     table = Table(title="single models, baselines and the router (test rows)", expand=True)
     for col in ("", "accuracy", "mean cost", "strong share"):
         table.add_column(col)
     for m, p in sorted(r.singles.items(), key=lambda kv: kv[1].cost):
         table.add_row(m, f"{p.accuracy:.4f}", f"{p.cost:.6f}", f"{p.strong_share:.3f}")
-    table.add_row("category table (dev)", f"{r.category_table.accuracy:.4f}", f"{r.category_table.cost:.6f}",
-                  f"{r.category_table.strong_share:.3f}")
+    table.add_row(
+        "category table (dev)",
+        f"{r.category_table.accuracy:.4f}",
+        f"{r.category_table.cost:.6f}",
+        f"{r.category_table.strong_share:.3f}",
+    )
     table.add_row("oracle", f"{r.oracle.accuracy:.4f}", f"{r.oracle.cost:.6f}", f"{r.oracle.strong_share:.3f}")
     console.print(table)
     b = r.best_single_at_cost
-    console.print(f"best single model {b['best_accuracy']:.4f} at {b['best_cost']:.6f}; router at that cost "
-                  f"{b['router_accuracy_at_best_cost']:.4f}; router matches it at {b['router_cost_to_match']:.6f} "
-                  f"({b['cost_share_to_match']:.1%} of its cost)")
+    console.print(
+        f"best single model {b['best_accuracy']:.4f} at {b['best_cost']:.6f}; router at that cost "
+        f"{b['router_accuracy_at_best_cost']:.4f}; router matches it at {b['router_cost_to_match']:.6f} "
+        f"({b['cost_share_to_match']:.1%} of its cost)"
+    )
     if r.two_model:
         t = r.two_model
         fmt = {k: ("-" if v is None else f"{v:.3f}") for k, v in t.items()}
-        console.print(f"RouteLLM measures: APGR {fmt['apgr']}, CPT(50%) {fmt['cpt_50']}, CPT(80%) {fmt['cpt_80']}, "
-                      f"strong share for 95% of the strong model {fmt['share_for_95pct_of_strong']}")
+        console.print(
+            f"RouteLLM measures: APGR {fmt['apgr']}, CPT(50%) {fmt['cpt_50']}, CPT(80%) {fmt['cpt_80']}, "
+            f"strong share for 95% of the strong model {fmt['share_for_95pct_of_strong']}"
+        )
 
 
 def calibrate_router(policy: Path, name: str, target: str, patch: Path) -> None:
@@ -130,18 +149,26 @@ def calibrate_router(policy: Path, name: str, target: str, patch: Path) -> None:
         cache.save()
     c_dev = candidate_costs(pol, vm, input_tokens(dev.texts))
     c_test = candidate_costs(pol, vm, input_tokens(test.texts))
-    whole = fit_quality(name, labels.models, x_dev, dev.correct, dev.ids, learners=vm.learners,
-                        categories=dev.categories, cost=c_dev)
+    whole = fit_quality(
+        name, labels.models, x_dev, dev.correct, dev.ids, learners=vm.learners, categories=dev.categories, cost=c_dev
+    )
     chosen = [str(whole.head.meta["learner"])]
     q_dev = np.zeros(dev.correct.shape)
     fold = folds(dev.ids, FOLDS)
     for k in range(FOLDS):  # out of fold: the knob is fitted on predictions of rows their head never saw
         inside = fold != k
-        part = fit_quality(name, labels.models, x_dev[inside], dev.correct[inside],
-                           [i for i, m in zip(dev.ids, inside, strict=True) if m], learners=chosen,
-                           categories=[c for c, m in zip(dev.categories, inside, strict=True) if m])
-        q_dev[~inside] = prune(part.head.proba(x_dev[~inside]), c_dev[~inside],
-                               part.head.dev_accuracy if vm.prune_dominated else None)
+        part = fit_quality(
+            name,
+            labels.models,
+            x_dev[inside],
+            dev.correct[inside],
+            [i for i, m in zip(dev.ids, inside, strict=True) if m],
+            learners=chosen,
+            categories=[c for c, m in zip(dev.categories, inside, strict=True) if m],
+        )
+        q_dev[~inside] = prune(
+            part.head.proba(x_dev[~inside]), c_dev[~inside], part.head.dev_accuracy if vm.prune_dominated else None
+        )
     strongest = int(np.nanmean(dev.correct, axis=0).argmax())
     try:
         fitted = fit_knob(q_dev, c_dev, vm.rule, goal, strongest, dev.correct)
@@ -151,11 +178,15 @@ def calibrate_router(policy: Path, name: str, target: str, patch: Path) -> None:
     q_test = prune(whole.head.proba(x_test), c_test, whole.head.dev_accuracy if vm.prune_dominated else None)
     checked = outcome(q_test, c_test, vm.rule, fitted.knob, strongest, test.correct)
     for side, o in (("dev (out of fold)", fitted), ("test", checked)):
-        console.print(f"{side:>18}: knob {o.knob:.6g}, accuracy {o.accuracy:.4f}, mean cost {o.mean_cost:.6f}, "
-                      f"strong share {o.strong_share:.3f}")
+        console.print(
+            f"{side:>18}: knob {o.knob:.6g}, accuracy {o.accuracy:.4f}, mean cost {o.mean_cost:.6f}, "
+            f"strong share {o.strong_share:.3f}"
+        )
     patch.parent.mkdir(parents=True, exist_ok=True)
-    patch.write_text(f"# triage calibrate --router {name} --target {target}: fitted on {len(dev)} dev rows "
-                     f"(out of fold), checked on {len(test)} test rows: accuracy {checked.accuracy:.4f}, "
-                     f"mean cost {checked.mean_cost:.6g}, strong share {checked.strong_share:.3f}\n"
-                     f"virtual_models:\n  {name}:\n    knob: {fitted.knob:.6g}\n")
+    patch.write_text(
+        f"# triage calibrate --router {name} --target {target}: fitted on {len(dev)} dev rows "
+        f"(out of fold), checked on {len(test)} test rows: accuracy {checked.accuracy:.4f}, "
+        f"mean cost {checked.mean_cost:.6g}, strong share {checked.strong_share:.3f}\n"
+        f"virtual_models:\n  {name}:\n    knob: {fitted.knob:.6g}\n"
+    )
     console.print(f"wrote {patch} (review it, then merge it into {policy} yourself)")

@@ -16,8 +16,9 @@ def default_policy_path() -> Path:
 
 
 def serve(
-    policy: Annotated[Path | None, typer.Option(help="Policy YAML (default: the embedded local policy).",
-                                                envvar="TRIAGE_POLICY")] = None,
+    policy: Annotated[
+        Path | None, typer.Option(help="Policy YAML (default: the embedded local policy).", envvar="TRIAGE_POLICY")
+    ] = None,
     host: Annotated[str, typer.Option(envvar="TRIAGE_HOST")] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="TRIAGE_PORT")] = 8080,
     watch: Annotated[bool, typer.Option(help="Reload the policy when its file changes.")] = True,
@@ -37,5 +38,13 @@ def serve(
         for problem in exc.problems:
             typer.echo(problem, err=True)
         raise typer.Exit(2) from None
-    uvicorn.run(create_app(settings), host=host, port=port, loop="uvloop", http="httptools",
-                log_level="warning", access_log=False, timeout_graceful_shutdown=10)
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )

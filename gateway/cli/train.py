@@ -25,8 +25,10 @@ def _routers(results: list[RouterResult], console: Console) -> None:
             table.add_row(c.learner, c.setting, f"{c.log_loss:.4f}", f"{c.auroc:.3f}")
         console.print(table)
         aurocs = ", ".join(f"{m} {v:.3f}" for m, v in r.test_auroc.items())
-        console.print(f"router {r.name}: {r.head.meta['learner']} {r.head.meta['setting']} fitted on {r.fit_rows} "
-                      f"rows ({r.fitted_on}); test rows {r.test_rows}: AUROC {aurocs or 'n/a'}, ECE {r.test_ece:.3f}")
+        console.print(
+            f"router {r.name}: {r.head.meta['learner']} {r.head.meta['setting']} fitted on {r.fit_rows} "
+            f"rows ({r.fitted_on}); test rows {r.test_rows}: AUROC {aurocs or 'n/a'}, ECE {r.test_ece:.3f}"
+        )
 
 
 def train(
@@ -34,8 +36,9 @@ def train(
     threads: Annotated[int, typer.Option(help="Encoder threads while training.")] = 2,
     report: Annotated[Path | None, typer.Option(help="Write the measured figures as JSON here.")] = None,
     limit: Annotated[int | None, typer.Option(help="At most this many rows per head and split (quick runs).")] = None,
-    routers_only: Annotated[bool, typer.Option("--routers-only",
-                                               help="Only the routed models' quality heads.")] = False,
+    routers_only: Annotated[
+        bool, typer.Option("--routers-only", help="Only the routed models' quality heads.")
+    ] = False,
 ) -> None:
     """Train the heads on dev rows, calibrate them, measure them on test rows; then the quality
     heads of every routed virtual model (the learned router)."""
@@ -59,8 +62,15 @@ def train(
         table.add_column(col)
     for h in result.heads:
         other = ", ".join(f"{k} {v:.3f}" for k, v in h.extra.items())
-        table.add_row(h.name, str(h.fit_rows), str(h.test_rows), f"{h.accuracy:.3f}", f"{h.ece:.3f}",
-                      f"{h.ece_uncalibrated:.3f}", other)
+        table.add_row(
+            h.name,
+            str(h.fit_rows),
+            str(h.test_rows),
+            f"{h.accuracy:.3f}",
+            f"{h.ece:.3f}",
+            f"{h.ece_uncalibrated:.3f}",
+            other,
+        )
     console.print(table)
     for h in result.heads:
         if h.by_source:
@@ -70,17 +80,45 @@ def train(
             for name, r in h.by_source.items():
                 per.add_row(name, str(r.n), f"{r.accuracy:.3f}", ", ".join(f"{k} {v}" for k, v in r.predicted.items()))
             console.print(per)
-    console.print(f"unfamiliar: another language than English, max cosine to training rows under "
-                  f"{result.ood_threshold:.3f}, or foreign word pieces over {result.foreign_threshold:.3f} "
-                  "of the prompt")
+    console.print(
+        f"unfamiliar: another language than English, max cosine to training rows under "
+        f"{result.ood_threshold:.3f}, or foreign word pieces over {result.foreign_threshold:.3f} "
+        "of the prompt"
+    )
     probes = Table(title="the guard on the probes (benign: every flag is a false one)", expand=True)
-    for col in ("probes", "kind", "n", "far", "language", "foreign", "router", "router (whole only)", "guarded",
-                "doubtful", "guarded or doubtful"):
+    for col in (
+        "probes",
+        "kind",
+        "n",
+        "far",
+        "language",
+        "foreign",
+        "router",
+        "router (whole only)",
+        "guarded",
+        "doubtful",
+        "guarded or doubtful",
+    ):
         probes.add_column(col)
     for p in result.probes:
-        probes.add_row(p.probes.removesuffix(".jsonl"), p.kind, str(p.n),
-                       *(f"{v:.0%}" for v in (p.far, p.language, p.foreign, p.router, p.router_whole, p.guarded,
-                                              p.doubtful, p.no_confident_class)))
+        probes.add_row(
+            p.probes.removesuffix(".jsonl"),
+            p.kind,
+            str(p.n),
+            *(
+                f"{v:.0%}"
+                for v in (
+                    p.far,
+                    p.language,
+                    p.foreign,
+                    p.router,
+                    p.router_whole,
+                    p.guarded,
+                    p.doubtful,
+                    p.no_confident_class,
+                )
+            ),
+        )
     console.print(probes)
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)

@@ -33,8 +33,11 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Policy files to c
             for problem in problems:
                 err.print(f"{path}: {problem}", markup=False)
             continue
-        out.print(f"ok: {path} ({len(policy.backends)} backends, {len(policy.models)} models, "
-                  f"{len(policy.virtual_models)} virtual models)", markup=False)
+        out.print(
+            f"ok: {path} ({len(policy.backends)} backends, {len(policy.models)} models, "
+            f"{len(policy.virtual_models)} virtual models)",
+            markup=False,
+        )
     if bad:
         raise typer.Exit(1)
 
