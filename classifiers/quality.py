@@ -19,6 +19,7 @@ rows. Saved as ``<name>.npz`` (arrays) + ``<name>.json`` (the rest); nothing is 
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +72,12 @@ class QualityHead:
         acc = self.meta.get("dev_accuracy")
         return None if acc is None else np.asarray(acc, dtype=np.float64)
 
+    @functools.cached_property
+    def _label_masks(self) -> tuple[np.ndarray, np.ndarray]:
+        """knn: the labels with NaN as 0, and where they are known: once, not per request."""
+        labels = self.arrays["labels"]
+        return np.nan_to_num(labels), (~np.isnan(labels)).astype(labels.dtype)
+
     def raw(self, x: np.ndarray) -> np.ndarray:
         """Uncalibrated P(right), (rows, models)."""
         x = np.atleast_2d(np.asarray(x, dtype=np.float32))
@@ -80,7 +87,7 @@ class QualityHead:
         linear = sigmoid(x @ a["weight"].T + a["bias"]) if self.kind != "knn" else None
         near = None
         if self.kind != "linear":
-            near = knn_proba(a["reference"], a["labels"], a["mean"], x, self.k, self.prior)
+            near = knn_proba(a["reference"], a["labels"], a["mean"], x, self.k, self.prior, masks=self._label_masks)
         if linear is not None and near is not None:
             return (linear + near) / 2
         out = linear if linear is not None else near
@@ -150,13 +157,13 @@ def knn_proba(
     k: int,
     prior: float,
     exclude_self: bool = False,
+    masks: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """Mean label of the ``k`` nearest reference rows (embeddings are unit-length: dot = cosine),
     with ``prior`` pseudo-rows at each model's mean. NaN labels (no answer) are skipped.
     ``exclude_self``: ``x`` is ``reference`` (leave-one-out, for fitting)."""
     out = np.empty((len(x), labels.shape[1]))
-    known = ~np.isnan(labels)
-    filled = np.nan_to_num(labels)
+    filled, known = masks if masks is not None else (np.nan_to_num(labels), (~np.isnan(labels)).astype(labels.dtype))
     for start in range(0, len(x), 512):
         sim = x[start : start + 512] @ reference.T
         if exclude_self:
