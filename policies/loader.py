@@ -7,6 +7,8 @@ Files the policy names (``models.NAME.tokenizer``, relative to the policy file; 
 
 from __future__ import annotations
 
+import gzip
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
 from gateway.errors import PolicyInvalid
-from policies.schema import GGUFScorerBackend, LlamaCppBackend, Loc, Policy, reference_problems
+from policies.schema import GGUFScorerBackend, LlamaCppBackend, Loc, Policy, RoutedModel, reference_problems
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,50 @@ def file_problems(policy: Policy, base_dir: Path) -> list[tuple[Loc, str]]:
         path = backend.gguf.path if isinstance(backend, LlamaCppBackend | GGUFScorerBackend) else None
         if path is not None and not Path(path).expanduser().is_file():
             problems.append((("backends", name, "gguf", "path"), f"GGUF file not found: {Path(path).expanduser()}"))
+    problems.extend(_labels_problems(policy, base_dir))
     return problems
+
+
+LABEL_COLUMNS = {"reasoning": ("direct", "cot")}  # reasoning/ files: the same model without and with CoT
+
+
+def _labels_problems(policy: Policy, base_dir: Path) -> list[tuple[Loc, str]]:
+    """A routed model's labels file must hold a column per candidate. Checked where the policy's
+    data_dir is there (a gateway serves without the labels; only training reads them)."""
+    if policy.classifier is None:
+        return []
+    root = (base_dir / policy.classifier.data_dir).resolve()
+    if not root.is_dir():
+        return []
+    problems: list[tuple[Loc, str]] = []
+    for name, vm in policy.virtual_models.items():
+        if not isinstance(vm, RoutedModel):
+            continue
+        folder = vm.labels.rpartition("/")[0]
+        found = [root / f"{vm.labels}{suffix}" for suffix in (".jsonl", ".jsonl.gz")]
+        path = next((f for f in found if f.is_file()), None)
+        if path is None:
+            problems.append((("virtual_models", name, "labels"), f"labels file not found: {found[0]}[.gz]"))
+            continue
+        has = LABEL_COLUMNS.get(folder) or _first_row_columns(path)
+        for i, c in enumerate(vm.candidates):
+            if c.column not in has:
+                where: Loc = ("virtual_models", name, "candidates", i)
+                problems.append(
+                    (
+                        where,
+                        f"labels {vm.labels} have no column '{c.column}' (has: {', '.join(has)}); "
+                        "name it with labels_as",
+                    )
+                )
+    return problems
+
+
+def _first_row_columns(path: Path) -> tuple[str, ...]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
+        first = json.loads(f.readline() or "{}")
+    return tuple(sorted(first.get("correct") or first.get("score") or {}))
 
 
 def parse(text: str, file: str = "<policy>", base_dir: Path | None = None) -> Policy:

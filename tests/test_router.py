@@ -197,3 +197,23 @@ def test_dominated_candidates_are_pruned_per_request() -> None:
     # per request: where candidate 2 is the cheaper (a price per call changes with the prompt), it stays
     assert np.isfinite(prune(q, np.array([[1.0, 4.0, 3.0, 10.0]]), accuracy)[0, 2])
     assert prune(q, cost, None) is not None and np.isfinite(prune(q, cost, None)).all()
+
+
+def test_validate_names_a_candidate_the_labels_file_lacks(tmp_path: Path) -> None:
+    import json
+
+    (tmp_path / "data" / "model_labels").mkdir(parents=True)
+    row = {"id": "small-0", "split": "dev", "prompt": "q", "correct": {"cheap": True, "dear": False}}
+    (tmp_path / "data" / "model_labels" / "small.jsonl").write_text(json.dumps(row) + "\n")
+    path = tmp_path / "p.yaml"
+    ok = ROUTED.format(dear_prices=", prices: {input_per_mtok: 5, output_per_mtok: 15}", second="dear")
+    path.write_text(ok)
+    assert "r" in loader.load(path).virtual_models
+    path.write_text(ok.replace("      - {model: dear}", "      - {model: dear, labels_as: gpt-5}"))
+    with pytest.raises(PolicyInvalid) as err:
+        loader.load(path)
+    [problem] = err.value.problems
+    assert problem.startswith(f"{path}:14:") and "no column 'gpt-5' (has: cheap, dear)" in problem, problem
+    path.write_text(ok.replace("model_labels/small", "model_labels/missing"))
+    with pytest.raises(PolicyInvalid, match="labels file not found"):
+        loader.load(path)

@@ -152,7 +152,10 @@ def calibrate_router(policy: Path, name: str, target: str, patch: Path) -> None:
     whole = fit_quality(
         name, labels.models, x_dev, dev.correct, dev.ids, learners=vm.learners, categories=dev.categories, cost=c_dev
     )
+    # the folds refit the learner the whole head chose (a blend: its two parts, and their blend)
     chosen = [str(whole.head.meta["learner"])]
+    if chosen == ["blend"]:
+        chosen = [part.split()[0] for part in str(whole.head.meta["setting"]).split(" + ")]
     q_dev = np.zeros(dev.correct.shape)
     fold = folds(dev.ids, FOLDS)
     for k in range(FOLDS):  # out of fold: the knob is fitted on predictions of rows their head never saw
@@ -165,6 +168,7 @@ def calibrate_router(policy: Path, name: str, target: str, patch: Path) -> None:
             [i for i, m in zip(dev.ids, inside, strict=True) if m],
             learners=chosen,
             categories=[c for c, m in zip(dev.categories, inside, strict=True) if m],
+            cost=c_dev[inside],
         )
         q_dev[~inside] = prune(
             part.head.proba(x_dev[~inside]), c_dev[~inside], part.head.dev_accuracy if vm.prune_dominated else None
