@@ -46,10 +46,25 @@ SLOW_MODULES = frozenset(
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    have_data = (SHARED_DATA / "typed").is_dir()
+    if not have_data and os.environ.get("CI") == "true":
+        raise pytest.UsageError(
+            f"the shared data is not at {SHARED_DATA}: put it beside the checkout or set TRIAGE_SHARED_DATA"
+        )
+    no_data = pytest.mark.skip(reason=f"the shared data is not at {SHARED_DATA}: set TRIAGE_SHARED_DATA")
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1] if isinstance(item, pytest.Function) else ""
-        if module in SLOW_MODULES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if module in SLOW_MODULES or SLOW_FIXTURES & fixtures:
             item.add_marker(pytest.mark.slow)
+        if not have_data and (module in DATA_MODULES or DATA_FIXTURES & fixtures):
+            item.add_marker(no_data)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The shared labeled sets (tests asking for it skip where they are absent, outside CI)."""
+    return SHARED_DATA
 
 
 def free_port() -> int:
@@ -141,7 +156,11 @@ def spare_llama_server(tmp_path: Path) -> Iterator[LlamaServer]:
     server.kill()
 
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+# The labeled sets: `../shared/data` beside the checkout, or TRIAGE_SHARED_DATA. Where they are
+# absent, the tests that read them skip and say what to set; in CI (CI=true) their absence fails.
+SHARED_DATA = Path(os.environ.get("TRIAGE_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+DATA_FIXTURES = frozenset({"trained_heads", "heads", "toy", "option_heads", "shared_data"})
+DATA_MODULES = frozenset({"test_options", "test_routing"})
 HEADS = ["question_type", "category", "reasoning", "injection"]
 
 

@@ -18,7 +18,7 @@ import structlog
 from classifiers.export import ensure_exported
 from classifiers.train_all import train
 from policies import loader
-from tests.conftest import Gateway, LlamaServer, free_port
+from tests.conftest import SHARED_DATA, Gateway, LlamaServer, free_port
 
 
 def cascade_policy(
@@ -291,7 +291,7 @@ models: {{smollm2: {{backend: pool}}}}
 
 # --- with the encoder in front --------------------------------------------------------------------------------------
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = SHARED_DATA
 
 
 def encoder_policy(artifacts: Path, pool: str, encoder_thresholds: str) -> str:

@@ -101,12 +101,10 @@ def test_shaped_choice_keeps_the_answer_among_two_to_five_options_the_same_every
     assert len(shapes) >= 5  # option counts and layouts vary across rows
 
 
-def test_shaped_rows_are_the_mmlu_pro_rows_the_cap_left_out() -> None:
+def test_shaped_rows_are_the_mmlu_pro_rows_the_cap_left_out(shared_data: Path) -> None:
     from classifiers import datasets
 
-    root = Path(__file__).resolve().parents[2] / "shared" / "data"
-    if not (root / "typed").is_dir():
-        pytest.skip("the shared data is not beside the checkout")
+    root = shared_data
     plain = datasets.question_type(root, "dev", per_source_cap=50)
     shaped = datasets.question_type(root, "dev", per_source_cap=50, shaped=True)
     extra = [i for i in shaped.ids if i.startswith(datasets.SHAPED)]

@@ -21,8 +21,9 @@ from classifiers.service import Classifier
 from classifiers.train_all import EmbeddingCache, TrainReport, train
 from gateway.errors import NotReady
 from policies import loader
+from tests.conftest import SHARED_DATA
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = SHARED_DATA
 DIM = 384
 
 

@@ -21,9 +21,9 @@ from classifiers.export import ensure_exported
 from gateway import runtime
 from gateway.errors import PolicyInvalid
 from policies import loader
-from tests.conftest import Gateway, LlamaServer
+from tests.conftest import SHARED_DATA, Gateway, LlamaServer
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = SHARED_DATA
 MATH = (
     "Find all real numbers x that satisfy the equation 3x^2 - 12x + 9 = 0.\n\n"
     "A. x = 1 and x = 3\nB. x = -1 and x = -3\nC. x = 2 only\nD. x = 0 and x = 4"
