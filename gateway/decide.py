@@ -150,6 +150,8 @@ def body(d: Decision, request_id: str) -> dict[str, Any]:
         "answer": d.answer,
         "probabilities": {k: round(v, 6) for k, v in d.probabilities.items()},
         "confidence": round(d.confidence, 6),
+        # false: the answering tier gave no probabilities; these are its policy's assumed confidence
+        "probabilities_measured": not d.assumed,
         "tier": d.tier,
         "trace": [s.as_dict() for s in d.trace],
         "usage": dict(d.usage) if d.usage else None,

@@ -183,12 +183,14 @@ def _read_model(tier: ModelTier, q: Question, reply: Body, labels: tuple[str, ..
         number = extract_number(text)
         if number is None:
             return TierAnswer(error="the model's answer holds no number", usage=usage)
-        return TierAnswer(text=number, confidence=tier.assumed_confidence, usage=usage)
+        return TierAnswer(text=number, confidence=tier.assumed_confidence, usage=usage, assumed=True)
     content = ((choice.get("logprobs") or {}).get("content") or []) if isinstance(choice, dict) else []
     scores = label_logprobs(content, labels) if content else None
     if scores is None:
         index = label_in_text(text, labels)
         if index is None:
             return TierAnswer(error=f"the model's answer {text[:40]!r} names no option", usage=usage)
-        scores = assumed_scores(len(labels), index, tier.assumed_confidence)
+        return TierAnswer(
+            scores=tuple(assumed_scores(len(labels), index, tier.assumed_confidence)), usage=usage, assumed=True
+        )
     return TierAnswer(scores=tuple(scores), usage=usage)

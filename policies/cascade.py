@@ -82,6 +82,7 @@ class TierAnswer:
     confidence: float | None = None
     usage: Mapping[str, int] | None = None
     model: str | None = None  # a model tier's: the policy model that answered (a routed tier's choice)
+    assumed: bool = False  # the tier gave no probabilities: these are its `assumed_confidence`, not measured
 
 
 Outcome = Literal["accepted", "escalated", "failed", "skipped", "exhausted"]
@@ -97,6 +98,7 @@ class Step:
     threshold: float | None = None
     error: str | None = None
     model: str | None = None  # the policy model that answered, for a model tier
+    assumed: bool = False  # the confidence is the tier's assumed one: the engine gave no probabilities
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -108,6 +110,7 @@ class Step:
             "latency_ms": round(self.latency_ms, 3),
             **({"error": self.error} if self.error else {}),
             **({"model": self.model} if self.model else {}),
+            **({"probabilities": "assumed"} if self.assumed else {}),
         }
 
 
@@ -120,6 +123,7 @@ class Decision:
     trace: tuple[Step, ...]
     usage: Mapping[str, int] | None = None
     qtype: str = "choice"
+    assumed: bool = False  # the probabilities are the answering tier's assumed confidence, not measured
 
 
 class CascadeExhausted(UpstreamError):
@@ -205,10 +209,18 @@ def run(
                     reading.confidence,
                     threshold,
                     model=answer.model,
+                    assumed=answer.assumed,
                 )
             )
             return Decision(
-                reading.answer, reading.probabilities, reading.confidence, gate.name, tuple(trace), answer.usage, q.type
+                reading.answer,
+                reading.probabilities,
+                reading.confidence,
+                gate.name,
+                tuple(trace),
+                answer.usage,
+                q.type,
+                answer.assumed,
             )
         trace.append(
             Step(
@@ -219,6 +231,7 @@ def run(
                 reading.confidence,
                 threshold,
                 model=answer.model,
+                assumed=answer.assumed,
             )
         )
         if best is None or reading.confidence > best[0].confidence:
@@ -227,7 +240,14 @@ def run(
         reading, gate, answer = best
         trace.append(Step(gate.name, "exhausted", 0.0, reading.answer, reading.confidence, None))
         return Decision(
-            reading.answer, reading.probabilities, reading.confidence, gate.name, tuple(trace), answer.usage, q.type
+            reading.answer,
+            reading.probabilities,
+            reading.confidence,
+            gate.name,
+            tuple(trace),
+            answer.usage,
+            q.type,
+            answer.assumed,
         )
     failed = [f"{s.tier}: {s.error}" for s in trace if s.outcome in ("failed", "skipped")]
     raise CascadeExhausted(

@@ -386,6 +386,9 @@ cascade:
     d = r.json()
     assert d["tier"] == "pool" and [s["outcome"] for s in d["trace"]] == ["escalated", "accepted"]
     assert max(d["probabilities"].values()) == pytest.approx(0.8)
+    # said so: these probabilities are the policy's assumption, not a measurement
+    assert d["probabilities_measured"] is False and d["trace"][1]["probabilities"] == "assumed"
+    assert "probabilities" not in d["trace"][0]  # the scorer's were measured
 
 
 def test_a_lettered_scorer_tier_answers_from_the_letters(
@@ -407,6 +410,7 @@ def test_a_lettered_scorer_tier_answers_from_the_letters(
         assert r.status_code == 200, r.text
         d = r.json()
         assert d["tier"] == "scorer" and d["answer"] in ("Berlin", "Paris", "Madrid")
+        assert d["probabilities_measured"] is True
         assert sum(d["probabilities"].values()) == pytest.approx(1.0, abs=1e-5)
         # more options than letters: the scorer cannot take it and says why; the pool answers
         many = http.post(
