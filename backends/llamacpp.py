@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -52,6 +53,10 @@ _COMPLETION_PARAMS = {
 }
 
 
+_LITERAL = r'"(?:[^"\\\n]|\\["\\nrt/])+"'
+_LITERALS = re.compile(rf"root ::= {_LITERAL}(?: \| {_LITERAL})*")
+
+
 def _kwargs(call: Call) -> dict[str, Any]:
     body = call.body
     if int(body.get("n") or 1) != 1:
@@ -65,8 +70,37 @@ def _kwargs(call: Call) -> dict[str, Any]:
         if len(prompts) != 1 or not isinstance(prompts[0], str):
             raise InvalidRequest("the local backend takes one prompt string", param="prompt")
         kwargs["prompt"] = prompts[0]
+    if call.kind == "chat":
+        kwargs.update(_constraint(body))
     kwargs["model"] = body.get("model")
     return kwargs
+
+
+def _constraint(body: dict[str, Any]) -> dict[str, Any]:
+    """Constrained decoding llama-cpp-python takes: a GBNF ``grammar`` (the cascade's model tier with
+    ``constrain: grammar``, or a client's), and OpenAI's ``response_format: json_schema``, which it
+    knows only as ``json_object`` with a ``schema`` (passed as is, it would be ignored)."""
+    out: dict[str, Any] = {}
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise InvalidRequest("response_format.json_schema.schema must be an object", param="response_format")
+        out["response_format"] = {"type": "json_object", "schema": schema}
+    grammar = body.get("grammar")
+    if grammar is not None:
+        # llama.cpp parses a grammar only when sampling starts, and a grammar that does not parse
+        # aborts the process: only the shape the cascade builds (literal alternatives) is taken
+        if not isinstance(grammar, str) or not _LITERALS.fullmatch(grammar):
+            raise InvalidRequest(
+                'grammar: the local backend takes only literal alternatives, root ::= "A" | "B" | ...',
+                param="grammar",
+            )
+        from llama_cpp import LlamaGrammar
+
+        out["grammar"] = LlamaGrammar.from_string(grammar, verbose=False)
+    return out
 
 
 class LlamaCppBackend:

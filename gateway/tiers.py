@@ -8,6 +8,7 @@ that cannot take the question answers ``skipped``. Nothing here decides: that is
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import re
 import time
@@ -148,7 +149,14 @@ def model_body(tier: ModelTier, q: Question) -> tuple[Body, tuple[str, ...]]:
         body["structured_outputs"] = {"choice": list(labels)}
     elif tier.constrain == "regex":
         body["regex"] = "(" + "|".join(re.escape(label) for label in labels) + ")"
+    elif tier.constrain == "grammar":  # GBNF: the labels only, so the answer is always one of them
+        body["grammar"] = labels_grammar(labels)
     return body, labels
+
+
+def labels_grammar(labels: tuple[str, ...]) -> str:
+    """A GBNF grammar (llama.cpp's) whose only sentences are the labels."""
+    return "root ::= " + " | ".join(json.dumps(label, ensure_ascii=False) for label in labels)
 
 
 async def _model(

@@ -86,10 +86,11 @@ class ModelTier(_Tier):
 
     type: Literal["model"]
     model: str
-    constrain: Literal["none", "guided_choice", "structured_outputs", "regex"] = Field(
+    constrain: Literal["none", "guided_choice", "structured_outputs", "regex", "grammar"] = Field(
         "none",
         description="the engine's constrained decoding: vLLM structured_outputs (guided_choice before "
-        "v0.12), SGLang regex; none for engines without it (llama.cpp's server)",
+        "v0.12), SGLang regex, llama.cpp grammar (a GBNF grammar of the labels: the in-process backend "
+        "and llama.cpp's server); none for engines without it",
     )
     logprobs: bool = Field(True, description="ask for top_logprobs to read option probabilities")
     assumed_confidence: _Unit = Field(0.9, description="confidence of an answer that came without logprobs")

