@@ -66,6 +66,7 @@ def create_app(settings: Settings) -> FastAPI:
         batches = await _batch_runner(policy, settings, holder)
         app.state.triage = GatewayState(holder, metrics, batches=batches)
         metrics.watch_backends(lambda: holder.current.backends.items())
+        metrics.watch_budget(lambda: holder.current.budget)
         reloader = Reloader(settings.policy_path, holder, metrics)
         app.state.reloader = reloader
         sighup = settings.handle_sighup and reloader.install_sighup()

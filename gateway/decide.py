@@ -108,14 +108,25 @@ async def decide(
     if spec is None:
         raise NotFound("this policy has no cascade: /v1/decide is not served")
     by_name = {t.name: t for t in spec.tiers}
-    gen = cascade.run(q, gates(spec, overrides), spec.on_exhausted)
+    chosen = gates(spec, overrides)
+    if rt.budget is not None and overrides is None:  # a request's own thresholds are its own
+        chosen = rt.budget.gates(chosen)
+    budget = rt.budget if overrides is None else None
+    gen = cascade.run(q, chosen, spec.on_exhausted)
     ask = next(gen)
     while True:
         reply = await tiers.answer(rt, by_name[ask.tier], ask, request_id, attempts)
         try:
             ask = gen.send(reply)
         except StopIteration as stop:
-            return stop.value
+            decision: Decision = stop.value
+            if budget is not None and decision.trace:
+                budget.observe(decision.trace[0])
+            return decision
+        except cascade.CascadeExhausted as exc:
+            if budget is not None and exc.trace:
+                budget.observe(exc.trace[0])
+            raise
 
 
 async def decide_many(

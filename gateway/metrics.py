@@ -54,6 +54,10 @@ class Metrics:
         queue and its requests in flight per replica."""
         self.registry.register(_AdmissionCollector(backends))
 
+    def watch_budget(self, budget: Callable[[], Any]) -> None:
+        """Gauges read at scrape time from the current policy's escalation budget, if it has one."""
+        self.registry.register(_BudgetCollector(budget))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -78,3 +82,21 @@ class _AdmissionCollector(Collector):
                 busy.add_metric([name, r.state.api_base], r.in_flight)
         yield waiting
         yield busy
+
+
+class _BudgetCollector(Collector):
+    def __init__(self, budget: Callable[[], Any]) -> None:
+        self.budget = budget
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        b = self.budget()
+        if b is None:
+            return
+        yield GaugeMetricFamily(
+            "triage_cascade_threshold_offset", "The escalation budget's shift of the first tiers' thresholds", b.offset
+        )
+        yield GaugeMetricFamily("triage_cascade_escalation_target", "The share the budget holds", b.target)
+        if b.share is not None:
+            yield GaugeMetricFamily(
+                "triage_cascade_escalated_share", "Share of recent questions the first tier escalated", b.share
+            )

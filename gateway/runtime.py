@@ -19,6 +19,7 @@ from backends import registry
 from backends.base import Backend
 from backends.secrets import MissingSecret, resolve
 from gateway.errors import NotReady, PolicyInvalid
+from policies.budget import EscalationBudget
 from policies.schema import Policy
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class Runtime:
     key_hashes: frozenset[str]
     encoding: Encoding | None = None
     quality: dict[str, QualityHead] = field(default_factory=dict)  # routed virtual model -> its heads
+    budget: EscalationBudget | None = None  # the cascade's online escalation budget (a policy's own)
     in_flight: int = 0
     retired: bool = False
 
@@ -128,7 +130,15 @@ async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path 
         if encoding is not None and (previous is None or encoding is not previous.encoding):
             await encoding.close()
         raise
-    return Runtime(policy, backends, keys, encoding, quality)
+    return Runtime(policy, backends, keys, encoding, quality, _budget(policy))
+
+
+def _budget(policy: Policy) -> EscalationBudget | None:
+    """A fresh controller per policy (a reload starts it again at the policy's own thresholds)."""
+    c = policy.cascade
+    if c is None or c.escalation_budget is None:
+        return None
+    return EscalationBudget(c.escalation_budget, c.budget_step, c.budget_max_shift, c.budget_floor, c.budget_window)
 
 
 class RuntimeHolder:

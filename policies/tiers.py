@@ -111,3 +111,14 @@ class Cascade(Strict):
     max_batch: int = Field(256, ge=1, description="questions per /v1/decide/batch request")
     max_options: int = Field(64, ge=2, le=64)
     max_scale: int = Field(101, ge=2, description="values a score scale may have")
+    escalation_budget: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="the share of questions the first tier may send on: the gateway shifts the thresholds of "
+        "every tier but the last to hold it under shifting traffic (policies/budget.py); none: fixed thresholds",
+    )
+    budget_floor: float = Field(0.0, ge=0, le=1, description="no shifted threshold goes below this (quality floor)")
+    budget_max_shift: float = Field(0.3, gt=0, le=1, description="the most the thresholds move either way")
+    budget_step: float = Field(0.01, gt=0, le=0.5, description="how far one question moves them")
+    budget_window: int = Field(500, ge=10, description="questions the reported escalated share is taken over")
