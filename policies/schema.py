@@ -323,8 +323,9 @@ class RoutedModel(Strict):
     prune_dominated: bool = Field(
         True, description="never choose a candidate that another one beat on the dev rows at no more cost"
     )
-    learners: list[Literal["linear", "mf", "knn"]] = Field(
-        default_factory=lambda: ["linear", "mf", "knn"], description="learners `triage train` tries (dev rows)"
+    learners: list[Literal["linear", "mf", "knn", "centroid"]] = Field(
+        default_factory=lambda: ["linear", "mf", "knn", "centroid"],
+        description="learners `triage train` tries on dev rows (centroid where the labels have categories)",
     )
     description: str = ""
 

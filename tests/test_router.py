@@ -117,6 +117,13 @@ def test_the_learner_with_the_best_held_back_score_wins() -> None:
     best = max(priced.tried, key=lambda c: c.value)  # with prices: the routing value
     assert priced.head.meta["learner"] == best.learner and priced.head.meta["selected_by"] == "routing value"
     assert 0.3 < best.value <= 1.0
+    # with the labels' categories, and the policy's default learners, the centroid table is tried too
+    from policies.schema import RoutedModel
+
+    learners = RoutedModel(type="routed", labels="x/y", candidates=[{"model": "a"}, {"model": "b"}]).learners
+    cats = ["easy" if i % 2 else "hard" for i in range(len(ids))]
+    tried = fit_quality("quality-test", ("weak", "strong"), x, y, ids, learners=learners, categories=cats).tried
+    assert "centroid" in {c.learner for c in tried}
 
 
 def test_routing_value_of_a_blind_and_of_a_perfect_router() -> None:
