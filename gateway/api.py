@@ -11,6 +11,7 @@ import orjson
 import structlog
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
+from starlette.requests import ClientDisconnect
 from starlette.routing import Route as HTTPRoute
 
 from backends.base import Body, Kind
@@ -93,6 +94,8 @@ async def read_body(request: Request, limit: int) -> bytes:
                 parts.append(part)
     except TimeoutError:
         raise RequestTimeout(f"The request body did not arrive within {BODY_TIMEOUT_S:g} s") from None
+    except ClientDisconnect:
+        raise ClientGone("the client closed the connection before its request body was in") from None
     return b"".join(parts)
 
 
@@ -356,7 +359,13 @@ async def health() -> Response:
 async def ready(request: Request) -> Response:
     rt = _state(request).holder.current
     backends = {name: b.healthy() for name, b in rt.backends.items()}
-    ok = any(backends.values())
+    # ready when every model can be served: its own backend, or one of its fallbacks', is up
+    down = [
+        name
+        for name, spec in rt.policy.models.items()
+        if not any(backends.get(rt.policy.models[m].backend, False) for m in [name, *spec.fallbacks])
+    ]
+    ok = bool(backends) and not down
     return _json({"status": "ready" if ok else "not_ready", "backends": backends}, 200 if ok else 503)
 
 

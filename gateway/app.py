@@ -13,13 +13,14 @@ import structlog
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway import batch_api, logs, runtime
 from gateway.api import HOT_ROUTES, error_response, router
 from gateway.batch_runner import BatchRunner
 from gateway.batch_store import BatchStore, StoreBusy
-from gateway.errors import InvalidRequest, NotFound, TriageError
+from gateway.errors import ClientGone, InvalidRequest, NotFound, TriageError
 from gateway.metrics import Metrics
 from gateway.reload import Reloader
 from gateway.runtime import RuntimeHolder
@@ -105,6 +106,9 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.exception_handler(TriageError)
     async def _triage_error(request: Request, exc: TriageError) -> Response:
+        if isinstance(exc, ClientGone):  # a route outside the exchange (an upload): the client's doing
+            log.info("client_gone", method=request.method, path=request.url.path, status=exc.status)
+            app.state.triage.metrics.errors.labels(exc.type, str(exc.status)).inc()
         return error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
@@ -114,6 +118,9 @@ def create_app(settings: Settings) -> FastAPI:
         err = InvalidRequest(str(exc.detail))
         response = error_response(err)
         response.status_code = exc.status_code
+        response.headers.update(exc.headers or {})
+        if exc.status_code == 405:  # every method the path takes (Starlette names only its first route's)
+            response.headers["Allow"] = ", ".join(_allowed(request))
         return response
 
     @app.exception_handler(RequestValidationError)
@@ -122,6 +129,17 @@ def create_app(settings: Settings) -> FastAPI:
 
     app.add_middleware(_Edge)
     return app
+
+
+def _allowed(request: Request) -> list[str]:
+    """The methods some route of the app serves at this request's path, as a 405's ``Allow`` (RFC 9110):
+    each method tried against the routes, which match in full only where path and method both do."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+        if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes)
+    ]
 
 
 class _Edge:

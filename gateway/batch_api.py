@@ -12,12 +12,13 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request, Response
+from starlette.datastructures import FormData
 from starlette.types import Message
 
 from gateway.api import read_body
 from gateway.batch_runner import ENDPOINTS, BatchRunner
 from gateway.batch_store import BatchStore, new_id
-from gateway.errors import InvalidRequest, NotFound, NotReady, PayloadTooLarge, Unauthorized
+from gateway.errors import ClientGone, InvalidRequest, NotFound, NotReady, PayloadTooLarge, Unauthorized
 from gateway.schemas import parse_json
 
 router = APIRouter()
@@ -54,7 +55,8 @@ def _caller(request: Request) -> _Caller:
 @router.post("/v1/files")
 async def upload(request: Request) -> Response:
     caller = _caller(request)
-    limit = caller.runner.holder.current.policy.batches.max_file_bytes
+    settings = caller.runner.holder.current.policy.batches
+    limit = settings.max_file_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit + _OVERHEAD:
         raise PayloadTooLarge(f"the file is over the limit of {limit} bytes")
@@ -64,11 +66,32 @@ async def upload(request: Request) -> Response:
             raise InvalidRequest("purpose must be 'batch'", param="purpose")
         if upload_ is None or isinstance(upload_, str):
             raise InvalidRequest("a file is required", param="file")
+        expires_after = _expires_after(form, settings.min_expires_after_s)
         content = await upload_.read()
         name = upload_.filename or "input.jsonl"
     if len(content) > limit:
         raise PayloadTooLarge(f"the file is over the limit of {limit} bytes")
-    return _json(await asyncio.to_thread(caller.store.add_file, content, name, "batch", caller.viewer))
+    add = caller.store.add_file
+    return _json(await asyncio.to_thread(add, content, name, "batch", caller.viewer, expires_after))
+
+
+_MAX_EXPIRES_AFTER = 2_592_000  # 30 days, as on OpenAI
+
+
+def _expires_after(form: FormData, shortest: int) -> int | None:
+    """OpenAI's ``expires_after`` form fields (``expires_after[anchor]``: created_at, and
+    ``expires_after[seconds]``): the file's lifetime in seconds, None when not asked."""
+    anchor, seconds = form.get("expires_after[anchor]"), form.get("expires_after[seconds]")
+    if anchor is None and seconds is None:
+        return None
+    if anchor != "created_at":
+        raise InvalidRequest("expires_after[anchor] must be 'created_at'", param="expires_after.anchor")
+    if not isinstance(seconds, str) or not seconds.isdigit() or not shortest <= int(seconds) <= _MAX_EXPIRES_AFTER:
+        raise InvalidRequest(
+            f"expires_after[seconds] must be an integer from {shortest} to {_MAX_EXPIRES_AFTER}",
+            param="expires_after.seconds",
+        )
+    return int(seconds)
 
 
 def _counted(request: Request, limit: int) -> Request:
@@ -79,6 +102,8 @@ def _counted(request: Request, limit: int) -> Request:
     async def receive() -> Message:
         nonlocal seen
         message = await request.receive()
+        if message["type"] == "http.disconnect":  # gone mid-upload: the client's doing, not ours (499)
+            raise ClientGone("the client closed the connection before its upload was in")
         seen += len(message.get("body", b""))
         if seen > limit:
             raise PayloadTooLarge(f"the file is over the limit of {limit - _OVERHEAD} bytes")
@@ -98,6 +123,14 @@ async def file_content(request: Request, file_id: str) -> Response:
     await _file(caller, file_id)
     content = await asyncio.to_thread(caller.store.file_path(file_id).read_bytes)
     return Response(content, media_type="application/jsonl")
+
+
+@router.delete("/v1/files/{file_id}")
+async def delete_file(request: Request, file_id: str) -> Response:
+    caller = _caller(request)
+    if not await asyncio.to_thread(caller.store.delete_file, file_id, caller.viewer):
+        raise NotFound(f"No such file: {file_id}", param="file_id")
+    return _json({"id": file_id, "object": "file", "deleted": True})
 
 
 async def _file(caller: _Caller, file_id: str) -> dict[str, Any]:

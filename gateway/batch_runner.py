@@ -9,6 +9,7 @@ flight finish and count.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
@@ -38,11 +39,24 @@ class BatchRunner:
         self.base_dir = base_dir  # the policy file's folder: relative tokenizer paths
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self._cancelled: set[str] = set()
         self._writing = asyncio.Lock()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop())
+        self._sweeper = asyncio.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Files past their ``expires_at`` (``expires_after`` at upload) removed, every
+        ``batches.sweep_interval_s`` (read each round: a reload may change it)."""
+        while True:
+            try:
+                if removed := await asyncio.to_thread(self.store.sweep):
+                    log.info("files_expired", count=len(removed), files=removed[:20])
+            except (OSError, sqlite3.Error) as exc:  # a disk problem: the next round tries again
+                log.error("file_sweep_failed", error=str(exc))
+            await asyncio.sleep(self.holder.current.policy.batches.sweep_interval_s)
 
     def wake(self) -> None:
         self._wake.set()
@@ -62,9 +76,10 @@ class BatchRunner:
         return doc
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()  # requests in flight stay pending: a restart runs them
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [t for t in (self._task, self._sweeper) if t is not None]
+        for task in tasks:
+            task.cancel()  # requests in flight stay pending: a restart runs them
+        await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.to_thread(self.store.close)
 
     async def _loop(self) -> None:
@@ -281,7 +296,7 @@ def check_lines(
     """Every line of an input file: (line, custom_id, body) to run, or an error result for the
     error file naming the line. A malformed line never stops the others."""
     rows: list[tuple[int, str | None, dict | None, dict | None]] = []
-    seen: set[str] = set()
+    seen: dict[str, int] = {}  # custom_id -> the line that has it
     lines = [(n, line) for n, line in enumerate(raw.split(b"\n"), 1) if line.strip()]
     for n, line in lines:
         cid = None
@@ -290,11 +305,15 @@ def check_lines(
             if not isinstance(doc, dict):
                 raise InvalidRequest("the line is not a JSON object")
             cid = doc.get("custom_id") if isinstance(doc.get("custom_id"), str) else None
+            if cid in seen:  # its error line carries no custom_id: the id's one result is the first line's
+                first, cid = seen[cid], None
+                raise InvalidRequest(f"custom_id {doc['custom_id']!r} is used twice (first on line {first})")
+            if cid:
+                seen[cid] = n  # taken even when this line fails: its error line is then the id's one entry
             check_depth(line, doc, MAX_DEPTH + 1)  # the body nests as deep as the API lets it
-            body = _check_line(doc, endpoint, models, seen)
+            body = _check_line(doc, endpoint, models)
             if len(rows) >= max_requests:
                 raise InvalidRequest(f"over the limit of {max_requests} requests per batch")
-            seen.add(doc["custom_id"])
             rows.append((n, cid, body, None))
         except (orjson.JSONDecodeError, InvalidRequest) as exc:
             message = exc.message if isinstance(exc, InvalidRequest) else f"not JSON: {exc}"
@@ -314,12 +333,10 @@ def check_lines(
     return rows
 
 
-def _check_line(doc: dict[str, Any], endpoint: str, models: set[str], seen: set[str]) -> dict[str, Any]:
+def _check_line(doc: dict[str, Any], endpoint: str, models: set[str]) -> dict[str, Any]:
     cid = doc.get("custom_id")
     if not isinstance(cid, str) or not cid:
         raise InvalidRequest("custom_id must be a non-empty string")
-    if cid in seen:
-        raise InvalidRequest(f"custom_id {cid!r} is used twice")
     if doc.get("method", "POST") != "POST":
         raise InvalidRequest("method must be POST")
     if doc.get("url") != endpoint:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
 from gateway.errors import InvalidRequest, MalformedJSON
 
@@ -61,6 +61,13 @@ class CompletionRequest(_Common):
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool | None = None
     suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _some_prompt(cls, v: Any) -> Any:
+        if isinstance(v, list) and not v:  # asks for nothing: OpenAI refuses it (an empty string is a prompt)
+            raise ValueError("the prompt list is empty")
+        return v
 
 
 def parse_any_json(raw: bytes) -> Any:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,6 +158,37 @@ def parse(text: str, file: str = "<policy>", base_dir: Path | None = None) -> Po
     if problems:
         raise PolicyInvalid([str(p) for p in problems])
     return policy
+
+
+def _secret_refs(node: Any, loc: Loc = ()) -> list[tuple[Loc, str]]:
+    """Every ``env:NAME`` reference in the policy's secret fields (``api_key``, a key's ``sha256``)."""
+    if isinstance(node, dict):
+        found = []
+        for k, v in node.items():
+            if k in ("api_key", "sha256") and isinstance(v, str) and v.startswith("env:"):
+                found.append(((*loc, k), v.removeprefix("env:")))
+            else:
+                found.extend(_secret_refs(v, (*loc, k)))
+        return found
+    if isinstance(node, list):
+        return [ref for i, v in enumerate(node) for ref in _secret_refs(v, (*loc, i))]
+    return []
+
+
+def unset_secrets(path: str | Path, environ: Mapping[str, str] | None = None) -> list[str]:
+    """``file:line:col: path: ...`` for each secret the policy (already valid) references by an
+    environment variable that is not set: the gateway cannot start its backends or keys without it."""
+    env = os.environ if environ is None else environ
+    path = Path(path)
+    root = YAML(typ="rt").load(path.read_text(encoding="utf-8"))
+    problems = []
+    for loc, name in _secret_refs(_to_plain(root)):
+        if name not in env:
+            line, col = _position(root, loc)
+            problems.append(
+                str(Problem(str(path), line + 1, col + 1, _dotted(loc), f"environment variable {name} is not set"))
+            )
+    return problems
 
 
 def load(path: str | Path) -> Policy:

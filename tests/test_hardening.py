@@ -497,3 +497,141 @@ def test_a_chunked_upload_over_the_limit_is_refused_while_it_streams(
     assert peak - before < 10 * 2**20, (before, peak)
     assert answer.startswith(b"HTTP/1.1 413") and b"connection: close" in answer.lower(), answer[:300]
     still_serving(gw)
+
+
+# --- 9. smaller defects -------------------------------------------------------------------------------------
+
+
+def metric_line(gw: Gateway, prefix: str) -> str | None:
+    with gw.http() as http:
+        return next((x for x in http.get("/metrics").text.splitlines() if x.startswith(prefix)), None)
+
+
+def test_a_client_that_leaves_mid_upload_is_a_499_not_an_unhandled_error(
+    gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    gw = gateway(policy(extra=f'batches: {{dir: "{tmp_path / "b"}"}}\n'))
+    with structlog.testing.capture_logs() as logs:
+        for head in (
+            b"POST /v1/files HTTP/1.1\r\nHost: gw\r\nContent-Length: 100000\r\n"
+            b"Content-Type: multipart/form-data; boundary=BOUNDARY\r\n\r\n"
+            b'--BOUNDARY\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n{"cust',
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: 1000\r\n\r\n"
+            b'{"model": "scripted", "mess',
+        ):
+            s = raw_socket(gw)
+            s.sendall(head)
+            time.sleep(0.2)
+            s.close()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and len([e for e in logs if e["event"] in ("client_gone", "request")]) < 2:
+            time.sleep(0.05)
+    assert not [e for e in logs if e["event"] == "unhandled_error"], logs
+    [gone] = [e for e in logs if e["event"] == "client_gone"]
+    assert (gone["path"], gone["status"]) == ("/v1/files", 499)
+    [request] = [e for e in logs if e["event"] == "request"]
+    assert request["status"] == 499 and request["error"]["code"] == "client_closed_request"
+    line = metric_line(gw, 'triage_errors_total{status="499",type="client_closed_request"}')
+    assert line is not None and line.endswith(" 2.0"), line
+    assert metric_line(gw, 'triage_errors_total{status="500"') is None
+    still_serving(gw)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [("GET", "/v1/chat/completions", "POST"), ("DELETE", "/v1/models", "GET"), ("PUT", "/v1/batches", "GET, POST")],
+)
+def test_a_405_says_which_methods_are_allowed(
+    gateway: Callable[..., Gateway], method: str, path: str, allow: str
+) -> None:
+    gw = gateway(policy())
+    with gw.http() as http:
+        resp = http.request(method, path)
+    assert resp.status_code == 405
+    assert sorted(resp.headers["allow"].split(", ")) == sorted(allow.split(", "))
+    assert error_of(resp)["type"] == "invalid_request_error"
+
+
+def test_a_duplicated_custom_id_gets_an_error_line_without_that_id(
+    gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    gw = gateway(policy(extra=f'batches: {{dir: "{tmp_path / "b"}"}}\n'))
+    client = gw.client()
+    ok = {"model": "scripted", "messages": MSG}
+    lines = [
+        batch_line("a", ok),
+        batch_line("a", ok),  # a second a: its error line must not be read as a's result
+        batch_line("b", ok),
+        batch_line("c", {"model": "nope", "messages": MSG}),  # c fails ...
+        batch_line("c", ok),  # ... and a second c does not run: c has one entry, its error
+    ]
+    f = client.files.create(file=("in.jsonl", io.BytesIO("\n".join(lines).encode())), purpose="batch")
+    batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    batch = wait_batch(client, batch.id)
+    assert batch.status == "completed"
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (5, 2, 3)
+    out, errors = jsonl(client, batch.output_file_id), jsonl(client, batch.error_file_id)
+    assert sorted(o["custom_id"] for o in out) == ["a", "b"]
+    by_line = {e["error"]["message"].split(":")[0]: e for e in errors}
+    assert by_line["line 2"]["custom_id"] is None
+    assert "custom_id 'a' is used twice (first on line 1)" in by_line["line 2"]["error"]["message"]
+    assert by_line["line 4"]["custom_id"] == "c"
+    assert by_line["line 5"]["custom_id"] is None and "first on line 4" in by_line["line 5"]["error"]["message"]
+    ids = [o["custom_id"] for o in out + errors if o["custom_id"] is not None]
+    assert len(ids) == len(set(ids))  # every id has one entry
+
+
+def test_completions_refuse_an_empty_prompt_list(gateway: Callable[..., Gateway]) -> None:
+    gw = gateway(policy())
+    with pytest.raises(openai.BadRequestError) as caught:
+        gw.client().completions.create(model="echo", prompt=[])
+    assert caught.value.status_code == 400 and caught.value.body["param"] == "prompt"  # type: ignore[index]
+    assert gw.client().completions.create(model="echo", prompt="").choices  # an empty string is a prompt
+
+
+def test_ready_is_503_while_a_models_only_backend_is_down(gateway: Callable[..., Gateway]) -> None:
+    dead = POLICY.replace(
+        "health: {enabled: false}", "health: {interval_s: 0.1, timeout_s: 0.5, cooldown_s: 60}"
+    ).replace("LATENCY", "0")
+    gw = gateway(dead)
+    with gw.http() as http:
+        for _ in range(100):
+            resp = http.get("/ready")
+            if resp.status_code == 503:
+                break
+            time.sleep(0.05)
+        assert resp.status_code == 503, resp.text  # script and echo are up; pool, pool's only backend, is not
+        assert resp.json() == {"status": "not_ready", "backends": {"script": True, "echo": True, "pool": False}}
+    with_fallback = dead.replace("pool: {backend: pool}", "pool: {backend: pool, fallbacks: [scripted]}")
+    gw = gateway(with_fallback)
+    time.sleep(0.5)
+    with gw.http() as http:
+        resp = http.get("/ready")
+    assert resp.status_code == 200 and resp.json()["backends"]["pool"] is False  # pool still has a way to answer
+
+
+def test_an_unset_secret_is_a_warning_in_validate_and_serve_says_so_without_a_traceback(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "p.yaml"
+    path.write_text(POLICY.replace("LATENCY", "0").replace('9/v1"}', '9/v1", api_key: "env:TRIAGE_TEST_UNSET_KEY"}'))
+    env = {k: v for k, v in os.environ.items() if k != "TRIAGE_TEST_UNSET_KEY"}
+    cli = [sys.executable, "-m", "gateway.cli"]
+    run = subprocess.run([*cli, "validate", str(path)], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert f"warning: {path}:7:" in run.stderr and "TRIAGE_TEST_UNSET_KEY is not set" in run.stderr, run.stderr
+    assert "backends.pool.replicas[0].api_key" in run.stderr
+    run = subprocess.run(
+        [*cli, "serve", "--policy", str(path), "--port", str(free_port()), "--no-watch"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert run.returncode == 2 and "TRIAGE_TEST_UNSET_KEY is not set" in run.stderr
+    assert "Traceback" not in run.stderr
+    run = subprocess.run(
+        [*cli, "validate", str(path)], capture_output=True, text=True, env=env | {"TRIAGE_TEST_UNSET_KEY": "k"}
+    )
+    assert run.returncode == 0 and "warning" not in run.stderr

@@ -34,6 +34,8 @@ def serve(
     settings = Settings(policy_path=policy or default_policy_path(), watch_policy=watch, freeze_gc=True)
     try:
         loader.load(settings.policy_path)  # refuse to start on a bad policy, with every problem
+        if missing := loader.unset_secrets(settings.policy_path):  # or on secrets this host does not have
+            raise PolicyInvalid(missing)
     except PolicyInvalid as exc:
         for problem in exc.problems:
             typer.echo(problem, err=True)

@@ -33,6 +33,8 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Policy files to c
             for problem in problems:
                 err.print(f"{path}: {problem}", markup=False)
             continue
+        for problem in loader.unset_secrets(path):  # a warning: the policy is right, this host's environment is not
+            err.print(f"warning: {problem} (triage serve refuses to start without it)", markup=False)
         out.print(
             f"ok: {path} ({len(policy.backends)} backends, {len(policy.models)} models, "
             f"{len(policy.virtual_models)} virtual models)",
