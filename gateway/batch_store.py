@@ -25,7 +25,7 @@ from typing import Any
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
     id TEXT PRIMARY KEY, purpose TEXT NOT NULL, filename TEXT NOT NULL, bytes INTEGER NOT NULL,
-    created_at INTEGER NOT NULL, owner TEXT);
+    created_at INTEGER NOT NULL, owner TEXT, expires_at INTEGER);
 CREATE TABLE IF NOT EXISTS batches (
     id TEXT PRIMARY KEY, doc TEXT NOT NULL, status TEXT NOT NULL, created_at INTEGER NOT NULL, owner TEXT);
 CREATE TABLE IF NOT EXISTS requests (
@@ -37,6 +37,8 @@ ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 
 
 _MINE = " AND (? IS NULL OR owner = ?)"  # the viewer's rows; a viewer of None sees all
+_LIVE = " AND (expires_at IS NULL OR expires_at > ?)"  # an expired file is gone, swept or not yet
+_TYPES = {"owner": "TEXT", "expires_at": "INTEGER"}
 
 
 def new_id(prefix: str) -> str:
@@ -68,9 +70,10 @@ class BatchStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
-        for table in ("files", "batches"):  # a store made before owners: its rows have none
-            if "owner" not in {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}:
-                self._db.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT")
+        # a store made before owners or expiry: its rows have none
+        for table, column in (("files", "owner"), ("batches", "owner"), ("files", "expires_at")):
+            if column not in {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {_TYPES[column]}")
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -83,24 +86,29 @@ class BatchStore:
     def file_path(self, file_id: str) -> Path:
         return self.root / "files" / file_id
 
-    def add_file(self, content: bytes, filename: str, purpose: str, owner: str | None = None) -> dict[str, Any]:
+    def add_file(
+        self, content: bytes, filename: str, purpose: str, owner: str | None = None, expires_after: int | None = None
+    ) -> dict[str, Any]:
+        """A new file; ``expires_after``: seconds from now after which it is gone (None: never)."""
         file_id = new_id("file-")
         tmp = self.file_path(file_id).with_suffix(".part")
         tmp.write_bytes(content)
         tmp.rename(self.file_path(file_id))  # the row only ever points at a whole file
         now = int(time.time())
+        expires_at = now + expires_after if expires_after is not None else None
         with self._lock:
             self._db.execute(
-                "INSERT INTO files (id, purpose, filename, bytes, created_at, owner) VALUES (?, ?, ?, ?, ?, ?)",
-                (file_id, purpose, filename, len(content), now, owner),
+                "INSERT INTO files (id, purpose, filename, bytes, created_at, owner, expires_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (file_id, purpose, filename, len(content), now, owner, expires_at),
             )
         return self.file(file_id) or {}
 
     def file(self, file_id: str, viewer: str | None = None) -> dict[str, Any] | None:
         with self._lock:
             row = self._db.execute(
-                "SELECT id, purpose, filename, bytes, created_at FROM files WHERE id = ?" + _MINE,
-                (file_id, viewer, viewer),
+                "SELECT id, purpose, filename, bytes, created_at, expires_at FROM files WHERE id = ?" + _MINE + _LIVE,
+                (file_id, viewer, viewer, int(time.time())),
             ).fetchone()
         if row is None:
             return None
@@ -112,9 +120,27 @@ class BatchStore:
             "bytes": row[3],
             "created_at": row[4],
             "status": "processed",
-            "expires_at": None,
+            "expires_at": row[5],
             "status_details": None,
         }
+
+    def delete_file(self, file_id: str, viewer: str | None = None) -> bool:
+        """Remove the file (row, then bytes); False when ``viewer`` has no such file."""
+        with self._lock:
+            cur = self._db.execute("DELETE FROM files WHERE id = ?" + _MINE, (file_id, viewer, viewer))
+        if cur.rowcount == 1:
+            self.file_path(file_id).unlink(missing_ok=True)
+        return cur.rowcount == 1
+
+    def sweep(self, now: float | None = None) -> list[str]:
+        """Remove every file past its ``expires_at``; the ids removed."""
+        stamp = int(time.time() if now is None else now)
+        with self._lock:
+            ids = [r[0] for r in self._db.execute("SELECT id FROM files WHERE expires_at <= ?", (stamp,))]
+            self._db.executemany("DELETE FROM files WHERE id = ?", [(i,) for i in ids])
+        for file_id in ids:
+            self.file_path(file_id).unlink(missing_ok=True)
+        return ids
 
     # --- batches ----------------------------------------------------------------------------------------------
 

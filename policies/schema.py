@@ -397,6 +397,10 @@ class BatchSettings(Strict):
     concurrency: int = Field(4, ge=1, description="requests of a batch in flight at once")
     max_file_bytes: int = Field(100 * 1024 * 1024, ge=1024)
     max_requests: int = Field(50_000, ge=1)
+    sweep_interval_s: float = Field(60.0, gt=0, description="how often files past their expires_at are removed")
+    min_expires_after_s: int = Field(
+        3600, ge=1, le=2_592_000, description="the shortest expires_after[seconds] an upload may ask (OpenAI's: 3600)"
+    )
     min_shared_tokens: int = Field(16, ge=1, description="prefix tokens that make requests one group")
     order: Literal["decode_ratio", "none"] = Field(
         "decode_ratio",

@@ -635,3 +635,65 @@ def test_an_unset_secret_is_a_warning_in_validate_and_serve_says_so_without_a_tr
         [*cli, "validate", str(path)], capture_output=True, text=True, env=env | {"TRIAGE_TEST_UNSET_KEY": "k"}
     )
     assert run.returncode == 0 and "warning" not in run.stderr
+
+
+# --- 9. file deletion and expiry ----------------------------------------------------------------------------
+
+
+def test_a_file_is_deleted_by_its_owner_only(gateway: Callable[..., Gateway], tmp_path: Path) -> None:
+    gw = gateway(policy(extra=f'batches: {{dir: "{tmp_path / "b"}"}}\n' + keys("sk-alice", "sk-bob")))
+    alice, bob = gw.client("sk-alice"), gw.client("sk-bob")
+    f = alice.files.create(file=("a.jsonl", io.BytesIO(b'{"x": 1}\n')), purpose="batch")
+    with pytest.raises(openai.NotFoundError):
+        bob.files.delete(f.id)
+    assert alice.files.retrieve(f.id).id == f.id  # bob's try left it there
+    deleted = alice.files.delete(f.id)
+    assert (deleted.id, deleted.object, deleted.deleted) == (f.id, "file", True)
+    assert not (tmp_path / "b" / "files" / f.id).exists()
+    for call in (alice.files.retrieve, alice.files.content, alice.files.delete):
+        with pytest.raises(openai.NotFoundError):
+            call(f.id)
+
+
+def test_a_file_expires_after_its_seconds_and_the_sweeper_removes_it(
+    gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    gw = gateway(policy(extra=f'batches: {{dir: "{tmp_path / "b"}", sweep_interval_s: 0.2, min_expires_after_s: 1}}\n'))
+    client = gw.client()
+    data = io.BytesIO(b'{"x": 1}\n')
+    short = client.files.create(
+        file=("s.jsonl", data), purpose="batch", expires_after={"anchor": "created_at", "seconds": 1}
+    )
+    kept = client.files.create(file=("k.jsonl", io.BytesIO(b"{}\n")), purpose="batch")
+    assert short.expires_at == short.created_at + 1 and kept.expires_at is None
+    assert client.files.retrieve(short.id).expires_at == short.expires_at
+    with structlog.testing.capture_logs() as logs:
+        deadline = time.monotonic() + 10
+        while (tmp_path / "b" / "files" / short.id).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert not (tmp_path / "b" / "files" / short.id).exists()
+    assert any(e["event"] == "files_expired" and short.id in e["files"] for e in logs)
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(short.id)
+    assert client.files.retrieve(kept.id).id == kept.id
+    for bad in ({"anchor": "created_at", "seconds": 0}, {"anchor": "last_active_at", "seconds": 60}):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.files.create(file=("x.jsonl", io.BytesIO(b"{}\n")), purpose="batch", expires_after=bad)  # type: ignore[arg-type]
+        assert caught.value.body["param"].startswith("expires_after")  # type: ignore[index]
+
+
+def test_expires_after_shorter_than_openais_hour_is_refused_by_default(
+    gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    gw = gateway(policy(extra=f'batches: {{dir: "{tmp_path / "b"}"}}\n'))
+    with pytest.raises(openai.BadRequestError) as caught:
+        gw.client().files.create(
+            file=("x.jsonl", io.BytesIO(b"{}\n")),
+            purpose="batch",
+            expires_after={"anchor": "created_at", "seconds": 60},
+        )
+    assert "from 3600 to 2592000" in caught.value.message
+    f = gw.client().files.create(
+        file=("x.jsonl", io.BytesIO(b"{}\n")), purpose="batch", expires_after={"anchor": "created_at", "seconds": 3600}
+    )
+    assert f.expires_at == f.created_at + 3600
