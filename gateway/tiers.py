@@ -176,10 +176,13 @@ async def _model(
         body = {k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")}
         served = await dispatch(rt, "chat", body, request_id, attempts, route)
     assert served.completion is not None
-    return replace(_read_model(tier, q, served.completion.body, labels), model=served.model)
+    shown = rt.policy.logging.log_prompts  # model output in an error message only where prompts may be logged
+    return replace(_read_model(tier, q, served.completion.body, labels, shown), model=served.model)
 
 
-def _read_model(tier: ModelTier, q: Question, reply: Body, labels: tuple[str, ...]) -> TierAnswer:
+def _read_model(
+    tier: ModelTier, q: Question, reply: Body, labels: tuple[str, ...], show_text: bool = False
+) -> TierAnswer:
     """The answer in a model tier's reply: the number, or the option's log-probabilities."""
     usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else None
     try:
@@ -197,7 +200,8 @@ def _read_model(tier: ModelTier, q: Question, reply: Body, labels: tuple[str, ..
     if scores is None:
         index = label_in_text(text, labels)
         if index is None:
-            return TierAnswer(error=f"the model's answer {text[:40]!r} names no option", usage=usage)
+            said = f" {text[:40]!r}" if show_text else f" ({len(text)} characters)"
+            return TierAnswer(error=f"the model's answer{said} names no option", usage=usage)
         return TierAnswer(
             scores=tuple(assumed_scores(len(labels), index, tier.assumed_confidence)), usage=usage, assumed=True
         )

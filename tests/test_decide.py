@@ -451,3 +451,23 @@ cascade:
             d = r.json()
             assert d["tier"] == "pool" and d["probabilities_measured"] is False
             assert d["answer"] in d["probabilities"]
+
+
+def test_model_output_stays_out_of_errors_unless_prompts_may_be_logged(gateway: Callable[..., Gateway]) -> None:
+    policy = """
+version: 1
+backends:
+  chatty: {type: scripted, text: "Well, it depends on the secret plan"}
+models:
+  chatty: {backend: chatty}
+cascade:
+  tiers:
+    - {name: pool, type: model, model: chatty, logprobs: false}
+"""
+    for log_prompts, shown in (("false", False), ("true", True)):
+        gw = gateway(policy + f"logging: {{log_prompts: {log_prompts}}}\n")
+        with gw.http() as http:
+            r = http.post("/v1/decide", json={"question": "Pick.", "type": "choice", "options": ["x", "y"]})
+        assert r.status_code == 502, r.text
+        assert ("secret plan" in r.text) is shown, r.text
+        assert "names no option" in r.text
