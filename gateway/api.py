@@ -371,4 +371,15 @@ async def ready(request: Request) -> Response:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
+    rt = _state(request).holder.current
+    if not rt.policy.access.public_metrics and not rt.check_key(request.headers.get("authorization")):
+        return error_response(Unauthorized("Incorrect or missing API key (or set access.public_metrics for a scraper)"))
     return Response(_state(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@router.get("/openapi.json", include_in_schema=False)
+async def openapi(request: Request) -> Response:
+    """The OpenAPI document, behind the key like the API it describes."""
+    if not _state(request).holder.current.check_key(request.headers.get("authorization")):
+        return error_response(Unauthorized("Incorrect or missing API key"))
+    return _json(request.app.openapi())

@@ -99,7 +99,8 @@ def create_app(settings: Settings) -> FastAPI:
                 await holder.close()
                 log.info("gateway_stopped")
 
-    app = FastAPI(title="triage", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # /openapi.json is gateway.api's own route: behind the key when the policy has keys
+    app = FastAPI(title="triage", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.router.routes.extend(HOT_ROUTES)
     app.include_router(router)
     app.include_router(batch_api.router)

@@ -5,7 +5,6 @@ Errors are raised: the app's one ``TriageError`` handler turns them into OpenAI-
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +31,8 @@ def _json(body: Any, status: int = 200) -> Response:
 @dataclass(frozen=True)
 class _Caller:
     runner: BatchRunner
-    viewer: str | None  # the key's sha256: what its files and batches are kept under; None without keys
+    owner: str | None  # the key's sha256: what its new files and batches are kept under; None without keys
+    viewer: str | None  # whose files and batches it sees: its own; None (all) without keys or for an operator key
 
     @property
     def store(self) -> BatchStore:
@@ -48,8 +48,8 @@ def _caller(request: Request) -> _Caller:
         raise Unauthorized("Incorrect or missing API key: send 'Authorization: Bearer <key>'")
     if state.batches is None:
         raise NotReady("the Batch API is off: its store is held by another gateway process (see the log)")
-    viewer = hashlib.sha256(authorization[7:].strip().encode()).hexdigest() if rt.key_hashes else None  # as check_key
-    return _Caller(state.batches, viewer)
+    owner = rt.key_digest(authorization) if rt.key_hashes else None
+    return _Caller(state.batches, owner, None if owner in rt.operator_hashes else owner)
 
 
 @router.post("/v1/files")
@@ -72,7 +72,7 @@ async def upload(request: Request) -> Response:
     if len(content) > limit:
         raise PayloadTooLarge(f"the file is over the limit of {limit} bytes")
     add = caller.store.add_file
-    return _json(await asyncio.to_thread(add, content, name, "batch", caller.viewer, expires_after))
+    return _json(await asyncio.to_thread(add, content, name, "batch", caller.owner, expires_after))
 
 
 _MAX_EXPIRES_AFTER = 2_592_000  # 30 days, as on OpenAI
@@ -177,7 +177,7 @@ async def create_batch(request: Request) -> Response:
         "request_counts": {"total": 0, "completed": 0, "failed": 0},
         "metadata": body.get("metadata") if isinstance(body.get("metadata"), dict) else None,
     }
-    await asyncio.to_thread(caller.store.add_batch, doc, caller.viewer)
+    await asyncio.to_thread(caller.store.add_batch, doc, caller.owner)
     caller.runner.wake()
     return _json(doc)
 

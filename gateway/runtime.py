@@ -40,14 +40,18 @@ class Runtime:
     budget: EscalationBudget | None = None  # the cascade's online escalation budget (a policy's own)
     in_flight: int = 0
     retired: bool = False
+    operator_hashes: frozenset[str] = frozenset()  # keys that see every key's files and batches
+
+    def key_digest(self, authorization: str | None) -> str | None:
+        """The sha256 of the bearer key sent, None without one (what check_key compares)."""
+        if not authorization or not authorization.startswith("Bearer "):
+            return None
+        return hashlib.sha256(authorization[7:].strip().encode()).hexdigest()
 
     def check_key(self, authorization: str | None) -> bool:
         if not self.key_hashes:
             return True
-        if not authorization or not authorization.startswith("Bearer "):
-            return False
-        digest = hashlib.sha256(authorization[7:].strip().encode()).hexdigest()
-        return digest in self.key_hashes
+        return self.key_digest(authorization) in self.key_hashes
 
     def ready(self) -> bool:
         return any(b.healthy() for b in self.backends.values())
@@ -58,8 +62,9 @@ class Runtime:
         return any(getattr(b, "admission", None) is not None for b in self.backends.values())
 
 
-def _key_hashes(policy: Policy) -> frozenset[str]:
-    hashes = set()
+def _key_hashes(policy: Policy) -> list[tuple[str, str]]:
+    """Each key's name and hex sha256 (names may repeat: a key being rotated)."""
+    hashes: list[tuple[str, str]] = []
     for i, key in enumerate(policy.keys):
         try:
             value = resolve(key.sha256) if key.sha256.startswith("env:") else key.sha256
@@ -68,8 +73,8 @@ def _key_hashes(policy: Policy) -> frozenset[str]:
         value = (value or "").strip().lower()
         if not _HEX64.match(value):
             raise PolicyInvalid([f"keys[{i}].sha256: {key.sha256} does not hold a hex sha256"])
-        hashes.add(value)
-    return frozenset(hashes)
+        hashes.append((key.name, value))
+    return hashes
 
 
 async def _encoding(
@@ -130,7 +135,9 @@ async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path 
         if encoding is not None and (previous is None or encoding is not previous.encoding):
             await encoding.close()
         raise
-    return Runtime(policy, backends, keys, encoding, quality, _budget(policy))
+    operators = frozenset(digest for name, digest in keys if name in policy.access.operator_keys)
+    hashes = frozenset(digest for _, digest in keys)
+    return Runtime(policy, backends, hashes, encoding, quality, _budget(policy), operator_hashes=operators)
 
 
 def _budget(policy: Policy) -> EscalationBudget | None:

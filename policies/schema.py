@@ -431,6 +431,15 @@ class ApiKey(Strict):
         return v
 
 
+class Access(Strict):
+    """Who sees what, when the policy lists keys."""
+
+    operator_keys: list[str] = Field(
+        default_factory=list, description="names of keys (in keys) that see every key's files and batches"
+    )
+    public_metrics: bool = Field(False, description="serve /metrics without a key (for a scraper)")
+
+
 class Logging(Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["json", "console"] = "json"
@@ -448,6 +457,7 @@ class Policy(Strict):
     batches: BatchSettings = BatchSettings()
     limits: Limits = Limits()
     keys: list[ApiKey] = Field(default_factory=list)
+    access: Access = Access()
     logging: Logging = Logging()
 
     def upstream_name(self, model: str) -> str:
@@ -503,6 +513,10 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
             if target not in models:
                 problems.append((("virtual_models", name, *where), f"model '{target}' is not defined"))
     problems.extend(_cascade_problems(policy))
+    names = {key.name for key in policy.keys}
+    for i, name in enumerate(policy.access.operator_keys):
+        if name not in names:
+            problems.append((("access", "operator_keys", i), f"key '{name}' is not defined in keys"))
     if policy.fallback_model is not None and policy.fallback_model not in models:
         problems.append((("fallback_model",), f"model '{policy.fallback_model}' is not defined"))
     names = [k.name for k in policy.keys]

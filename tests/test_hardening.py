@@ -697,3 +697,55 @@ def test_expires_after_shorter_than_openais_hour_is_refused_by_default(
         file=("x.jsonl", io.BytesIO(b"{}\n")), purpose="batch", expires_after={"anchor": "created_at", "seconds": 3600}
     )
     assert f.expires_at == f.created_at + 3600
+
+
+# --- 9. the operator key; /metrics and /openapi.json behind the key ----------------------------------------
+
+
+def test_an_operator_key_sees_every_keys_files_and_batches(gateway: Callable[..., Gateway], tmp_path: Path) -> None:
+    extra = f'batches: {{dir: "{tmp_path / "b"}"}}\n' + keys("sk-alice", "sk-bob", "sk-ops")
+    gw = gateway(policy(extra=extra + "access: {operator_keys: [sk-ops]}\n"))
+    alice, bob, ops = gw.client("sk-alice"), gw.client("sk-bob"), gw.client("sk-ops")
+    data = batch_line("c0", {"model": "scripted", "messages": MSG}).encode()
+    f = alice.files.create(file=("a.jsonl", io.BytesIO(data)), purpose="batch")
+    batch = alice.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert ops.files.retrieve(f.id).id == f.id and ops.files.content(f.id).read() == data
+    assert [b.id for b in ops.batches.list().data] == [batch.id]
+    done = wait_batch(ops, batch.id)
+    assert jsonl(ops, done.output_file_id)[0]["custom_id"] == "c0"
+    mine = ops.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert [b.id for b in alice.batches.list().data] == [batch.id]  # the operator's own batch is its own
+    assert sorted(b.id for b in ops.batches.list().data) == sorted([batch.id, mine.id])
+    with pytest.raises(openai.NotFoundError):
+        bob.files.retrieve(f.id)  # an ordinary key still sees only its own
+    assert ops.files.delete(f.id).deleted
+
+
+def test_an_operator_key_must_name_a_key() -> None:
+    from gateway.errors import PolicyInvalid
+    from policies import loader
+
+    with pytest.raises(PolicyInvalid) as caught:
+        loader.parse(policy(extra=keys("sk-alice") + "access: {operator_keys: [root]}\n"))
+    assert any("access.operator_keys[0]: key 'root' is not defined in keys" in p for p in caught.value.problems)
+
+
+@pytest.mark.parametrize("public_metrics", [False, True])
+def test_metrics_and_openapi_need_the_key_when_keys_are_on(
+    gateway: Callable[..., Gateway], public_metrics: bool
+) -> None:
+    gw = gateway(policy(extra=keys("sk-alice") + f"access: {{public_metrics: {str(public_metrics).lower()}}}\n"))
+    auth = {"authorization": "Bearer sk-alice"}
+    with gw.http() as http:
+        assert http.get("/metrics").status_code == (200 if public_metrics else 401)
+        assert http.get("/openapi.json").status_code == 401  # a scraper's exemption is /metrics only
+        assert error_of(http.get("/openapi.json"))["code"] == "invalid_api_key"
+        assert http.get("/metrics", headers=auth).text.startswith("# HELP")
+        assert http.get("/openapi.json", headers=auth).json()["openapi"].startswith("3.1")
+        assert http.get("/health").status_code == 200
+
+
+def test_metrics_and_openapi_are_open_without_keys(gateway: Callable[..., Gateway]) -> None:
+    gw = gateway(policy())
+    with gw.http() as http:
+        assert http.get("/metrics").status_code == 200 and http.get("/openapi.json").status_code == 200
