@@ -16,6 +16,7 @@ from starlette.routing import Route as HTTPRoute
 
 from backends.base import Body, Kind
 from gateway import decide, typed
+from gateway import openapi as openapi_doc
 from gateway.dispatch import Served, decide_route, dispatch
 from gateway.errors import (
     ClientGone,
@@ -380,6 +381,9 @@ async def metrics(request: Request) -> Response:
 @router.get("/openapi.json", include_in_schema=False)
 async def openapi(request: Request) -> Response:
     """The OpenAPI document, behind the key like the API it describes."""
-    if not _state(request).holder.current.check_key(request.headers.get("authorization")):
+    rt = _state(request).holder.current
+    if not rt.check_key(request.headers.get("authorization")):
         return error_response(Unauthorized("Incorrect or missing API key"))
-    return _json(request.app.openapi())
+    keys, public = bool(rt.key_hashes), rt.policy.access.public_metrics
+    doc = openapi_doc.document_bytes(request.app.title, request.app.version, keys, public)
+    return Response(doc, media_type="application/json")
