@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test test-fast lint format bench-overhead models clean
+.PHONY: serve test test-fast lint format fuzz bench-overhead models clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,12 @@ test: $(STAMP)
 # the pure core and the HTTP edge on scripted backends: no model server, no GGUF, no encoder export
 test-fast: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not slow"
+
+# schemathesis on the OpenAPI document against a running gateway, FUZZ_EXAMPLES per operation
+# (tests/test_fuzz.py; the normal suite runs 25)
+FUZZ_EXAMPLES ?= 5000
+fuzz: $(STAMP)
+	HF_HUB_OFFLINE=1 FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest tests/test_fuzz.py -q -p no:cacheprovider
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .

@@ -1,0 +1,56 @@
+"""A fuzz run on the OpenAPI document (issue 16): schemathesis generates requests for every
+operation, valid and not, against a running gateway; none may be a 500 (or any 5xx the document
+does not name), and every error is in the API's own shape. A bounded run here; ``make fuzz`` runs
+more (FUZZ_EXAMPLES)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+schemathesis = pytest.importorskip("schemathesis")
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+from gateway.openapi import document  # noqa: E402
+from tests.conftest import Gateway, GatewayRunner  # noqa: E402
+from tests.test_hardening import policy  # noqa: E402
+
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))  # per operation
+schema = schemathesis.openapi.from_dict(document("triage", "0.1.0", keys=False))
+
+
+@pytest.fixture(scope="module")
+def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    tmp = tmp_path_factory.mktemp("fuzz")
+    runner = GatewayRunner(tmp)
+    yield runner.start(policy(extra=f'batches: {{dir: "{tmp / "b"}", min_expires_after_s: 1}}\n'))
+    runner.stop_all()
+
+
+def documented(case: schemathesis.Case, status: int) -> bool:
+    return str(status) in case.operation.definition.raw["responses"]
+
+
+@schema.parametrize()
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+def test_no_500_and_every_error_in_the_api_shape(case: schemathesis.Case, fuzzed: Gateway) -> None:
+    resp = case.call(base_url=fuzzed.base_url, timeout=30)
+    assert resp.status_code != 500, (case.method, case.path, resp.text[:500])
+    assert resp.status_code < 500 or documented(case, resp.status_code), (case.method, case.path, resp.status_code)
+    media = (resp.headers.get("content-type") or [""])[0]  # schemathesis keeps each header's values in a list
+    if resp.status_code >= 400 and media.startswith("application/json"):
+        error = resp.json()["error"]
+        assert {"message", "type", "param", "code"} <= set(error), resp.text[:500]  # extensions (a trace) may follow
+        assert isinstance(error["message"], str) and isinstance(error["type"], str)
+
+
+def test_the_module_fuzzes_every_operation() -> None:
+    assert len(list(schema.get_all_operations())) == sum(len(v) for v in document("t", "0", False)["paths"].values())
+    assert Path(__file__).name == "test_fuzz.py"
