@@ -15,10 +15,10 @@ from starlette.datastructures import FormData
 from starlette.types import Message
 
 from gateway.api import read_body
-from gateway.batch_runner import ENDPOINTS, BatchRunner
+from gateway.batch_runner import BatchRunner
 from gateway.batch_store import BatchStore, new_id
 from gateway.errors import ClientGone, InvalidRequest, NotFound, NotReady, PayloadTooLarge, Unauthorized
-from gateway.schemas import parse_json
+from gateway.schemas import BatchCreate, check, parse_json
 
 router = APIRouter()
 _OVERHEAD = 64 * 1024  # multipart framing and the other fields, over the file's own bytes
@@ -143,17 +143,14 @@ async def _file(caller: _Caller, file_id: str) -> dict[str, Any]:
 @router.post("/v1/batches")
 async def create_batch(request: Request) -> Response:
     caller = _caller(request)
-    body = parse_json(await read_body(request, caller.runner.holder.current.policy.limits.max_body_bytes))
-    file_id, endpoint = body.get("input_file_id"), body.get("endpoint")
-    f = await asyncio.to_thread(caller.store.file, file_id, caller.viewer) if isinstance(file_id, str) else None
+    raw = parse_json(await read_body(request, caller.runner.holder.current.policy.limits.max_body_bytes))
+    body = check(BatchCreate, raw)  # a 400 naming the field; an unknown endpoint or window among them
+    file_id, endpoint = body.input_file_id, body.endpoint
+    f = await asyncio.to_thread(caller.store.file, file_id, caller.viewer)
     if f is None:
         raise NotFound(f"No such file: {file_id}", param="input_file_id")
     if f["purpose"] != "batch":
         raise InvalidRequest("the input file's purpose is not 'batch'", param="input_file_id")
-    if endpoint not in ENDPOINTS:
-        raise InvalidRequest(f"endpoint must be one of {', '.join(ENDPOINTS)}", param="endpoint")
-    if body.get("completion_window", "24h") != "24h":
-        raise InvalidRequest("completion_window must be '24h'", param="completion_window")
     now = int(time.time())
     doc = {
         "id": new_id("batch_"),
@@ -175,7 +172,7 @@ async def create_batch(request: Request) -> Response:
         "cancelling_at": None,
         "cancelled_at": None,
         "request_counts": {"total": 0, "completed": 0, "failed": 0},
-        "metadata": body.get("metadata") if isinstance(body.get("metadata"), dict) else None,
+        "metadata": body.metadata,
     }
     await asyncio.to_thread(caller.store.add_batch, doc, caller.owner)
     caller.runner.wake()

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
 from gateway.decide import DecideRequest
-from gateway.schemas import ChatRequest, CompletionRequest
+from gateway.schemas import BatchCreate, ChatRequest, CompletionRequest
 
 
 class _Open(BaseModel):
@@ -110,16 +110,6 @@ class FileDeleted(_Open):
     id: str
     object: Literal["file"]
     deleted: bool
-
-
-class BatchCreate(BaseModel):
-    """``POST /v1/batches``."""
-
-    model_config = ConfigDict(extra="allow")
-    input_file_id: str
-    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/decide"]
-    completion_window: Literal["24h"] = "24h"
-    metadata: dict[str, str] | None = None
 
 
 class RequestCounts(_Open):

@@ -6,12 +6,14 @@ Known fields are validated; unknown fields are kept and passed through to the en
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
 from gateway.errors import InvalidRequest, MalformedJSON
+
+M = TypeVar("M", bound=BaseModel)
 
 # JSON nesting a body may have. orjson parses 1,024 levels but serialises at most 254, and every
 # body is serialised again (to the engine, to the batch store, to the log): refuse it up front.
@@ -70,6 +72,16 @@ class CompletionRequest(_Common):
         return v
 
 
+class BatchCreate(BaseModel):
+    """``POST /v1/batches``: OpenAI's fields (extra ones, such as ``output_expires_after``, are kept)."""
+
+    model_config = ConfigDict(extra="allow")
+    input_file_id: str
+    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/decide"]
+    completion_window: Literal["24h"] = "24h"
+    metadata: dict[str, str] | None = None
+
+
 def parse_any_json(raw: bytes) -> Any:
     try:
         value = orjson.loads(raw)
@@ -113,7 +125,7 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def check(model: type[_Common], body: dict[str, Any]) -> _Common:
+def check(model: type[M], body: dict[str, Any]) -> M:
     """Validate ``body``; the first problem becomes a 400 naming the field."""
     try:
         return model.model_validate(body)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -92,3 +93,29 @@ def test_the_document_says_the_key_is_needed_when_keys_are_on(gateway: Callable[
         doc = http.get("/openapi.json", headers={"authorization": "Bearer sk-a"}).json()
     assert doc["security"] == [{"bearer": []}]
     assert doc["paths"]["/health"]["get"]["security"] == [] and "security" not in doc["paths"]["/metrics"]["get"]
+
+
+def test_the_batch_body_model_takes_the_endpoints_the_runner_serves(
+    gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    import typing
+
+    from gateway.batch_runner import ENDPOINTS
+    from gateway.schemas import BatchCreate
+
+    assert typing.get_args(BatchCreate.model_fields["endpoint"].annotation) == ENDPOINTS
+    gw = gateway(policy(extra=f'batches: {{dir: "{tmp_path / "b"}"}}\n'))
+    with gw.http() as http:
+        for body, param in (
+            ({"endpoint": "/v1/chat/completions"}, "input_file_id"),
+            ({"input_file_id": "file-x", "endpoint": "/v1/embeddings"}, "endpoint"),
+            (
+                {"input_file_id": "file-x", "endpoint": "/v1/completions", "completion_window": "1h"},
+                "completion_window",
+            ),
+            ({"input_file_id": "file-x", "endpoint": "/v1/completions", "metadata": {"a": 1}}, "metadata.a"),
+        ):
+            resp = http.post("/v1/batches", json=body)
+            assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
+        resp = http.post("/v1/batches", json={"input_file_id": "file-x", "endpoint": "/v1/completions"})
+        assert resp.status_code == 404 and resp.json()["error"]["param"] == "input_file_id"
