@@ -180,6 +180,19 @@ def read(q: Question, gate: Gate, answer: TierAnswer) -> Reading:
     return Reading(q.options[best], merged, confidence(q.type, probs))
 
 
+def _decided(q: Question, gate: Gate, reading: Reading, answer: TierAnswer, trace: list[Step]) -> Decision:
+    return Decision(
+        reading.answer,
+        reading.probabilities,
+        reading.confidence,
+        gate.name,
+        tuple(trace),
+        answer.usage,
+        q.type,
+        answer.assumed,
+    )
+
+
 def run(
     q: Question,
     gates: Sequence[Gate],
@@ -212,16 +225,7 @@ def run(
                     assumed=answer.assumed,
                 )
             )
-            return Decision(
-                reading.answer,
-                reading.probabilities,
-                reading.confidence,
-                gate.name,
-                tuple(trace),
-                answer.usage,
-                q.type,
-                answer.assumed,
-            )
+            return _decided(q, gate, reading, answer, trace)
         trace.append(
             Step(
                 gate.name,
@@ -239,16 +243,7 @@ def run(
     if on_exhausted == "best" and best is not None:
         reading, gate, answer = best
         trace.append(Step(gate.name, "exhausted", 0.0, reading.answer, reading.confidence, None))
-        return Decision(
-            reading.answer,
-            reading.probabilities,
-            reading.confidence,
-            gate.name,
-            tuple(trace),
-            answer.usage,
-            q.type,
-            answer.assumed,
-        )
+        return _decided(q, gate, reading, answer, trace)
     failed = [f"{s.tier}: {s.error}" for s in trace if s.outcome in ("failed", "skipped")]
     raise CascadeExhausted(
         "no tier could answer the question with accepted confidence" + (f" ({'; '.join(failed)})" if failed else ""),
