@@ -234,8 +234,11 @@ def fit_quality(
         arrays = _fit(learner, setting, x[~select], y[~select], fit_cats)
         p = _raw(learner, setting, arrays, x[select])
         tried.append(_candidate(learner, f"{setting:g}", p, y[select], sel_cost, train_acc))
-    key = (lambda c: c.value) if cost is not None else (lambda c: c.auroc)
-    by_learner = {c.learner: c for c in sorted(tried, key=lambda c: np.nan_to_num(key(c), nan=-1.0))}
+
+    def key(c: Candidate) -> float:  # NaN (a set where no learner can be scored) ranks last
+        return float(np.nan_to_num(c.value if cost is not None else c.auroc, nan=-1.0))
+
+    by_learner = {c.learner: c for c in sorted(tried, key=key)}
     lin = max((c for c in by_learner.values() if c.learner in ("linear", "mf")), key=key, default=None)
     if lin is not None and "knn" in by_learner:  # the blend of the best linear-shaped and the best knn
         near = by_learner["knn"]
@@ -247,7 +250,7 @@ def fit_quality(
         tried.append(
             _candidate("blend", f"{lin.learner} {lin.setting} + knn {near.setting}", p, y[select], sel_cost, train_acc)
         )
-    best = max(tried, key=lambda c: np.nan_to_num(key(c), nan=-1.0))
+    best = max(tried, key=key)
     calib = held_back(ids, calibration_fraction)
     calib_cats = [c for c, m in zip(cats, ~calib, strict=True) if m] if cats is not None else None
     k, temperature = 0, 0.0
@@ -282,7 +285,7 @@ def fit_quality(
         "dev_accuracy": [float(v) for v in np.nan_to_num(y, nan=0.0).mean(axis=0)],  # no answer: wrong
         "selected_by": "routing value" if cost is not None else "AUROC",
         "calibration_rows": int(calib.sum()),
-        "tried": [c.__dict__ for c in tried],
+        "tried": [{k: (None if isinstance(v, float) and v != v else v) for k, v in c.__dict__.items()} for c in tried],
     }
     head = QualityHead(
         name,
