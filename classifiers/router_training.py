@@ -18,7 +18,7 @@ from classifiers import model_labels
 from classifiers.calibration import auroc
 from classifiers.model_labels import LabelSet
 from classifiers.quality import QualityHead, quality_head_name
-from classifiers.quality_training import Candidate, fit_quality, quality_ece
+from classifiers.quality_training import Candidate, QualityFit, fit_quality, quality_ece
 from policies.routed import candidate_costs, prompt_tokens
 from policies.schema import Policy, RoutedModel
 
@@ -58,6 +58,21 @@ def labels_for(vm: RoutedModel, data_dir: Path) -> LabelSet:
     return LabelSet(full.name, full.ids, full.splits, full.texts, full.categories, tuple(cols), full.correct[:, idx])
 
 
+def fit_router(policy: Policy, name: str, vm: RoutedModel, rows: LabelSet, x: np.ndarray) -> QualityFit:
+    """The quality head of a routed model on these rows (``x``: their embeddings): its learners,
+    the rows' categories, and the policy's prices for the rows' prompts, which choose the learner."""
+    return fit_quality(
+        name,
+        rows.models,
+        x,
+        rows.correct,
+        rows.ids,
+        learners=vm.learners,
+        categories=rows.categories,
+        cost=candidate_costs(policy, vm, prompt_tokens(rows.texts)),
+    )
+
+
 def train_router(policy: Policy, name: str, vm: RoutedModel, data_dir: Path, embed: Embed, out: Path) -> RouterResult:
     """Fit, calibrate and save the quality head of routed model ``name``; measure it on test rows.
     ``embed``: texts -> (rows, dim), the served encoder's embeddings; the policy's prices pick the
@@ -67,16 +82,7 @@ def train_router(policy: Policy, name: str, vm: RoutedModel, data_dir: Path, emb
     fitted_on = "dev"
     if len(dev) == 0:
         dev, fitted_on = labels, "all (no dev rows)"
-    fit = fit_quality(
-        quality_head_name(name),
-        labels.models,
-        embed(dev.texts),
-        dev.correct,
-        dev.ids,
-        learners=vm.learners,
-        categories=dev.categories,
-        cost=candidate_costs(policy, vm, prompt_tokens(dev.texts)),
-    )
+    fit = fit_router(policy, quality_head_name(name), vm, dev, embed(dev.texts))
     fit.head.meta.update(labels=vm.labels, fitted_on=fitted_on)
     fit.head.save(out)
     test = labels.split("test")

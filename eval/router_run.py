@@ -17,7 +17,7 @@ import numpy as np
 
 from classifiers.model_labels import LabelSet, folds, group_folds
 from classifiers.quality_training import fit_quality, quality_ece
-from classifiers.router_training import labels_for
+from classifiers.router_training import fit_router, labels_for
 from eval.router_eval import RouterReport, evaluate
 from policies.routed import candidate_costs, candidate_label, prompt_tokens
 from policies.routed import prune as pruned
@@ -54,16 +54,7 @@ def run(
     dev, test = labels.split("dev"), labels.split("test")
     prune = vm.prune_dominated
     if len(dev) and len(test):
-        fit = fit_quality(
-            name,
-            labels.models,
-            embed(dev.texts),
-            dev.correct,
-            dev.ids,
-            learners=vm.learners,
-            categories=dev.categories,
-            cost=candidate_costs(policy, vm, prompt_tokens(dev.texts)),
-        )
+        fit = fit_router(policy, name, vm, dev, embed(dev.texts))
         quality = fit.head.proba(embed(test.texts))
         costs = candidate_costs(policy, vm, input_tokens(test.texts))
         chosen_from = pruned(quality, costs, fit.head.dev_accuracy if prune else None)

@@ -296,3 +296,48 @@ def test_a_cascade_tier_can_escalate_to_the_learned_router(
     assert doc["answer"] == "7" and doc["tier"] == "pool"
     [step] = doc["trace"]
     assert step["model"] == "cheap", step  # the router's choice for an easy question
+
+
+def test_eval_router_reports_against_the_baselines(toy: tuple[Path, Path], tmp_path: Path) -> None:
+    data, heads = toy
+    path = tmp_path / "routed.yaml"
+    path.write_text(policy(data, heads))
+    out = CliRunner().invoke(
+        cli,
+        [
+            "eval",
+            "--policy",
+            str(path),
+            "--router",
+            "pick",
+            "--out",
+            str(tmp_path / "r"),
+            "--no-plots",
+            "--fail-under",
+            "apgr=0.6",
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    doc = json.loads((tmp_path / "r" / "router-pick.json").read_text())
+    assert doc["protocol"] == "dev -> test" and set(doc["singles"]) == {"cheap", "dear"}
+    # the easy/hard split is what a router is for: half the rows gain from the dear model, so a
+    # perfect order reaches APGR about 0.75 and 95% of the dear model at about half its calls;
+    # random routing gives 0.5 and needs about 95% of them
+    t = doc["two_model"]
+    assert t["apgr"] > 0.65 and t["share_for_95pct_of_strong"] <= 0.6, t
+    failing = CliRunner().invoke(
+        cli,
+        [
+            "eval",
+            "--policy",
+            str(path),
+            "--router",
+            "pick",
+            "--out",
+            str(tmp_path / "r"),
+            "--no-plots",
+            "--fail-under",
+            "apgr=0.999",
+        ],
+    )
+    assert failing.exit_code == 1 and "fail-under" in failing.output

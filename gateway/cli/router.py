@@ -123,8 +123,7 @@ def _print(console: Console, result) -> None:  # type: ignore[no-untyped-def]
 def calibrate_router(policy: Path, name: str, target: str, patch: Path) -> None:
     """Fit the knob on out-of-fold predictions of dev rows, check it on test rows, write the patch."""
     from classifiers.model_labels import folds
-    from classifiers.quality_training import fit_quality
-    from classifiers.router_training import labels_for
+    from classifiers.router_training import fit_router, labels_for
     from classifiers.service import data_dir
     from eval.router_run import FOLDS, input_tokens, out_of_fold
     from policies.routed import Target, candidate_costs, fit_knob, outcome, prune
@@ -149,9 +148,7 @@ def calibrate_router(policy: Path, name: str, target: str, patch: Path) -> None:
         cache.save()
     c_dev = candidate_costs(pol, vm, input_tokens(dev.texts))
     c_test = candidate_costs(pol, vm, input_tokens(test.texts))
-    whole = fit_quality(
-        name, labels.models, x_dev, dev.correct, dev.ids, learners=vm.learners, categories=dev.categories, cost=c_dev
-    )
+    whole = fit_router(pol, name, vm, dev, x_dev)
     # the folds refit the learner the whole head chose (a blend: its two parts, and their blend)
     chosen = [str(whole.head.meta["learner"])]
     if chosen == ["blend"]:
