@@ -3,8 +3,11 @@ share of questions each tier answered. Tier outputs come from :mod:`eval.tier_ou
 once, cached); the cascade itself is ``policies.cascade.run``, the same generator the gateway drives.
 
 Fitting, on ``dev`` rows only: each tier's temperature per question type (negative log-likelihood),
-then for each tier but the last, per type, the lowest threshold at which the questions it would
-keep are answered at least as well by it as by the last tier (less ``slack``).
+then each tier's confidence model (P(its answer is right), :mod:`classifiers.confidence`), then for
+each tier but the last, per type, the lowest threshold at which the questions it would keep are
+answered at least as well by it as by the last tier (less ``slack``). A tier with ``gate: learned``
+is gated by its confidence model (thresholds fitted on its out-of-fold predictions); every tier's
+model is fitted anyway, so the report compares the two signals' AUROC side by side.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from classifiers.calibration import ece, fit_temperature
+from classifiers.calibration import auroc, ece, fit_temperature
+from classifiers.confidence import ConfidenceModel
+from classifiers.confidence_training import fit_confidence
 from eval.sweep import Curve, curve
 from eval.tier_outputs import Row
 from policies.answers import same_number
-from policies.cascade import Ask, CascadeExhausted, Gate, TierAnswer, drive, read, run
+from policies.cascade import Ask, CascadeExhausted, Gate, Reading, TierAnswer, drive, gated, read, run, signals
 
 Outputs = Mapping[str, TierAnswer]  # row id -> the tier's answer
 GRID = tuple(round(x, 3) for x in np.linspace(0.0, 1.0, 101))
@@ -34,15 +39,91 @@ class TierSpec:
     outputs: Outputs
     temperatures: dict[str, float] = field(default_factory=dict)
     thresholds: dict[str, float] = field(default_factory=dict)
+    task_thresholds: dict[str, float] = field(default_factory=dict)  # for questions that name a task
     per_call: float = 0.0
     per_1k_tokens: float = 0.0
+    gate_kind: str = "confidence"  # "learned": the thresholds are compared with the judge's P(right)
+    judge: ConfidenceModel | None = None  # fitted on dev rows (for the report, whatever the gate)
+    judge_dev: dict[str, float] = field(default_factory=dict)  # its out-of-fold P(right) per dev row
+    judge_fit: dict[str, Any] = field(default_factory=dict)  # what the fit chose and measured on dev rows
 
     def cost(self, answer: TierAnswer) -> float:
         tokens = sum(v for k, v in (answer.usage or {}).items() if k in ("prompt_tokens", "completion_tokens"))
         return self.per_call + self.per_1k_tokens * tokens / 1000
 
     def gate(self) -> Gate:
-        return Gate(self.name, self.kind, dict(self.thresholds), {}, dict(self.temperatures))
+        judge = self.judge if self.gate_kind == "learned" else None
+        return Gate(
+            self.name, self.kind, dict(self.thresholds), dict(self.task_thresholds), dict(self.temperatures), judge
+        )
+
+    def reading(self, row: Row) -> Reading | None:
+        a = self.outputs.get(row.id)
+        if a is None or a.skipped or a.error is not None or (a.scores is None and a.text is None):
+            return None
+        return read(row.question, self.gate(), a)
+
+
+def previous(tiers: Sequence[TierSpec], i: int, row: Row) -> Reading | None:
+    """The reading of the last tier before ``tiers[i]`` that answered ``row`` (what a learned gate
+    compares with: the tiers before it all escalated, or ``tiers[i]`` would not be asked)."""
+    for t in reversed(tiers[:i]):
+        if (rd := t.reading(row)) is not None:
+            return rd
+    return None
+
+
+def _judgeable(row: Row) -> bool:
+    return not row.question.numeric and row.question.task is None
+
+
+def judge_p(tiers: Sequence[TierSpec], i: int, row: Row, reading: Reading) -> float | None:
+    """Tier i's fitted P(right) for its reading of ``row``: out-of-fold on dev rows, else the model's."""
+    t = tiers[i]
+    if t.judge is None or not _judgeable(row):
+        return None
+    if row.id in t.judge_dev:
+        return t.judge_dev[row.id]
+    if t.judge.uses_embedding and row.embedding is None:
+        return None
+    return t.judge.p_right(signals(row.question, reading, previous(tiers, i, row), row.embedding))
+
+
+def gate_confidence(tiers: Sequence[TierSpec], i: int, row: Row, reading: Reading) -> float:
+    """What tier i's gate compares with its threshold for ``row``."""
+    if tiers[i].gate_kind == "learned" and (p := judge_p(tiers, i, row, reading)) is not None:
+        return p
+    return gated(row.question, tiers[i].gate(), reading, previous(tiers, i, row), row.embedding)
+
+
+def fit_judges(tiers: Sequence[TierSpec], dev: Sequence[Row], upto: int | None = None) -> None:
+    """Each tier's confidence model (the first ``upto`` tiers, by default every one but the last;
+    never a recorded one) on dev rows, after its temperatures: P(its answer is right) from its
+    probabilities, the question and the tier before it. A tier with too few rows, or none wrong,
+    keeps none (``judge_fit['error']``)."""
+    for i, t in enumerate(tiers[: len(tiers) - 1 if upto is None else upto]):
+        if t.kind == "recorded":
+            continue
+        rows, sigs, ok = [], [], []
+        for r in dev:
+            if not _judgeable(r) or (rd := t.reading(r)) is None:
+                continue
+            rows.append(r)
+            sigs.append(signals(r.question, rd, previous(tiers, i, r), r.embedding))
+            ok.append(right(r, rd.answer))
+        try:
+            fitted = fit_confidence(t.name, sigs, ok)
+        except ValueError as exc:
+            t.judge, t.judge_dev, t.judge_fit = None, {}, {"error": str(exc)}
+            continue
+        t.judge, t.judge_dev = fitted.model, {r.id: float(p) for r, p in zip(rows, fitted.out_of_fold, strict=True)}
+        fitted.model.meta["temperature"] = dict(t.temperatures)  # the features were read at these
+        t.judge_fit = {
+            **fitted.model.meta,
+            "dev_auroc_raw": round(fitted.auroc_raw, 4),
+            "dev_auroc": round(fitted.auroc, 4),
+            "tried": [list(x) for x in fitted.tried],
+        }
 
 
 def right(row: Row, answer: str) -> bool:
@@ -75,7 +156,8 @@ def fit_temperatures(tier: TierSpec, dev: Sequence[Row]) -> None:
 def fit_thresholds(
     tiers: Sequence[TierSpec], dev: Sequence[Row], slack: float = 0.0, target: tuple[str, float] | None = None
 ) -> None:
-    """Per type, for each tier but the last, the lowest threshold such that:
+    """Per type (and per task, for questions that name one), for each tier but the last, the lowest
+    threshold such that:
     - no target: the questions the tier keeps are answered at least as well by it as by the last
       tier that answered them (less ``slack``);
     - ``("accuracy", x)``: the questions it keeps are answered right at least ``x`` of the time;
@@ -91,16 +173,27 @@ def fit_thresholds(
             top, b = later[-1], later[-1].outputs[r.id]
             mine = read(r.question, tier.gate(), a)
             theirs = read(r.question, top.gate(), b)
-            by_type[r.question.type].append((mine.confidence, mine.answer == r.answer, theirs.answer == r.answer))
-        for qtype, points in by_type.items():
-            if target is not None and target[0] == "accuracy":
-                tier.thresholds[qtype] = _lowest_at_least(points, target[1])
-            elif target is not None and target[0] == "escalation" and i == 0:
-                confidences = sorted(c for c, _, _ in points)
-                k = min(int(target[1] * len(confidences)), len(confidences) - 1)
-                tier.thresholds[qtype] = float(confidences[k])  # about a share x falls below it
+            conf = gate_confidence(tiers, i, r, mine)
+            group = f"task:{r.question.task}" if r.question.task is not None else r.question.type
+            by_type[group].append((conf, mine.answer == r.answer, theirs.answer == r.answer))
+        for group, points in by_type.items():
+            fitted = _fitted_threshold(points, i, slack, target)
+            if group.startswith("task:"):
+                tier.task_thresholds[group.removeprefix("task:")] = fitted
             else:
-                tier.thresholds[qtype] = _lowest_safe(points, slack)
+                tier.thresholds[group] = fitted
+
+
+def _fitted_threshold(
+    points: list[tuple[float, bool, bool]], i: int, slack: float, target: tuple[str, float] | None
+) -> float:
+    if target is not None and target[0] == "accuracy":
+        return _lowest_at_least(points, target[1])
+    if target is not None and target[0] == "escalation" and i == 0:
+        confidences = sorted(c for c, _, _ in points)
+        k = min(int(target[1] * len(confidences)), len(confidences) - 1)
+        return float(confidences[k])  # about a share x falls below it
+    return _lowest_safe(points, slack)
 
 
 def fit_for_cost(tiers: Sequence[TierSpec], dev: Sequence[Row], budget: float) -> None:
@@ -167,6 +260,9 @@ class SetReport:
     cost_per_question: float = math.nan  # through the cascade: every tier asked, at its prices
     cost_top_per_question: float = math.nan  # asking the last tier alone
     by_category: dict[str, dict[str, float]] = field(default_factory=dict)  # accuracy, past_first, n
+    auroc_raw: dict[str, float] = field(default_factory=dict)  # tier -> right/wrong AUROC of its own confidence
+    auroc_learned: dict[str, float] = field(default_factory=dict)  # ... of its confidence model's P(right)
+    ece_learned: dict[str, float] = field(default_factory=dict)  # ECE of that P(right)
 
 
 def evaluate(tiers: Sequence[TierSpec], rows: Sequence[Row], curves: bool = True) -> list[SetReport]:
@@ -180,8 +276,9 @@ def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[
     tiers = [t for t in tiers if any(r.id in t.outputs for r in rows)]  # a recorded tier covers some sets only
     rows = [r for r in rows if all(r.id in t.outputs for t in tiers)]
     report = SetReport(source, qtype, len(rows), {}, {}, {})
-    for t in tiers:
+    for i, t in enumerate(tiers):
         _measure_tier(report, t, rows)
+        _measure_gate(report, tiers, i, rows)
     gates = [t.gate() for t in tiers]
     by_name = {t.name: t for t in tiers}
     wins, answered_by, failed, cost = 0, defaultdict(int), 0, 0.0
@@ -194,7 +291,7 @@ def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[
             return by_name[ask.tier].outputs[r.id]
 
         try:
-            d = drive(run(r.question, gates), answer_for)
+            d = drive(run(r.question, gates, embedding=r.embedding), answer_for)
             ok, past = right(r, d.answer), d.tier != tiers[0].name
             wins += ok
             answered_by[d.tier] += 1
@@ -255,3 +352,68 @@ def _measure_tier(report: SetReport, t: TierSpec, rows: Sequence[Row]) -> None:
     report.latency_ms[t.name] = float(ms.mean()) if len(ms) else nan
     report.latency_p50_ms[t.name] = float(np.percentile(ms, 50)) if len(ms) else nan
     report.latency_p99_ms[t.name] = float(np.percentile(ms, 99)) if len(ms) else nan
+
+
+def _gate_points(tiers: Sequence[TierSpec], i: int, rows: Sequence[Row]) -> list[tuple[str, float, float | None, bool]]:
+    """Per row tier i answered: (type, its own confidence, its judge's P(right) or None, right)."""
+    out = []
+    for r in rows:
+        if not _judgeable(r) or (rd := tiers[i].reading(r)) is None:
+            continue
+        out.append((r.question.type, rd.confidence, judge_p(tiers, i, r, rd), right(r, rd.answer)))
+    return out
+
+
+def _signal_quality(points: Sequence[tuple[str, float, float | None, bool]]) -> dict[str, float]:
+    y = np.array([ok for *_, ok in points], dtype=float)
+    raw = np.array([c for _, c, _, _ in points])
+    out = {"n": float(len(points)), "accuracy": float(y.mean()) if len(y) else math.nan}
+    out["auroc_raw"] = auroc(raw, y) if len(y) and 0 < y.sum() < len(y) else math.nan
+    learned = [p for _, _, p, _ in points]
+    if points and all(p is not None for p in learned):
+        p = np.array(learned, dtype=float)
+        out["auroc_learned"] = auroc(p, y) if 0 < y.sum() < len(y) else math.nan
+        out["ece_learned"] = ece(p, y)
+    return out
+
+
+def _measure_gate(report: SetReport, tiers: Sequence[TierSpec], i: int, rows: Sequence[Row]) -> None:
+    q = _signal_quality(_gate_points(tiers, i, rows))
+    name = tiers[i].name
+    report.auroc_raw[name] = q["auroc_raw"]
+    if "auroc_learned" in q:
+        report.auroc_learned[name], report.ece_learned[name] = q["auroc_learned"], q["ece_learned"]
+
+
+def gate_table(tiers: Sequence[TierSpec], rows: Sequence[Row]) -> list[dict[str, Any]]:
+    """Pooled over every set: per tier (not the last) and question type, how well its own
+    confidence and its confidence model's P(right) tell its right answers from its wrong ones
+    (AUROC), and the calibration of that P(right) (ECE); ``type`` "all" pools the types."""
+    out = []
+    for i, t in enumerate(tiers[:-1]):
+        points = _gate_points(tiers, i, rows)
+        for qtype in ("all", *sorted({p[0] for p in points})):
+            part = [p for p in points if qtype in ("all", p[0])]
+            if part:
+                out.append({"tier": t.name, "type": qtype, **_signal_quality(part)})
+    return out
+
+
+def pooled(reports: Sequence[SetReport]) -> dict[str, float]:
+    """Every set together: the cascade against each set's last tier alone ("always-top"), and the
+    share of questions that reached that last tier."""
+    n = sum(r.n for r in reports)
+    if not n:
+        return {}
+    top = sum(r.n * r.alone.get(r.tiers[-1], math.nan) for r in reports if r.tiers) / n
+    cascade = sum(r.n * r.cascade for r in reports) / n
+    reached = sum(r.n * (r.share.get(r.tiers[-1], 0.0) + r.failed / max(r.n, 1)) for r in reports if r.tiers) / n
+    best_gap = min((r.cascade - max(r.alone.values()) for r in reports if r.alone), default=math.nan)
+    return {
+        "n": float(n),
+        "cascade": cascade,
+        "always_top": top,
+        "of_top": cascade / top if top else math.nan,
+        "reached_top": reached,
+        "worst_vs_best_tier": best_gap,
+    }

@@ -17,7 +17,7 @@ the last tier). Each ``s`` gives a point: the share of questions escalated past 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -45,12 +45,15 @@ def curve(gates: Sequence[Gate], outputs: Sequence[dict], rows: Sequence[Row], r
     out = Curve()
     for s in STEPS:
         swept = [
-            Gate(g.name, g.kind, {t: s for t in ("choice", "yes_no", "score")}, {}, g.temperatures) for g in gates[:-1]
+            replace(g, thresholds={t: s for t in ("choice", "yes_no", "score")}, task_thresholds={}) for g in gates[:-1]
         ] + [gates[-1]]
         wins, past = 0, 0
         for r in rows:
             try:
-                d = drive(run(r.question, swept), lambda ask, r=r: outputs[_index(gates, ask.tier)][r.id])
+                d = drive(
+                    run(r.question, swept, embedding=r.embedding),
+                    lambda ask, r=r: outputs[_index(gates, ask.tier)][r.id],
+                )
             except CascadeExhausted:
                 past += 1
                 continue

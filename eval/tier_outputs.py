@@ -12,9 +12,11 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from policies.cascade import YES_NO, Question, TierAnswer
 
@@ -27,6 +29,7 @@ class Row:
     question: Question
     answer: str
     category: str | None
+    embedding: np.ndarray | None = field(default=None, compare=False, repr=False)  # for learned gates
 
 
 def read_jsonl(path: Path, problems: list[str] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -107,6 +110,35 @@ def typed_rows(path: Path, split: str, cap: int | None = None, problems: list[st
     return rows
 
 
+def intent_rows(
+    path: Path,
+    task: str,
+    split: str,
+    cap: int | None = None,
+    n_options: int = 5,
+    text_field: str = "text",
+    label_field: str = "label",
+) -> list[Row]:
+    """Intent rows of a policy task as typed choice questions naming the task ("which of these is
+    the request about?"): the gold label and ``n_options - 1`` other labels of the set, chosen and
+    ordered by a hash of the row's id (the same on every machine), so that every tier can take them
+    (a lettered scorer reads at most 26 options; a 150-way question is the task head's alone). The
+    options are the task's labels as they are (the task head answers only its own labels)."""
+    docs = [d for _, d in read_jsonl(path) if d.get("split") == split and isinstance(d.get(label_field), str)]
+    labels = sorted({d[label_field] for _, d in read_jsonl(path) if isinstance(d.get(label_field), str)})
+    rows = []
+    for d in docs:
+        gold, rid = d[label_field], str(d.get("id"))
+        others = sorted((x for x in labels if x != gold), key=lambda x: _bucket(f"{rid}:{x}"))[: n_options - 1]
+        options = tuple(sorted([gold, *others], key=lambda x: _bucket(f"{rid}:order:{x}")))
+        q = Question("choice", d[text_field], options, None, task)  # the request as the task head reads it
+        rows.append(Row(rid, task, split, q, gold, None))
+    if cap is not None and len(rows) > cap:
+        rows = sorted(rows, key=lambda row: _bucket(row.id))[:cap]
+        rows.sort(key=lambda row: row.id)
+    return rows
+
+
 class TierCache:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -158,3 +190,26 @@ class TierCache:
                 if progress is not None:
                     progress()
         return self.rows
+
+
+def with_embeddings(
+    rows: list[Row], path: Path, embed: Callable[[list[str]], np.ndarray], batch: int = 64
+) -> list[Row]:
+    """``rows`` with their question's embedding (``embed`` on the question text, context first),
+    cached in ``path`` (an ``.npz`` of ids and vectors) so that a re-run embeds only new rows."""
+    from classifiers.options import question_text
+
+    known: dict[str, np.ndarray] = {}
+    if path.is_file():
+        with np.load(path, allow_pickle=False) as z:
+            known = dict(zip(z["ids"].tolist(), z["vectors"], strict=True))
+    todo = [r for r in rows if r.id not in known]
+    for i in range(0, len(todo), batch):
+        part = todo[i : i + batch]
+        vectors = embed([question_text(r.question.question, r.question.context) for r in part])
+        known.update(zip((r.id for r in part), np.asarray(vectors, dtype=np.float32), strict=True))
+    if todo:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        ids = sorted(known)
+        np.savez(path, ids=np.array(ids), vectors=np.vstack([known[i] for i in ids]))
+    return [replace(r, embedding=known[r.id]) for r in rows]

@@ -4,6 +4,7 @@ and the answer's shape."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -13,7 +14,7 @@ from gateway import tiers
 from gateway.errors import InvalidRequest, NotFound
 from gateway.runtime import Runtime
 from policies import cascade
-from policies.cascade import Decision, Gate, Question
+from policies.cascade import Decision, Gate, Judge, Question
 from policies.tiers import Cascade
 
 QType = Literal["choice", "yes_no", "score"]
@@ -86,7 +87,7 @@ def question(req: DecideRequest, spec: Cascade, tasks: set[str]) -> Question:
     return Question(req.type, req.question, options, req.context, req.task, scale)
 
 
-def gates(spec: Cascade, overrides: Overrides | None) -> list[Gate]:
+def gates(spec: Cascade, overrides: Overrides | None, judges: Mapping[str, Judge] | None = None) -> list[Gate]:
     extra = (overrides.thresholds if overrides is not None else None) or {}
     names = {t.name for t in spec.tiers}
     for name in extra:
@@ -96,7 +97,15 @@ def gates(spec: Cascade, overrides: Overrides | None) -> list[Gate]:
                 param="policy_overrides.thresholds",
             )
     return [
-        Gate(t.name, t.type, {**t.thresholds, **extra.get(t.name, {})}, t.task_thresholds, t.temperature)
+        Gate(
+            t.name,
+            t.type,
+            {**t.thresholds, **extra.get(t.name, {})},
+            t.task_thresholds,
+            t.temperature,
+            (judges or {}).get(t.name),
+            t.task_temperature,
+        )
         for t in spec.tiers
     ]
 
@@ -108,14 +117,15 @@ async def decide(
     if spec is None:
         raise NotFound("this policy has no cascade: /v1/decide is not served")
     by_name = {t.name: t for t in spec.tiers}
-    chosen = gates(spec, overrides)
+    chosen = gates(spec, overrides, rt.judges)
     if rt.budget is not None and overrides is None:  # a request's own thresholds are its own
         chosen = rt.budget.gates(chosen)
     budget = rt.budget if overrides is None else None
-    gen = cascade.run(q, chosen, spec.on_exhausted)
+    embedding = await tiers.question_embedding(rt, q, chosen)
+    gen = cascade.run(q, chosen, spec.on_exhausted, embedding)
     ask = next(gen)
     while True:
-        reply = await tiers.answer(rt, by_name[ask.tier], ask, request_id, attempts)
+        reply = await tiers.answer(rt, by_name[ask.tier], ask, request_id, attempts, embedding)
         try:
             ask = gen.send(reply)
         except StopIteration as stop:

@@ -23,6 +23,7 @@ from policies.budget import EscalationBudget
 from policies.schema import Policy
 
 if TYPE_CHECKING:
+    from classifiers.confidence import ConfidenceModel
     from classifiers.quality import QualityHead
     from gateway.semantic import Encoding
 
@@ -38,6 +39,7 @@ class Runtime:
     encoding: Encoding | None = None
     quality: dict[str, QualityHead] = field(default_factory=dict)  # routed virtual model -> its heads
     budget: EscalationBudget | None = None  # the cascade's online escalation budget (a policy's own)
+    judges: dict[str, ConfidenceModel] = field(default_factory=dict)  # tier -> its learned gate
     in_flight: int = 0
     retired: bool = False
     operator_hashes: frozenset[str] = frozenset()  # keys that see every key's files and batches
@@ -114,6 +116,7 @@ async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path 
     Relative paths in the policy (classifier data and artifacts) are taken from ``base_dir``.
     """
     keys = _key_hashes(policy)
+    judges = load_judges(policy, base_dir)
     encoding, quality = await _encoding(policy, previous, base_dir)
     backends: dict[str, Backend] = {}
     started: list[Backend] = []
@@ -137,7 +140,54 @@ async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path 
         raise
     operators = frozenset(digest for name, digest in keys if name in policy.access.operator_keys)
     hashes = frozenset(digest for _, digest in keys)
-    return Runtime(policy, backends, hashes, encoding, quality, _budget(policy), operator_hashes=operators)
+    return Runtime(policy, backends, hashes, encoding, quality, _budget(policy), judges, operator_hashes=operators)
+
+
+def judges_dir(policy: Policy, base_dir: Path) -> Path | None:
+    """Where the cascade's learned gates are: its own ``artifacts``, else the classifier's."""
+    c = policy.cascade
+    if c is not None and c.artifacts is not None:
+        return (base_dir / c.artifacts).resolve()
+    if policy.classifier is not None:
+        return (base_dir / policy.classifier.artifacts).resolve()
+    return None
+
+
+def load_judges(policy: Policy, base_dir: Path) -> dict[str, ConfidenceModel]:
+    """The confidence model of every tier with ``gate: learned``; a missing one stops the start."""
+    c = policy.cascade
+    learned = [t.name for t in (c.tiers if c is not None else []) if t.gate == "learned"]
+    if not learned:
+        return {}
+    from classifiers.confidence import ConfidenceModel
+
+    where = judges_dir(policy, base_dir)
+    if where is None:
+        raise PolicyInvalid(
+            ["cascade: a tier has `gate: learned` but neither cascade.artifacts nor a classifier says where"]
+        )
+    out: dict[str, ConfidenceModel] = {}
+    problems = []
+    temperatures = {t.name: dict(t.temperature) for t in c.tiers} if c is not None else {}
+    for name in learned:
+        try:
+            out[name] = ConfidenceModel.load(where, name)
+        except NotReady as exc:
+            problems.append(f"cascade.tiers.{name}: {exc.message}")
+            continue
+        fitted = out[name].meta.get("temperature")
+        if fitted is not None and fitted != temperatures[name]:
+            problems.append(
+                f"cascade.tiers.{name}: its learned gate was fitted at temperature {fitted}, the policy says "
+                f"{temperatures[name]}: run `triage train --policy POLICY` again"
+            )
+        if out[name].uses_embedding and policy.classifier is None:
+            problems.append(
+                f"cascade.tiers.{name}: its learned gate reads the question's embedding: the policy needs a classifier"
+            )
+    if problems:
+        raise PolicyInvalid(problems)
+    return out
 
 
 def _budget(policy: Policy) -> EscalationBudget | None:

@@ -12,6 +12,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -21,17 +22,25 @@ from backends.scorer import ScorerBackend
 from gateway.errors import InvalidRequest, TriageError, UpstreamRejected
 from gateway.runtime import Runtime
 from policies.answers import assumed_scores, extract_number, label_in_text, label_logprobs, labels_for
-from policies.cascade import Ask, Question, TierAnswer
+from policies.cascade import Ask, Gate, Question, TierAnswer
 from policies.tiers import EncoderTier, ModelTier, ScorerTier, Tier
 
 
-async def answer(rt: Runtime, tier: Tier, ask: Ask, request_id: str, attempts: list[Attempt]) -> TierAnswer:
+async def answer(
+    rt: Runtime,
+    tier: Tier,
+    ask: Ask,
+    request_id: str,
+    attempts: list[Attempt],
+    embedding: np.ndarray | None = None,
+) -> TierAnswer:
+    """One tier's answer; ``embedding``: the question's, where the caller has it already."""
     t0 = time.perf_counter()
     ms = lambda: (time.perf_counter() - t0) * 1000  # noqa: E731
     try:
         async with asyncio.timeout(tier.timeout_s):
             if isinstance(tier, EncoderTier):
-                result = await _encoder(rt, ask.question)
+                result = await _encoder(rt, ask.question, embedding)
             elif isinstance(tier, ScorerTier):
                 result = await _scorer(rt, tier, ask.question)
             else:
@@ -45,11 +54,19 @@ async def answer(rt: Runtime, tier: Tier, ask: Ask, request_id: str, attempts: l
     return replace(result, latency_ms=ms())
 
 
+async def question_embedding(rt: Runtime, q: Question, gates: Sequence[Gate]) -> np.ndarray | None:
+    """The question's embedding (context first, as the option scorer embeds it), where a learned
+    gate reads it; one encoder call, shared with the encoder tier."""
+    if rt.encoding is None or not any(g.judge is not None and g.judge.uses_embedding for g in gates):
+        return None
+    return (await rt.encoding.batcher.embed(_question_text(q))).vector
+
+
 def _log(p: np.ndarray) -> tuple[float, ...]:
     return tuple(float(math.log(max(float(v), 1e-12))) for v in p)
 
 
-async def _encoder(rt: Runtime, q: Question) -> TierAnswer | str:
+async def _encoder(rt: Runtime, q: Question, embedding: np.ndarray | None = None) -> TierAnswer | str:
     enc = rt.encoding
     if enc is None:
         return "the policy has no classifier"
@@ -62,14 +79,16 @@ async def _encoder(rt: Runtime, q: Question) -> TierAnswer | str:
             return f"no head for task '{q.task}'"
         if any(o not in head.classes for o in q.options):
             return f"the options are not all labels of task '{q.task}'"
-        vec = (await enc.batcher.embed(_question_text(q))).vector
+        vec = embedding if embedding is not None else (await enc.batcher.embed(_question_text(q))).vector
         by_label = dict(zip(head.classes, head.proba(vec[None, :])[0], strict=True))
         return TierAnswer(scores=_log(np.array([by_label[o] for o in q.options])))
     options = clf.options
     if options is None or q.type not in options.types:
         return f"no option scorer for {q.type} questions"
-    readings = await asyncio.gather(enc.batcher.embed(_question_text(q)), *(enc.batcher.embed(o) for o in q.options))
-    probs = options.proba(q.type, readings[0].vector, np.vstack([r.vector for r in readings[1:]]))
+    texts = list(q.options) if embedding is not None else [_question_text(q), *q.options]
+    readings = [r.vector for r in await asyncio.gather(*(enc.batcher.embed(t) for t in texts))]  # one batch
+    vec = embedding if embedding is not None else readings.pop(0)
+    probs = options.proba(q.type, vec, np.vstack(readings))
     return TierAnswer(scores=_log(probs))
 
 

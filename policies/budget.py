@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from policies.cascade import Gate, Step
 
@@ -39,7 +39,7 @@ class EscalationBudget:
     def gates(self, gates: list[Gate]) -> list[Gate]:
         """Every gate but the last with its thresholds shifted."""
         out = [
-            Gate(g.name, g.kind, self.shifted(g.thresholds), self.shifted(g.task_thresholds), g.temperatures)
+            replace(g, thresholds=self.shifted(g.thresholds), task_thresholds=self.shifted(g.task_thresholds))
             for g in gates[:-1]
         ]
         return [*out, *gates[-1:]]

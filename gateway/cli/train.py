@@ -13,7 +13,7 @@ from rich.table import Table
 
 from classifiers.router_training import RouterResult
 from gateway.cli.policy_arg import load_or_exit
-from policies.schema import RoutedModel
+from policies.schema import Policy, RoutedModel
 
 
 def _routers(results: list[RouterResult], console: Console) -> None:
@@ -39,17 +39,30 @@ def train(
     routers_only: Annotated[
         bool, typer.Option("--routers-only", help="Only the routed models' quality heads.")
     ] = False,
+    cascade_data: Annotated[
+        list[Path] | None,
+        typer.Option(help="Typed JSONL for the learned gates (default: every typed set in the data folder)."),
+    ] = None,
+    cascade_dev_cap: Annotated[int, typer.Option(help="Dev rows per set the learned gates are fitted on.")] = 300,
+    cascade_out: Annotated[
+        Path, typer.Option(help="Where the tiers' answers are cached (triage eval's --out: shared).")
+    ] = Path("out/eval"),
 ) -> None:
     """Train the heads on dev rows, calibrate them, measure them on test rows; then the quality
-    heads of every routed virtual model (the learned router)."""
+    heads of every routed virtual model (the learned router); then the confidence model of every
+    cascade tier with `gate: learned` (it needs the tiers' answers on dev rows: the local models run)."""
     from classifiers.artifacts import ExportSettings
     from classifiers.export import ensure_exported
     from classifiers.train_all import train as run
     from classifiers.train_all import train_quality
 
     console = Console(highlight=False)
-    pol = load_or_exit(policy, "classifier", ": nothing to train")
-    assert pol.classifier is not None
+    pol = load_or_exit(policy)
+    if pol.classifier is None:
+        if _learned(pol):  # a cascade of local models only: its gates read no embedding
+            return _gates(console, policy, pol, cascade_data, cascade_dev_cap, cascade_out)
+        typer.echo(f"{policy}: the policy has no `classifier` section and no learned gate: nothing to train", err=True)
+        raise typer.Exit(2)
     art, built = ensure_exported(settings=ExportSettings(layers=pol.classifier.encoder.layers))
     console.print(f"encoder: {'exported to' if built else 'cached at'} {art.root}")
     if any(isinstance(vm, RoutedModel) for vm in pol.virtual_models.values()):
@@ -123,3 +136,26 @@ def train(
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(json.dumps(asdict(result), indent=2))
+    _gates(console, policy, pol, cascade_data, cascade_dev_cap, cascade_out)
+
+
+def _learned(pol: Policy) -> bool:
+    return pol.cascade is not None and any(t.gate == "learned" for t in pol.cascade.tiers)
+
+
+def _gates(console: Console, policy: Path, pol: Policy, data: list[Path] | None, dev_cap: int, out: Path) -> None:
+    """The learned gates, after the heads they may read (the encoder tier's answers)."""
+    from classifiers.service import data_dir
+    from gateway.cli.evaluate import fit_gates
+
+    if not _learned(pol):
+        return
+    if data:
+        files = data
+    elif pol.classifier is not None:
+        files = sorted((data_dir(pol.classifier, policy.resolve().parent) / "typed").glob("*.jsonl*"))
+    else:
+        typer.echo("the learned gates need labeled rows: give --cascade-data (typed JSONL with dev rows)", err=True)
+        raise typer.Exit(2)
+    for path in fit_gates(console, policy, files, dev_cap, out):
+        console.print(f"wrote {path}")

@@ -1,0 +1,115 @@
+"""Fitting a tier's confidence model (:mod:`classifiers.confidence`) on labeled dev rows.
+
+Variants are chosen by out-of-fold log-loss on the rows given (never test rows): the scalar
+signals alone, and with the question's embedding where every row has one, each at a few
+regularisation strengths. The chosen variant's out-of-fold log-odds fit a Platt calibration;
+the final regression is refitted on all rows. The out-of-fold probabilities are returned too, so
+a caller that fits thresholds on the same rows does not fit them to the model's own training fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from classifiers.calibration import auroc
+from classifiers.confidence import ConfidenceModel, Signals, features, scalars
+
+MIN_ROWS = 40
+C_SCALARS = (0.1, 1.0, 10.0)
+C_EMBEDDING = (0.003, 0.01, 0.03, 0.1)
+
+
+@dataclass(frozen=True)
+class Fitted:
+    model: ConfidenceModel
+    out_of_fold: np.ndarray  # P(right) per row, each from a model that did not see it
+    tried: tuple[tuple[str, float, float], ...]  # (variant, C, out-of-fold log-loss)
+    auroc_raw: float  # the tier's own top probability, on these rows
+    auroc: float  # the out-of-fold P(right)
+
+
+def _folds(y: np.ndarray, k: int, seed: int) -> list[np.ndarray]:
+    """Stratified folds by a seeded permutation (the same on every machine)."""
+    rng = np.random.default_rng(seed)
+    out: list[list[int]] = [[] for _ in range(k)]
+    for label in (0, 1):
+        idx = rng.permutation(np.flatnonzero(y == label))
+        for j, i in enumerate(idx):
+            out[j % k].append(int(i))
+    return [np.array(sorted(f), dtype=int) for f in out]
+
+
+def _standardise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    mean = x.mean(axis=0)
+    scale = x.std(axis=0)
+    scale[scale < 1e-8] = 1.0
+    return mean, scale
+
+
+def _fit_lr(x: np.ndarray, y: np.ndarray, c: float) -> tuple[np.ndarray, float, np.ndarray, np.ndarray]:
+    from sklearn.linear_model import LogisticRegression
+
+    mean, scale = _standardise(x)
+    lr = LogisticRegression(C=c, max_iter=2000)
+    lr.fit((x - mean) / scale, y)
+    return lr.coef_[0].astype(np.float64), float(lr.intercept_[0]), mean, scale
+
+
+def _log_odds(x: np.ndarray, fit: tuple[np.ndarray, float, np.ndarray, np.ndarray]) -> np.ndarray:
+    w, b, mean, scale = fit
+    return ((x - mean) / scale) @ w + b
+
+
+def _log_loss(z: np.ndarray, y: np.ndarray) -> float:
+    p = np.clip(1 / (1 + np.exp(-np.clip(z, -40, 40))), 1e-6, 1 - 1e-6)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+
+
+def _platt(z: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    from sklearn.linear_model import LogisticRegression
+
+    lr = LogisticRegression(C=1e4, max_iter=1000)
+    lr.fit(z[:, None], y)
+    return float(lr.coef_[0][0]), float(lr.intercept_[0])
+
+
+def fit_confidence(
+    tier: str, signals: Sequence[Signals], right: Sequence[bool], folds: int = 5, seed: int = 0
+) -> Fitted:
+    """The tier's confidence model from its answers on labeled rows (``right[i]``: answer i was right)."""
+    y = np.asarray(right, dtype=int)
+    if len(y) < MIN_ROWS or y.min() == y.max():
+        raise ValueError(
+            f"tier '{tier}': a confidence model needs at least {MIN_ROWS} answered rows with both right and "
+            f"wrong answers ({len(y)} rows, {int(y.sum())} right)"
+        )
+    variants = [("scalars", False, C_SCALARS)]
+    if all(s.embedding is not None for s in signals):
+        variants.append(("scalars+embedding", True, C_EMBEDDING))
+    parts = _folds(y, folds, seed)
+    tried: list[tuple[str, float, float]] = []
+    best: tuple[float, str, bool, float, np.ndarray] | None = None
+    for name, emb, cs in variants:
+        x = np.vstack([features(s, emb) for s in signals])
+        for c in cs:
+            z = np.zeros(len(y))
+            for held in parts:
+                keep = np.setdiff1d(np.arange(len(y)), held)
+                z[held] = _log_odds(x[held], _fit_lr(x[keep], y[keep], c))
+            loss = _log_loss(z, y)
+            tried.append((name, c, round(loss, 5)))
+            if best is None or loss < best[0]:
+                best = (loss, name, emb, c, z)
+    assert best is not None
+    _, name, emb, c, z = best
+    a, b = _platt(z, y)
+    x = np.vstack([features(s, emb) for s in signals])
+    w, bias, mean, scale = _fit_lr(x, y, c)
+    oof = 1 / (1 + np.exp(-np.clip(a * z + b, -40, 40)))
+    raw_top = np.array([scalars(s)[0] for s in signals])
+    meta = {"variant": name, "C": c, "rows": len(y), "right": int(y.sum()), "folds": folds}
+    model = ConfidenceModel(tier, w, bias, mean, scale, emb, (a, b), meta)
+    return Fitted(model, oof, tuple(tried), auroc(raw_top, y), auroc(oof, y))

@@ -1,0 +1,276 @@
+"""Learned gates: a tier's P(right) model, fitted, saved, loaded, and used by the cascade and the eval.
+
+The synthetic rows make the point the model exists for: a tier as sure of its wrong answers as of
+its right ones (the same top probabilities on two kinds of question, right on one kind, wrong on the
+other), which only the question's embedding tells apart.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from classifiers.confidence import ConfidenceModel, Signals, confidence_name
+from classifiers.confidence_training import fit_confidence
+from eval import cascade_eval
+from eval.tier_outputs import Row
+from gateway.errors import PolicyInvalid
+from policies.cascade import Gate, Question, TierAnswer, drive, run
+
+DIM = 8
+
+
+def _direction(kind: int) -> np.ndarray:
+    v = np.zeros(DIM)
+    v[kind] = 1.0
+    return v
+
+
+def _signals(n: int, seed: int = 0) -> tuple[list[Signals], list[bool]]:
+    """Half the questions of kind 0 (the tier is right 90% of the time), half of kind 1 (20%);
+    the tier's top probability is drawn from the same range on both."""
+    rng = np.random.default_rng(seed)
+    sigs, right = [], []
+    for i in range(n):
+        kind = i % 2
+        top = rng.uniform(0.4, 0.9)
+        rest = (1 - top) / 3
+        emb = _direction(kind) + rng.normal(0, 0.05, DIM)
+        sigs.append(Signals("choice", (top, rest, rest, rest), embedding=emb))
+        right.append(bool(rng.random() < (0.9 if kind == 0 else 0.2)))
+    return sigs, right
+
+
+def test_the_embedding_tells_what_the_top_probability_cannot() -> None:
+    sigs, right = _signals(400)
+    fitted = fit_confidence("scorer", sigs, right)
+    assert fitted.model.meta["variant"] == "scalars+embedding"
+    assert fitted.auroc_raw < 0.6  # the tier's own confidence says next to nothing here
+    assert fitted.auroc > 0.75  # out of fold: rows the model did not see
+    test, truth = _signals(200, seed=1)
+    p = np.array([fitted.model.p_right(s) for s in test])
+    kind0 = p[::2].mean()
+    kind1 = p[1::2].mean()
+    assert kind0 > 0.75 and kind1 < 0.35, (kind0, kind1)
+    # calibrated: the mean P(right) is near the share right
+    assert abs(p.mean() - np.mean(truth)) < 0.08
+
+
+def test_without_embeddings_only_the_scalars_are_tried() -> None:
+    sigs, right = _signals(200)
+    bare = [Signals(s.qtype, s.probabilities) for s in sigs]
+    fitted = fit_confidence("scorer", bare, right)
+    assert fitted.model.meta["variant"] == "scalars"
+    assert not fitted.model.uses_embedding
+    assert {v for v, _, _ in fitted.tried} == {"scalars"}
+
+
+def test_too_few_rows_or_one_class_is_refused() -> None:
+    sigs, right = _signals(20)
+    with pytest.raises(ValueError, match="at least 40"):
+        fit_confidence("scorer", sigs, right)
+    sigs, _ = _signals(100)
+    with pytest.raises(ValueError, match="both right and wrong"):
+        fit_confidence("scorer", sigs, [True] * 100)
+
+
+def test_save_and_load_give_the_same_probabilities(tmp_path: Path) -> None:
+    sigs, right = _signals(200)
+    model = fit_confidence("scorer", sigs, right).model
+    model.save(tmp_path)
+    assert (tmp_path / f"{confidence_name('scorer')}.npz").is_file()
+    again = ConfidenceModel.load(tmp_path, "scorer")
+    for s in sigs[:20]:
+        assert again.p_right(s) == pytest.approx(model.p_right(s), abs=1e-12)
+    with pytest.raises(Exception, match="triage train"):
+        ConfidenceModel.load(tmp_path, "encoder")
+
+
+class _Fixed:
+    """A judge that says P(right) = 0.95 for questions whose embedding points at kind 0, else 0.1."""
+
+    uses_embedding = True
+
+    def __init__(self) -> None:
+        self.seen: list[Signals] = []
+
+    def p_right(self, s: Signals) -> float:
+        self.seen.append(s)
+        assert s.embedding is not None
+        return 0.95 if s.embedding[0] > 0.5 else 0.1
+
+
+def _two_tiers(judge: _Fixed) -> list[Gate]:
+    return [
+        Gate("scorer", "scorer", {"choice": 0.5}, judge=judge),
+        Gate("pool", "model", {}),
+    ]
+
+
+def test_the_cascade_compares_the_threshold_with_the_judges_probability() -> None:
+    q = Question("choice", "which?", ("a", "b", "c"))
+    scores = {"scorer": TierAnswer(scores=(0.0, -3.0, -3.0)), "pool": TierAnswer(scores=(-3.0, 0.0, -3.0))}
+    judge = _Fixed()
+    kept = drive(run(q, _two_tiers(judge), embedding=_direction(0)), lambda ask: scores[ask.tier])
+    assert kept.tier == "scorer" and kept.confidence == pytest.approx(0.95)
+    step = kept.trace[0].as_dict()
+    assert step["confidence"] == pytest.approx(0.95)
+    assert 0.8 < step["raw_confidence"] < 0.95  # the tier's own top probability, kept in the trace
+    sent_on = drive(run(q, _two_tiers(judge), embedding=_direction(1)), lambda ask: scores[ask.tier])
+    assert sent_on.tier == "pool" and sent_on.answer == "b"
+    assert sent_on.trace[0].outcome == "escalated" and sent_on.trace[0].confidence == pytest.approx(0.1)
+    # the pool tier had no judge: its own confidence, no raw_confidence in its step
+    assert "raw_confidence" not in sent_on.trace[1].as_dict()
+
+
+def test_no_judge_for_tasks_numbers_or_a_missing_embedding() -> None:
+    judge = _Fixed()
+    gates = _two_tiers(judge)
+    answer = TierAnswer(scores=(0.0, -3.0))
+    task_q = Question("choice", "book a flight", ("book", "cancel"), task="intents")
+    d = drive(run(task_q, gates, embedding=_direction(1)), lambda ask: answer)
+    assert d.tier == "scorer" and "raw_confidence" not in d.trace[0].as_dict()  # the head's own probability
+    plain = Question("choice", "which?", ("a", "b"))
+    d = drive(run(plain, gates, embedding=None), lambda ask: answer)
+    assert d.tier == "scorer" and "raw_confidence" not in d.trace[0].as_dict()
+    assert judge.seen == []
+
+
+def _rows(n: int, split: str, seed: int) -> list[Row]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        kind = i % 2
+        emb = _direction(kind) + rng.normal(0, 0.05, DIM)
+        q = Question("choice", f"question {i} of kind {kind}", ("a", "b", "c", "d"))
+        out.append(Row(f"{split}-{i}", "synthetic", split, q, "a", None, embedding=emb))
+    return out
+
+
+def _outputs(rows: list[Row], seed: int) -> tuple[dict[str, TierAnswer], dict[str, TierAnswer]]:
+    """A cheap tier right on 95% of kind 0 and 15% of kind 1, equally sure of both; a top tier
+    right on 70% of everything."""
+    rng = np.random.default_rng(seed)
+    cheap, top = {}, {}
+    for i, r in enumerate(rows):
+        kind = i % 2
+        pick = 0 if rng.random() < (0.95 if kind == 0 else 0.15) else int(rng.integers(1, 4))
+        margin = rng.uniform(1.0, 3.0)
+        cheap[r.id] = TierAnswer(scores=tuple(margin if j == pick else 0.0 for j in range(4)))
+        best = 0 if rng.random() < 0.7 else int(rng.integers(1, 4))
+        top[r.id] = TierAnswer(scores=tuple(0.0 if j == best else -30.0 for j in range(4)))
+    return cheap, top
+
+
+@pytest.mark.parametrize("gate", ["confidence", "learned"])
+def test_eval_fits_the_gate_and_a_learned_one_keeps_quality_at_a_third_of_the_escalation(gate: str) -> None:
+    dev, test = _rows(400, "dev", 0), _rows(400, "test", 1)
+    cheap, top = _outputs(dev + test, 2)
+    tiers = [
+        cascade_eval.TierSpec("scorer", "scorer", cheap, gate_kind=gate),
+        cascade_eval.TierSpec("top", "recorded", top),
+    ]
+    cascade_eval.fit_temperatures(tiers[0], dev)
+    cascade_eval.fit_judges(tiers, dev)
+    assert tiers[0].judge is not None and tiers[0].judge_fit["variant"] == "scalars+embedding"
+    cascade_eval.fit_thresholds(tiers, dev)
+    [report] = cascade_eval.evaluate(tiers, test)
+    assert report.auroc_learned["scorer"] > report.auroc_raw["scorer"] + 0.2
+    assert report.ece_learned["scorer"] < 0.1
+    # the default fit: the lowest threshold at which what the cheap tier keeps is as right as the top
+    # tier would be on it. Learned (measured 0.71 at 23% escalated): the cheap tier keeps kind 0 and
+    # enough of the rest to break even; its own confidence (0.66 at 65%) cannot tell the kinds apart.
+    top_alone = report.alone["top"]
+    if gate == "learned":
+        assert report.cascade >= top_alone - 0.02
+        assert report.past_first < 0.35
+    else:
+        assert report.cascade < top_alone - 0.02 or report.past_first > 0.5
+    table = cascade_eval.gate_table(tiers, test)
+    assert {(g["tier"], g["type"]) for g in table} == {("scorer", "all"), ("scorer", "choice")}
+    pooled = cascade_eval.pooled([report])
+    assert pooled["always_top"] == pytest.approx(report.alone["top"])
+    assert math.isclose(pooled["reached_top"], report.share["top"] + report.failed / report.n)
+
+
+def test_a_learned_gate_without_its_model_stops_the_start(tmp_path: Path) -> None:
+    from gateway.runtime import load_judges
+    from policies.schema import Policy
+
+    policy = Policy.model_validate(
+        {
+            "version": 1,
+            "backends": {"s": {"type": "scripted"}},
+            "models": {"m": {"backend": "s"}},
+            "cascade": {
+                "artifacts": "gates",
+                "tiers": [
+                    {"name": "scorer", "type": "model", "model": "m", "gate": "learned", "thresholds": {"choice": 0.5}},
+                    {"name": "pool", "type": "model", "model": "m"},
+                ],
+            },
+        }
+    )
+    with pytest.raises(PolicyInvalid, match=r"confidence-scorer\.json is missing: run `triage train"):
+        load_judges(policy, tmp_path)
+    sigs, right = _signals(100)
+    bare = [Signals(s.qtype, s.probabilities) for s in sigs]
+    fit_confidence("scorer", bare, right).model.save(tmp_path / "gates")
+    assert set(load_judges(policy, tmp_path)) == {"scorer"}
+
+
+def _constant(tier: str, p: float) -> ConfidenceModel:
+    """A confidence model that says ``p`` whatever it reads (its weights are zero)."""
+    from classifiers.confidence import SCALARS
+
+    k = len(SCALARS)
+    return ConfidenceModel(tier, np.zeros(k), math.log(p / (1 - p)), np.zeros(k), np.ones(k), False)
+
+
+GATED = """version: 1
+backends:
+  cheap: {type: scripted, text: "B"}
+  dear: {type: scripted, text: "C"}
+models:
+  cheap: {backend: cheap}
+  dear: {backend: dear}
+cascade:
+  artifacts: gates
+  tiers:
+    - {name: first, type: model, model: cheap, logprobs: false, assumed_confidence: 0.6, gate: learned,
+       thresholds: {choice: 0.95}}
+    - {name: last, type: model, model: dear, logprobs: false}
+"""
+
+
+def test_the_gateway_gates_on_the_learned_probability(gateway, tmp_path: Path) -> None:
+    _constant("first", 0.9).save(tmp_path / "gates")
+    gw = gateway(GATED)
+    with gw.http() as client:
+        q = {"question": "which?", "type": "choice", "options": ["a", "b", "c"]}
+        r = client.post("/v1/decide", json=q)
+        assert r.status_code == 200, r.text
+        d = r.json()
+        assert d["tier"] == "last" and d["answer"] == "c"
+        first = d["trace"][0]
+        assert first["outcome"] == "escalated"
+        assert first["confidence"] == pytest.approx(0.9)  # the learned P(right), compared with 0.95
+        assert first["raw_confidence"] == pytest.approx(0.6)  # the tier's own (assumed) confidence
+        # the same question with the threshold under the learned probability: kept at the first tier
+        low = client.post("/v1/decide", json={**q, "policy_overrides": {"thresholds": {"first": {"choice": 0.85}}}})
+        assert low.json()["tier"] == "first" and low.json()["confidence"] == pytest.approx(0.9)
+
+
+def test_a_gate_fitted_at_other_temperatures_stops_the_start(tmp_path: Path) -> None:
+    from gateway.runtime import load_judges
+    from policies.loader import load
+
+    model = _constant("first", 0.9)
+    model.meta["temperature"] = {"choice": 2.0}
+    model.save(tmp_path / "gates")
+    (tmp_path / "p.yaml").write_text(GATED)
+    with pytest.raises(PolicyInvalid, match="fitted at temperature"):
+        load_judges(load(tmp_path / "p.yaml"), tmp_path)
