@@ -26,7 +26,19 @@ from classifiers.confidence_training import fit_confidence
 from eval.sweep import Curve, curve
 from eval.tier_outputs import Row
 from policies.answers import same_number
-from policies.cascade import Ask, CascadeExhausted, Gate, Reading, TierAnswer, drive, gated, read, run, signals
+from policies.cascade import (
+    Ask,
+    CascadeExhausted,
+    Gate,
+    Reading,
+    TierAnswer,
+    drive,
+    gated,
+    read,
+    run,
+    signals,
+    task_head,
+)
 
 Outputs = Mapping[str, TierAnswer]  # row id -> the tier's answer
 GRID = tuple(round(x, 3) for x in np.linspace(0.0, 1.0, 101))
@@ -73,14 +85,14 @@ def previous(tiers: Sequence[TierSpec], i: int, row: Row) -> Reading | None:
     return None
 
 
-def _judgeable(row: Row) -> bool:
-    return not row.question.numeric and row.question.task is None
+def _judgeable(tier: TierSpec, row: Row) -> bool:
+    return not row.question.numeric and not task_head(tier.gate(), row.question)
 
 
 def judge_p(tiers: Sequence[TierSpec], i: int, row: Row, reading: Reading) -> float | None:
     """Tier i's fitted P(right) for its reading of ``row``: out-of-fold on dev rows, else the model's."""
     t = tiers[i]
-    if t.judge is None or not _judgeable(row):
+    if t.judge is None or not _judgeable(t, row):
         return None
     if row.id in t.judge_dev:
         return t.judge_dev[row.id]
@@ -106,7 +118,7 @@ def fit_judges(tiers: Sequence[TierSpec], dev: Sequence[Row], upto: int | None =
             continue
         rows, sigs, ok = [], [], []
         for r in dev:
-            if not _judgeable(r) or (rd := t.reading(r)) is None:
+            if not _judgeable(t, r) or (rd := t.reading(r)) is None:
                 continue
             rows.append(r)
             sigs.append(signals(r.question, rd, previous(tiers, i, r), r.embedding))
@@ -358,7 +370,7 @@ def _gate_points(tiers: Sequence[TierSpec], i: int, rows: Sequence[Row]) -> list
     """Per row tier i answered: (type, its own confidence, its judge's P(right) or None, right)."""
     out = []
     for r in rows:
-        if not _judgeable(r) or (rd := tiers[i].reading(r)) is None:
+        if not _judgeable(tiers[i], r) or (rd := tiers[i].reading(r)) is None:
             continue
         out.append((r.question.type, rd.confidence, judge_p(tiers, i, r, rd), right(r, rd.answer)))
     return out

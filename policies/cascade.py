@@ -219,14 +219,19 @@ def signals(q: Question, reading: Reading, previous: Reading | None, embedding: 
     )
 
 
+def task_head(gate: Gate, q: Question) -> bool:
+    """The encoder answers a question that names a task with that task's head, not the option scorer."""
+    return gate.kind == "encoder" and q.task is not None
+
+
 def judged(
     q: Question, gate: Gate, reading: Reading, previous: Reading | None, embedding: np.ndarray | None
 ) -> float | None:
     """The judge's P(right) of a tier's answer, where the tier has a judge that can read this
-    question (a number has no options to read; a task head is calibrated on its own data; a judge of
-    embeddings needs one); else None."""
+    question (a number has no options to read; the encoder answers a task's question with the task's
+    head, calibrated on its own data; a judge of embeddings needs one); else None."""
     judge = gate.judge
-    if judge is None or q.numeric or q.task is not None or (judge.uses_embedding and embedding is None):
+    if judge is None or q.numeric or (judge.uses_embedding and embedding is None) or task_head(gate, q):
         return None
     return judge.p_right(signals(q, reading, previous, embedding))
 

@@ -126,17 +126,21 @@ def test_the_cascade_compares_the_threshold_with_the_judges_probability() -> Non
     assert "raw_confidence" not in sent_on.trace[1].as_dict()
 
 
-def test_no_judge_for_tasks_numbers_or_a_missing_embedding() -> None:
+def test_no_judge_for_a_task_head_numbers_or_a_missing_embedding() -> None:
     judge = _Fixed()
     gates = _two_tiers(judge)
     answer = TierAnswer(scores=(0.0, -3.0))
     task_q = Question("choice", "book a flight", ("book", "cancel"), task="intents")
-    d = drive(run(task_q, gates, embedding=_direction(1)), lambda ask: answer)
-    assert d.tier == "scorer" and "raw_confidence" not in d.trace[0].as_dict()  # the head's own probability
+    encoder = [Gate("encoder", "encoder", {"choice": 0.5}, judge=judge), Gate("pool", "model", {})]
+    d = drive(run(task_q, encoder, embedding=_direction(1)), lambda ask: answer)
+    assert d.tier == "encoder" and "raw_confidence" not in d.trace[0].as_dict()  # the task head's own probability
     plain = Question("choice", "which?", ("a", "b"))
     d = drive(run(plain, gates, embedding=None), lambda ask: answer)
     assert d.tier == "scorer" and "raw_confidence" not in d.trace[0].as_dict()
     assert judge.seen == []
+    # a scorer tier reads a task's question like any other choice question: its judge applies
+    d = drive(run(task_q, gates, embedding=_direction(1)), lambda ask: answer)
+    assert d.tier == "pool" and d.trace[0].raw_confidence is not None and len(judge.seen) == 1
 
 
 def _rows(n: int, split: str, seed: int) -> list[Row]:

@@ -145,7 +145,16 @@ cascade:
     - {name: scorer, type: scorer, backend: scorer, gate: learned, thresholds: {yes_no: 0.99}}
     - {name: pool, type: model, model: pool, logprobs: false}
 """)
-    cmd = [sys.executable, "-m", "gateway.cli", "train", "--policy", str(policy), "--cascade-out", str(tmp_path / "out")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "train",
+        "--policy",
+        str(policy),
+        "--cascade-out",
+        str(tmp_path / "out"),
+    ]
     missing = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert missing.returncode == 2 and "--cascade-data" in missing.stderr
     done = subprocess.run([*cmd, "--cascade-data", str(data)], capture_output=True, text=True, timeout=600)

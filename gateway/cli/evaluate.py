@@ -318,6 +318,8 @@ class _Run:
                     per_call=tier.prices.per_call,
                     per_1k_tokens=tier.prices.per_1k_tokens,
                     gate_kind=tier.gate,
+                    thresholds=dict(tier.thresholds),
+                    task_thresholds=dict(tier.task_thresholds),
                 )
             )
         if live is not None:
