@@ -9,5 +9,9 @@ def text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # content parts: keep the text ones
-        return " ".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        return " ".join(
+            p["text"]
+            for p in content
+            if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        )
     return ""

@@ -32,6 +32,17 @@ class Message(_Open):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict[str, Any]] | None = None
 
+    @field_validator("content")
+    @classmethod
+    def _text_parts(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            for i, part in enumerate(v):
+                if not isinstance(part.get("type"), str):
+                    raise ValueError(f"content part {i} has no type")
+                if part["type"] == "text" and not isinstance(part.get("text"), str):
+                    raise ValueError(f"content part {i} is a text part whose text is not a string")
+        return v
+
 
 class _Common(_Open):
     model: str = Field(min_length=1)

@@ -589,6 +589,21 @@ def test_completions_refuse_an_empty_prompt_list(gateway: Callable[..., Gateway]
     assert gw.client().completions.create(model="echo", prompt="").choices  # an empty string is a prompt
 
 
+@pytest.mark.parametrize("part", [{"type": "text", "text": 5}, {"type": "text"}, {"text": "no type"}])
+def test_a_malformed_content_part_is_a_400_naming_the_messages(gateway: Callable[..., Gateway], part: dict) -> None:
+    gw = gateway(policy())
+    with gw.http() as client:
+        for model in ("echo", "auto"):  # a plain model, and the cascade model that reads the text for a typed ask
+            r = client.post(
+                "/v1/chat/completions",
+                json={"model": model, "messages": [{"role": "user", "content": [part]}]},
+            )
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["param"].startswith("messages")
+        ok = {"model": "echo", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+        assert client.post("/v1/chat/completions", json=ok).status_code == 200  # still serving
+
+
 def test_ready_is_503_while_a_models_only_backend_is_down(gateway: Callable[..., Gateway]) -> None:
     dead = POLICY.replace(
         "health: {enabled: false}", "health: {interval_s: 0.1, timeout_s: 0.5, cooldown_s: 60}"
