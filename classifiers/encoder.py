@@ -207,6 +207,13 @@ class Encoder:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.stack([r.vector for r in self._run([self.encode(t, parts=False) for t in texts], parts=False)])
 
+    def embed_counted(self, texts: Sequence[str | bytes]) -> list[tuple[np.ndarray, int]]:
+        """Each text's embedding with its token count before truncation (``/v1/embeddings``' usage)."""
+        if not texts:
+            return []
+        rows = [self.encode(t, parts=False) for t in texts]
+        return [(r.vector, row.original_tokens) for r, row in zip(self._run(rows, parts=False), rows, strict=True)]
+
     def read(self, texts: Sequence[str | bytes]) -> list[Reading]:
         """Each prompt's embedding, its sentences' embeddings, its foreign share and its language (see
         the module)."""

@@ -15,7 +15,7 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Route as HTTPRoute
 
 from backends.base import Body, Kind
-from gateway import decide, typed
+from gateway import decide, embeddings, typed
 from gateway import openapi as openapi_doc
 from gateway.dispatch import Served, decide_route, dispatch
 from gateway.errors import (
@@ -311,6 +311,24 @@ class _SSEResponse(StreamingResponse):
             await self._ex.finish(499)  # a no-op when the relay already finished
 
 
+async def embeddings_route(request: Request) -> Response:
+    state = _state(request)
+    ex = Exchange.begin(state.holder, state.metrics, state.gate, "embeddings", request.headers.get("x-request-id"))
+    try:
+        _authorize(request, ex)
+        raw = await read_body(request, ex.rt.policy.limits.max_body_bytes)
+        ex.take_slot()  # only once the body is in: a slow sender holds no slot
+        out = await _unless_gone(request, embeddings.answer(ex, raw))
+    except TriageError as exc:
+        await ex.finish(exc.status, exc)
+        return error_response(exc)
+    except BaseException:
+        await ex.finish(500)
+        raise
+    await ex.finish(200)
+    return _json(out, headers={"x-request-id": ex.request_id, "x-triage-model": out["model"]})
+
+
 async def chat_completions(request: Request) -> Response:
     return await _generate(request, "chat")
 
@@ -326,6 +344,7 @@ HOT_ROUTES = [
     HTTPRoute("/v1/completions", completions, methods=["POST"]),
     HTTPRoute("/v1/decide", decide_one, methods=["POST"]),
     HTTPRoute("/v1/decide/batch", decide_batch, methods=["POST"]),
+    HTTPRoute("/v1/embeddings", embeddings_route, methods=["POST"]),
 ]
 
 
@@ -338,7 +357,8 @@ async def list_models(request: Request) -> Response:
     rt = _state(request).holder.current
     if not rt.check_key(request.headers.get("authorization")):
         return error_response(Unauthorized("Incorrect or missing API key"))
-    return _json({"object": "list", "data": [_model_card(m) for m in public_models(rt.policy)]})
+    names = [*public_models(rt.policy), *embeddings.served_models(rt)]
+    return _json({"object": "list", "data": [_model_card(m) for m in names]})
 
 
 @router.get("/v1/models/{model:path}")
@@ -346,7 +366,7 @@ async def get_model(request: Request, model: str) -> Response:
     rt = _state(request).holder.current
     if not rt.check_key(request.headers.get("authorization")):
         return error_response(Unauthorized("Incorrect or missing API key"))
-    if model not in public_models(rt.policy):
+    if model not in public_models(rt.policy) and model not in embeddings.served_models(rt):
         return error_response(ModelNotFound(f"The model '{model}' does not exist", param="model"))
     return _json(_model_card(model))
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
 from gateway.decide import DecideRequest
+from gateway.embeddings import EmbeddingsRequest
 from gateway.schemas import BatchCreate, ChatRequest, CompletionRequest
 
 
@@ -140,6 +141,19 @@ class BatchList(_Open):
     has_more: bool
 
 
+class Embedding(_Open):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingList(_Open):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: dict[str, int]
+
+
 class Health(_Open):
     status: Literal["ok"]
 
@@ -170,6 +184,8 @@ OPERATIONS = (
        (400, 401, 404, 413, 429, 502, 504)),
     Op("POST", "/v1/decide/batch", "Typed decisions, each its own answer or error", DecideBatchRequest,
        DecisionBody, (400, 401, 404, 413, 429)),
+    Op("POST", "/v1/embeddings", "Embeddings from the policy's encoder", EmbeddingsRequest, EmbeddingList,
+       (400, 401, 404, 413, 429)),
     Op("GET", "/v1/models", "The policy's models", None, ModelList, (401,)),
     Op("GET", "/v1/models/{model}", "One model", None, ModelCard, (401, 404)),
     Op("POST", "/v1/files", "Upload a batch input file", FileUpload, FileObject, (400, 401, 408, 413, 503),

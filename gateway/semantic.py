@@ -7,6 +7,8 @@ import asyncio
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from backends.base import Body, Kind
 from classifiers.batching import MicroBatcher
 from classifiers.encoder import Reading
@@ -30,6 +32,7 @@ class Encoding:
     classifier: Classifier
     batcher: MicroBatcher[str, Reading]
     signature: tuple[tuple[str, int], ...]  # the artifacts as loaded: retrained heads differ
+    embedder: MicroBatcher[str, tuple[np.ndarray, int]]  # /v1/embeddings: the vector only, and its tokens
 
     @classmethod
     async def load(cls, config: ClassifierConfig, policy_dir: Path) -> Encoding:
@@ -39,10 +42,17 @@ class Encoding:
         batcher: MicroBatcher[str, Reading] = MicroBatcher(
             clf.encoder.read, max_batch=e.batch_max_size, max_wait_ms=e.batch_max_wait_ms
         )
-        return cls(config, clf, batcher, signature)
+        embedder: MicroBatcher[str, tuple[np.ndarray, int]] = MicroBatcher(
+            clf.encoder.embed_counted,
+            max_batch=e.batch_max_size,
+            max_wait_ms=e.batch_max_wait_ms,
+            thread_name="triage-embeddings",
+        )
+        return cls(config, clf, batcher, signature, embedder)
 
     async def close(self) -> None:
         await self.batcher.aclose()
+        await self.embedder.aclose()
 
     async def route(
         self, vm: SemanticModel, kind: Kind, body: Body, reasoning_router: ReasoningRouter | None = None
