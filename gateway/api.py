@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -15,7 +16,7 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Route as HTTPRoute
 
 from backends.base import Body, Kind
-from gateway import decide, embeddings, typed
+from gateway import decide, embeddings, responses, typed
 from gateway import openapi as openapi_doc
 from gateway.dispatch import Served, decide_route, dispatch
 from gateway.errors import (
@@ -139,6 +140,53 @@ def _authorize(request: Request, ex: Exchange) -> None:
         raise Unauthorized("Incorrect or missing API key: send 'Authorization: Bearer <key>'")
 
 
+@dataclass
+class Result:
+    """What the pipeline gives for one chat or completion body: an engine's answer (a completion
+    or a stream), or a typed decision's chat completion; with the response headers."""
+
+    headers: dict[str, str]
+    served: Served | None = None
+    typed: dict[str, Any] | None = None
+
+
+async def pipeline(request: Request, ex: Exchange, kind: Kind, body: dict[str, Any]) -> Result:
+    """The one path a generating request takes once it is a chat or completion body (chat and text
+    completions, and the Responses API translated to chat): check it, resolve the virtual model (a
+    cascade's typed question is decided here), route, dispatch."""
+    ex.model = body.get("model") if isinstance(body.get("model"), str) else None
+    request_ = check(ChatRequest if kind == "chat" else CompletionRequest, body)
+    body["stream"] = ex.stream = request_.stream  # the validated value, not a truthy string
+    ex.prompt = body.get("messages") if kind == "chat" else body.get("prompt")
+    vm = ex.rt.policy.virtual_models.get(body["model"])
+    if isinstance(vm, CascadeModel):
+        ask = typed.typed_ask(body, ex.rt.policy.cascade) if kind == "chat" and ex.rt.policy.cascade else None
+        if ask is not None:
+            decision = await decide.decide(ex.rt, ask.question, None, ex.request_id, ex.attempts)
+            ex.decision, ex.served, ex.usage = decision, decision.tier, dict(decision.usage or {}) or None
+            extension = decide.body(decision, ex.request_id)
+            reply = typed.completion(ask, decision, ex.model or "", ex.request_id, extension)
+            return Result(decision_headers(ex.request_id, decision), typed=reply)
+        body["model"] = vm.open  # untyped: served by the cascade model's open route
+    route = await decide_route(ex.rt, kind, body)
+    ex.route = route
+    work = dispatch(ex.rt, kind, body, ex.request_id, ex.attempts, route)
+    # a client that leaves is watched for only where a request can wait in a queue: A/B runs of
+    # `bench overhead` hinted at 0.2 ms a request for watching every one (noisy, not settled)
+    served = await (_unless_gone(request, work) if ex.rt.admission else work)
+    ex.served, ex.backend, ex.replica = served.model, served.backend, served.replica
+    headers = {"x-request-id": ex.request_id, "x-triage-model": served.model, "x-triage-backend": served.backend}
+    if served.route is not None:
+        headers.update(route_headers(served.route, served.reasoning_switch))
+        if served.model != served.route.model:  # the route's model failed: a fallback answered
+            headers["x-triage-fallback-from"] = served.route.model
+    if served.completion is not None:
+        served.completion.body["model"] = served.model
+        usage = served.completion.body.get("usage")
+        ex.usage = usage if isinstance(usage, dict) else None
+    return Result(headers, served=served)
+
+
 async def _generate(request: Request, kind: Kind) -> Response:
     state = _state(request)
     endpoint = "chat" if kind == "chat" else "completions"
@@ -148,35 +196,16 @@ async def _generate(request: Request, kind: Kind) -> Response:
         raw = await read_body(request, ex.rt.policy.limits.max_body_bytes)
         ex.take_slot()  # only once the body is in: a slow sender holds no slot
         body = parse_json(raw)
-        ex.model = body.get("model") if isinstance(body.get("model"), str) else None
-        request_ = check(ChatRequest if kind == "chat" else CompletionRequest, body)
-        body["stream"] = ex.stream = request_.stream  # the validated value, not a truthy string
-        ex.prompt = body.get("messages") if kind == "chat" else body.get("prompt")
-        vm = ex.rt.policy.virtual_models.get(body["model"])
-        if isinstance(vm, CascadeModel):
-            ask = typed.typed_ask(body, ex.rt.policy.cascade) if kind == "chat" and ex.rt.policy.cascade else None
-            if ask is not None:
-                return await _typed_reply(ex, ask, body)
-            body["model"] = vm.open  # untyped: served by the cascade model's open route
-        route = await decide_route(ex.rt, kind, body)
-        ex.route = route
-        work = dispatch(ex.rt, kind, body, ex.request_id, ex.attempts, route)
-        # a client that leaves is watched for only where a request can wait in a queue: A/B runs of
-        # `bench overhead` hinted at 0.2 ms a request for watching every one (noisy, not settled)
-        served = await (_unless_gone(request, work) if ex.rt.admission else work)
-        ex.served, ex.backend, ex.replica = served.model, served.backend, served.replica
-        headers = {"x-request-id": ex.request_id, "x-triage-model": served.model, "x-triage-backend": served.backend}
-        if served.route is not None:
-            headers.update(route_headers(served.route, served.reasoning_switch))
-            if served.model != served.route.model:  # the route's model failed: a fallback answered
-                headers["x-triage-fallback-from"] = served.route.model
+        result = await pipeline(request, ex, kind, body)
+        if result.typed is not None:
+            await ex.finish(200)
+            return _typed_response(result.typed, result.headers, bool(body.get("stream")))
+        served = result.served
+        assert served is not None
         if served.stream is not None:
-            return _SSEResponse(ex, served, headers)  # it finishes the exchange when it ends
+            return _SSEResponse(ex, served, result.headers)  # it finishes the exchange when it ends
         assert served.completion is not None
         answer = served.completion.body
-        answer["model"] = served.model
-        usage = answer.get("usage")
-        ex.usage = usage if isinstance(usage, dict) else None
     except TriageError as exc:
         await ex.finish(exc.status, exc)
         return error_response(exc)
@@ -184,19 +213,12 @@ async def _generate(request: Request, kind: Kind) -> Response:
         await ex.finish(500)
         raise
     await ex.finish(200)
-    return _json(answer, headers=headers)
+    return _json(answer, headers=result.headers)
 
 
-async def _typed_reply(ex: Exchange, ask: typed.TypedAsk, body: dict[str, Any]) -> Response:
-    """A chat request with a typed response_format, decided by the cascade. The caller's
-    ``except`` arms finish the exchange when this raises."""
-    decision = await decide.decide(ex.rt, ask.question, None, ex.request_id, ex.attempts)
-    ex.decision, ex.served, ex.usage = decision, decision.tier, dict(decision.usage or {}) or None
-    extension = decide.body(decision, ex.request_id)
-    reply = typed.completion(ask, decision, ex.model or "", ex.request_id, extension)
-    headers = decision_headers(ex.request_id, decision)
-    await ex.finish(200)
-    if not body.get("stream"):
+def _typed_response(reply: dict[str, Any], headers: dict[str, str], stream: bool) -> Response:
+    """A typed decision's chat completion, plain or as the stream of its chunks."""
+    if not stream:
         return _json(reply, headers=headers)
     events = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in typed.chunks(reply)) + b"data: [DONE]\n\n"
     return Response(events, media_type="text/event-stream", headers={**_SSE_HEADERS, **headers})
@@ -297,8 +319,11 @@ class _SSEResponse(StreamingResponse):
     """A stream whose upstream and bookkeeping are released however it ends, even when the
     client left before the first byte (then the relay generator never ran)."""
 
-    def __init__(self, ex: Exchange, served: Served, headers: dict[str, str]) -> None:
-        super().__init__(_sse(ex, served), media_type="text/event-stream", headers={**_SSE_HEADERS, **headers})
+    def __init__(
+        self, ex: Exchange, served: Served, headers: dict[str, str], events: AsyncIterator[bytes] | None = None
+    ) -> None:
+        body = events if events is not None else _sse(ex, served)  # chat's chunks, or another API's events
+        super().__init__(body, media_type="text/event-stream", headers={**_SSE_HEADERS, **headers})
         self._ex, self._served = ex, served
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -329,6 +354,110 @@ async def embeddings_route(request: Request) -> Response:
     return _json(out, headers={"x-request-id": ex.request_id, "x-triage-model": out["model"]})
 
 
+async def create_response(request: Request) -> Response:
+    """``POST /v1/responses``: translated to chat, through the same pipeline, translated back."""
+    state = _state(request)
+    ex = Exchange.begin(state.holder, state.metrics, state.gate, "responses", request.headers.get("x-request-id"))
+    try:
+        _authorize(request, ex)
+        raw = await read_body(request, ex.rt.policy.limits.max_body_bytes)
+        ex.take_slot()  # only once the body is in: a slow sender holds no slot
+        req = parse_json(raw)
+        ex.model = req.get("model") if isinstance(req.get("model"), str) else None
+        checked = check(responses.ResponsesRequest, req)
+        earlier = state.responses.get(checked.previous_response_id).messages if checked.previous_response_id else []
+        body, turns = responses.chat_body(req, earlier)
+        result = await pipeline(request, ex, "chat", body)
+        response_id = responses.new_id("resp")
+        store = req.get("store", True) is not False
+        if result.typed is not None or (result.served is not None and result.served.completion is not None):
+            completion = result.typed if result.typed is not None else result.served.completion.body  # type: ignore[union-attr]
+            out, turn = responses.from_chat(req, response_id, completion)
+            if store:
+                state.responses.put(out, [*turns, turn])
+            if body.get("stream"):  # a whole answer (a typed decision) as the event sequence
+                translator = responses.StreamTranslator(req, response_id, out["model"])
+                events = translator.start() + translator.feed(_as_chunk(completion)) + translator.finish()[0]
+                await ex.finish(200)
+                return Response(events, media_type="text/event-stream", headers={**_SSE_HEADERS, **result.headers})
+            await ex.finish(200)
+            return _json(out, headers=result.headers)
+        assert result.served is not None and result.served.stream is not None
+        translator = responses.StreamTranslator(req, response_id, result.served.model)
+        stream = _response_events(ex, result.served, translator, state.responses if store else None, turns)
+        return _SSEResponse(ex, result.served, result.headers, stream)  # it finishes the exchange when it ends
+    except TriageError as exc:
+        await ex.finish(exc.status, exc)
+        return error_response(exc)
+    except BaseException:
+        await ex.finish(500)
+        raise
+
+
+def _as_chunk(completion: dict[str, Any]) -> dict[str, Any]:
+    choice = (completion.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    delta = {"content": message.get("content")} if message.get("content") else {}
+    chunk = {"model": completion.get("model"), "choices": [{"index": 0, "delta": delta, "finish_reason": "stop"}]}
+    return {**chunk, "usage": completion.get("usage")}
+
+
+async def _response_events(
+    ex: Exchange,
+    served: Served,
+    translator: responses.StreamTranslator,
+    store: responses.ResponseStore | None,
+    turns: list[dict[str, Any]],
+) -> AsyncIterator[bytes]:
+    """The Responses event stream of a chat stream; a failure after the start is the ``error``
+    event, then ``response.failed``; the exchange finishes however the stream ends."""
+    assert served.stream is not None
+    status, error = 499, None
+    try:
+        yield translator.start()
+        async for chunk in served.stream:
+            if chunk.get("usage"):
+                ex.usage = chunk["usage"]
+            data = translator.feed(chunk)
+            if data:
+                yield data
+        events, out, turn = translator.finish()
+        if store is not None:
+            store.put(out, [*turns, turn])
+        status = 200
+        yield events
+    except TriageError as exc:
+        status, error = exc.status, exc
+        log.warning("stream_failed", request_id=ex.request_id, error=exc.message)
+        yield translator.error(exc.code, exc.message)
+    finally:
+        await served.stream.aclose()
+        await ex.finish(status, error)
+
+
+async def get_response(request: Request) -> Response:
+    return await _stored(request, "get")
+
+
+async def delete_response(request: Request) -> Response:
+    return await _stored(request, "delete")
+
+
+async def _stored(request: Request, action: str) -> Response:
+    state = _state(request)
+    rt = state.holder.current
+    if not rt.check_key(request.headers.get("authorization")):
+        return error_response(Unauthorized("Incorrect or missing API key: send 'Authorization: Bearer <key>'"))
+    response_id = request.path_params["response_id"]
+    try:
+        if action == "delete":
+            state.responses.delete(response_id)
+            return _json({"id": response_id, "object": "response.deleted", "deleted": True})
+        return _json(state.responses.get(response_id).response)
+    except TriageError as exc:
+        return error_response(exc)
+
+
 async def chat_completions(request: Request) -> Response:
     return await _generate(request, "chat")
 
@@ -345,6 +474,9 @@ HOT_ROUTES = [
     HTTPRoute("/v1/decide", decide_one, methods=["POST"]),
     HTTPRoute("/v1/decide/batch", decide_batch, methods=["POST"]),
     HTTPRoute("/v1/embeddings", embeddings_route, methods=["POST"]),
+    HTTPRoute("/v1/responses", create_response, methods=["POST"]),
+    HTTPRoute("/v1/responses/{response_id}", get_response, methods=["GET"]),
+    HTTPRoute("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
 ]
 
 

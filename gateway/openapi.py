@@ -18,6 +18,7 @@ from pydantic.json_schema import models_json_schema
 
 from gateway.decide import DecideRequest
 from gateway.embeddings import EmbeddingsRequest
+from gateway.responses import ResponsesRequest
 from gateway.schemas import BatchCreate, ChatRequest, CompletionRequest
 
 
@@ -154,6 +155,22 @@ class EmbeddingList(_Open):
     usage: dict[str, int]
 
 
+class ResponseObject(_Open):
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: str
+    model: str
+    output: list[dict[str, Any]]
+    usage: dict[str, Any] | None
+
+
+class ResponseDeleted(_Open):
+    id: str
+    object: Literal["response.deleted"]
+    deleted: bool
+
+
 class Health(_Open):
     status: Literal["ok"]
 
@@ -186,6 +203,10 @@ OPERATIONS = (
        DecisionBody, (400, 401, 404, 413, 429)),
     Op("POST", "/v1/embeddings", "Embeddings from the policy's encoder", EmbeddingsRequest, EmbeddingList,
        (400, 401, 404, 413, 429)),
+    Op("POST", "/v1/responses", "A response (the Responses API, on the chat pipeline; SSE events with stream: true)",
+       ResponsesRequest, ResponseObject, (400, 401, 404, 413, 429, 502, 504), sse=True),
+    Op("GET", "/v1/responses/{response_id}", "A stored response", None, ResponseObject, (401, 404)),
+    Op("DELETE", "/v1/responses/{response_id}", "Delete a stored response", None, ResponseDeleted, (401, 404)),
     Op("GET", "/v1/models", "The policy's models", None, ModelList, (401,)),
     Op("GET", "/v1/models/{model}", "One model", None, ModelCard, (401, 404)),
     Op("POST", "/v1/files", "Upload a batch input file", FileUpload, FileObject, (400, 401, 408, 413, 503),

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from gateway.exchange import Gate
 from gateway.metrics import Metrics
+from gateway.responses import ResponseStore
 from gateway.runtime import RuntimeHolder
 
 if TYPE_CHECKING:
@@ -19,3 +20,4 @@ class GatewayState:
     metrics: Metrics
     gate: Gate = field(default_factory=Gate)
     batches: BatchRunner | None = None
+    responses: ResponseStore = field(default_factory=ResponseStore)  # stored /v1/responses, this process

@@ -92,6 +92,9 @@ def completion(ask: TypedAsk, d: Decision, model: str, request_id: str, extensio
     content = orjson.dumps({ask.prop: ask.values[index]}).decode()
     top = sorted(d.probabilities.items(), key=lambda kv: -kv[1])
     position = {**_token(d.answer, d.probabilities[d.answer]), "top_logprobs": [_token(o, p) for o, p in top]}
+    # an answer that came without probabilities (the tier's assumed confidence) has no logprobs to give:
+    # invented numbers are never returned as measured ones (the decision in `triage` says so)
+    logprobs = None if d.assumed else {"content": [position]}
     return {
         "id": f"chatcmpl-{request_id}",
         "object": "chat.completion",
@@ -101,7 +104,7 @@ def completion(ask: TypedAsk, d: Decision, model: str, request_id: str, extensio
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": content, "refusal": None},
-                "logprobs": {"content": [position]},
+                "logprobs": logprobs,
                 "finish_reason": "stop",
             }
         ],
