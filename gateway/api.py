@@ -16,7 +16,7 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Route as HTTPRoute
 
 from backends.base import Body, Kind
-from gateway import decide, embeddings, responses, typed
+from gateway import anthropic_messages, decide, embeddings, responses, typed
 from gateway import openapi as openapi_doc
 from gateway.dispatch import Served, decide_route, dispatch
 from gateway.errors import (
@@ -45,11 +45,16 @@ _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 BODY_TIMEOUT_S = 30.0  # for a request's whole body once its headers are in: a stalled client is cut off
 
 
-def error_response(exc: TriageError) -> Response:
+ANTHROPIC_PATHS = frozenset({"/v1/messages"})  # whose errors are in Anthropic's shape
+
+
+def error_response(exc: TriageError, path: str | None = None) -> Response:
+    """The error in the API's own shape: OpenAI's, or Anthropic's on its paths."""
     headers = {"Retry-After": "1"} if exc.status == 429 else None
     if exc.status in (408, 413):  # the rest of the body is not read: the connection cannot be reused
         headers = {"Connection": "close"}
-    return Response(orjson.dumps(exc.body()), status_code=exc.status, media_type="application/json", headers=headers)
+    body = anthropic_messages.error_body(exc) if path in ANTHROPIC_PATHS else exc.body()
+    return Response(orjson.dumps(body), status_code=exc.status, media_type="application/json", headers=headers)
 
 
 def route_headers(route: Route, switch: str | None) -> dict[str, str]:
@@ -435,6 +440,65 @@ async def _response_events(
         await ex.finish(status, error)
 
 
+async def create_message(request: Request) -> Response:
+    """``POST /v1/messages`` (Anthropic): translated to chat, the same pipeline, translated back;
+    errors in Anthropic's shape; the key in ``x-api-key`` (or ``Authorization: Bearer``)."""
+    state = _state(request)
+    ex = Exchange.begin(state.holder, state.metrics, state.gate, "messages", request.headers.get("x-request-id"))
+    try:
+        key = request.headers.get("x-api-key")
+        if not ex.rt.check_key(request.headers.get("authorization") or (f"Bearer {key}" if key else None)):
+            raise Unauthorized("Incorrect or missing API key: send 'x-api-key: <key>'")
+        raw = await read_body(request, ex.rt.policy.limits.max_body_bytes)
+        ex.take_slot()  # only once the body is in: a slow sender holds no slot
+        req = parse_json(raw)
+        ex.model = req.get("model") if isinstance(req.get("model"), str) else None
+        body = anthropic_messages.chat_body(req)
+        result = await pipeline(request, ex, "chat", body)
+        served = result.served
+        if result.typed is not None or (served is not None and served.stream is None):
+            completion = result.typed if result.typed is not None else served.completion.body  # type: ignore[union-attr]
+            await ex.finish(200)
+            if body.get("stream"):  # a whole answer (a typed decision) as the event sequence
+                t = anthropic_messages.StreamTranslator(str(completion.get("model", "")))
+                events = t.start() + t.feed(_as_chunk(completion)) + t.finish()
+                return Response(events, media_type="text/event-stream", headers={**_SSE_HEADERS, **result.headers})
+            return _json(anthropic_messages.from_chat(completion, body.get("stop")), headers=result.headers)
+        assert served is not None and served.stream is not None
+        translator = anthropic_messages.StreamTranslator(served.model)
+        return _SSEResponse(ex, served, result.headers, _message_events(ex, served, translator))
+    except TriageError as exc:
+        await ex.finish(exc.status, exc)
+        return error_response(exc, "/v1/messages")
+    except BaseException:
+        await ex.finish(500)
+        raise
+
+
+async def _message_events(
+    ex: Exchange, served: Served, translator: anthropic_messages.StreamTranslator
+) -> AsyncIterator[bytes]:
+    assert served.stream is not None
+    status, error = 499, None
+    try:
+        yield translator.start()
+        async for chunk in served.stream:
+            if chunk.get("usage"):
+                ex.usage = chunk["usage"]
+            data = translator.feed(chunk)
+            if data:
+                yield data
+        status = 200
+        yield translator.finish()
+    except TriageError as exc:
+        status, error = exc.status, exc
+        log.warning("stream_failed", request_id=ex.request_id, error=exc.message)
+        yield translator.error(exc)
+    finally:
+        await served.stream.aclose()
+        await ex.finish(status, error)
+
+
 async def get_response(request: Request) -> Response:
     return await _stored(request, "get")
 
@@ -475,6 +539,7 @@ HOT_ROUTES = [
     HTTPRoute("/v1/decide/batch", decide_batch, methods=["POST"]),
     HTTPRoute("/v1/embeddings", embeddings_route, methods=["POST"]),
     HTTPRoute("/v1/responses", create_response, methods=["POST"]),
+    HTTPRoute("/v1/messages", create_message, methods=["POST"]),
     HTTPRoute("/v1/responses/{response_id}", get_response, methods=["GET"]),
     HTTPRoute("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
 ]

@@ -110,14 +110,14 @@ def create_app(settings: Settings) -> FastAPI:
         if isinstance(exc, ClientGone):  # a route outside the exchange (an upload): the client's doing
             log.info("client_gone", method=request.method, path=request.url.path, status=exc.status)
             app.state.triage.metrics.errors.labels(exc.type, str(exc.status)).inc()
-        return error_response(exc)
+        return error_response(exc, request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
-            return error_response(NotFound(f"No route for {request.method} {request.url.path}"))
+            return error_response(NotFound(f"No route for {request.method} {request.url.path}"), request.url.path)
         err = InvalidRequest(str(exc.detail))
-        response = error_response(err)
+        response = error_response(err, request.url.path)
         response.status_code = exc.status_code
         response.headers.update(exc.headers or {})
         if exc.status_code == 405:  # every method the path takes (Starlette names only its first route's)
@@ -126,7 +126,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
-        return error_response(InvalidRequest(str(exc.errors()[0].get("msg", "invalid request"))))
+        return error_response(InvalidRequest(str(exc.errors()[0].get("msg", "invalid request"))), request.url.path)
 
     app.add_middleware(_Edge)
     return app
@@ -145,7 +145,7 @@ def _allowed(request: Request) -> list[str]:
 
 class _Edge:
     """The edge: the one place that catches everything, so the server keeps serving. An exception a
-    route lets out becomes an OpenAI-shaped 500 and a log event with its traceback, and goes no
+    route lets out becomes a 500 in the API's shape and a log event with its traceback, and goes no
     further: Starlette's last-resort handler would re-raise it to uvicorn, which then drops the
     keep-alive connection without a ``Connection: close``. An answer already started cannot be
     replaced: that exception goes on, and the server closes the connection, as it must."""
@@ -170,6 +170,5 @@ class _Edge:
             log.exception("unhandled_error", method=scope.get("method"), path=scope.get("path"), started=started)
             if started:
                 raise
-            await error_response(TriageError("The server had an error while processing your request"))(
-                scope, receive, send
-            )
+            failed = TriageError("The server had an error while processing your request")
+            await error_response(failed, scope.get("path"))(scope, receive, send)

@@ -16,6 +16,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
+from gateway.anthropic_messages import MessagesRequest
 from gateway.decide import DecideRequest
 from gateway.embeddings import EmbeddingsRequest
 from gateway.responses import ResponsesRequest
@@ -37,6 +38,18 @@ class ErrorBody(_Open):
     """Every error: OpenAI's shape."""
 
     error: ErrorDetail
+
+
+class AnthropicErrorDetail(_Open):
+    type: str
+    message: str
+
+
+class AnthropicErrorBody(_Open):
+    """Errors of /v1/messages: Anthropic's shape."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
 
 
 class ChatCompletion(_Open):
@@ -171,6 +184,16 @@ class ResponseDeleted(_Open):
     deleted: bool
 
 
+class MessageObject(_Open):
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    model: str
+    content: list[dict[str, Any]]
+    stop_reason: str | None
+    usage: dict[str, int]
+
+
 class Health(_Open):
     status: Literal["ok"]
 
@@ -190,6 +213,7 @@ class Op:
     errors: tuple[int, ...] = (400, 401, 413, 429, 502, 504)
     multipart: bool = False
     sse: bool = False  # with stream: true the answer is text/event-stream
+    error_body: type[BaseModel] | None = None  # None: OpenAI's ErrorBody
 
 
 OPERATIONS = (
@@ -205,6 +229,9 @@ OPERATIONS = (
        (400, 401, 404, 413, 429)),
     Op("POST", "/v1/responses", "A response (the Responses API, on the chat pipeline; SSE events with stream: true)",
        ResponsesRequest, ResponseObject, (400, 401, 404, 413, 429, 502, 504), sse=True),
+    Op("POST", "/v1/messages", "Anthropic's Messages API, on the chat pipeline (errors in Anthropic's shape)",
+       MessagesRequest, MessageObject, (400, 401, 404, 413, 429, 502, 504), sse=True,
+       error_body=AnthropicErrorBody),
     Op("GET", "/v1/responses/{response_id}", "A stored response", None, ResponseObject, (401, 404)),
     Op("DELETE", "/v1/responses/{response_id}", "Delete a stored response", None, ResponseDeleted, (401, 404)),
     Op("GET", "/v1/models", "The policy's models", None, ModelList, (401,)),
@@ -257,7 +284,10 @@ def _operation(op: Op) -> dict[str, Any]:
         "responses": {
             "200": {"description": "OK", "content": ok},
             **{
-                str(status): {"description": "error", "content": {"application/json": {"schema": _ref(ErrorBody)}}}
+                str(status): {
+                    "description": "error",
+                    "content": {"application/json": {"schema": _ref(op.error_body or ErrorBody)}},
+                }
                 for status in op.errors
             },
         },
@@ -276,7 +306,8 @@ def document_bytes(title: str, version: str, keys: bool, public_metrics: bool) -
 
 
 def document(title: str, version: str, keys: bool, public_metrics: bool = False) -> dict[str, Any]:
-    models = {m for op in OPERATIONS for m in (op.request, op.response) if isinstance(m, type)} | {ErrorBody}
+    models = {m for op in OPERATIONS for m in (op.request, op.response, op.error_body) if isinstance(m, type)}
+    models |= {ErrorBody}
     modes = [(m, "validation" if m in {op.request for op in OPERATIONS} else "serialization") for m in models]
     _, schemas = models_json_schema(
         sorted(modes, key=lambda x: x[0].__name__), ref_template="#/components/schemas/{model}"
