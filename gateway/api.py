@@ -58,7 +58,7 @@ def error_response(exc: TriageError, path: str | None = None) -> Response:
 
 
 def route_headers(route: Route, switch: str | None) -> dict[str, str]:
-    if switch in (None, "none"):
+    if switch in (None, "none", "always"):  # no switch, or one that cannot stop thinking
         reasoning = "unsupported"
     elif switch in ("client", "engine"):
         # client: the request set the switch itself; engine: the route leaves it to the engine's default

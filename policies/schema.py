@@ -191,7 +191,9 @@ class Prices(Strict):
     per_call: float = Field(0.0, ge=0)
 
 
-ReasoningSwitch = Literal["auto", "chat_template_kwargs", "reasoning_effort", "none"]
+ReasoningSwitch = Literal[
+    "auto", "chat_template_kwargs", "reasoning_effort", "thinking", "gemini_thinking", "always", "none"
+]
 
 
 class ModelSpec(Strict):
@@ -199,6 +201,9 @@ class ModelSpec(Strict):
     upstream: str | None = Field(None, description="the engine's model name; defaults to the key")
     family: str = "generic"
     reasoning_switch: ReasoningSwitch = Field("auto", description="how reasoning is turned on/off; auto: by family")
+    thinking_budget: int = Field(
+        2048, ge=1, description="tokens a `thinking` switch asks for (Anthropic takes 1024 or more)"
+    )
     prices: Prices = Prices()
     fallbacks: list[str] = Field(default_factory=list)
     tokenizer: str | None = Field(

@@ -207,6 +207,15 @@ def test_rule_heads_and_labels_are_checked() -> None:
         ("o-series", True, {"reasoning_effort": "medium"}),
         ("openai", True, {}),  # gpt-4o and the like take no reasoning field
         ("generic", True, {}),
+        ("granite-3.3", True, {"chat_template_kwargs": {"thinking": True}}),  # Granite's template key
+        ("granite-3.3", False, {"chat_template_kwargs": {"thinking": False}}),
+        ("deepseek-r1-distill", False, {"chat_template_kwargs": {"enable_thinking": False}}),
+        ("deepseek-r1", False, {}),  # cannot stop thinking: nothing to send
+        ("gemini-2.5-pro", False, {}),
+        ("anthropic", True, {"thinking": {"type": "enabled", "budget_tokens": 2048}}),
+        ("anthropic", False, {"thinking": {"type": "disabled"}}),
+        ("gemini-2.5", True, {"thinking": {"type": "enabled", "budget_tokens": 2048}}),
+        ("gemini-2.5", False, {"reasoning_effort": "disable"}),  # litellm: thinkingBudget 0
     ],
 )
 def test_switch_per_family(family: str, on: bool, expected: dict) -> None:
@@ -222,3 +231,7 @@ def test_client_switch_wins_and_bad_kwargs_are_400() -> None:
         reasoning.apply({"chat_template_kwargs": "yes"}, spec, True)
     explicit = ModelSpec(backend="b", family="generic", reasoning_switch="reasoning_effort")
     assert reasoning.apply({}, explicit, False)[0] == {"reasoning_effort": "low"}
+    claude = ModelSpec(backend="b", family="anthropic", thinking_budget=4096)
+    assert reasoning.apply({}, claude, True) == ({"thinking": {"type": "enabled", "budget_tokens": 4096}}, "thinking")
+    assert reasoning.apply({"thinking": {"type": "disabled"}}, claude, True)[1] == "client"
+    assert reasoning.apply({}, ModelSpec(backend="b", family="deepseek-r1"), False) == ({}, "always")
