@@ -1,14 +1,20 @@
 """One adapter from "reasoning on/off" to each engine family's own switch. Pure.
 
-| switch | engines (``family``) | on | off |
-|---|---|---|---|
-| ``chat_template_kwargs`` | vLLM, SGLang: Qwen3, DeepSeek-R1 distills (``deepseek-r1-distill``), GLM-4.5, Hunyuan | ``enable_thinking: true`` | ``false`` |
-| ``chat_template_kwargs`` | vLLM: Granite 3.3 (``granite-3.3``; its template's own key) | ``thinking: true`` | ``false`` |
-| ``reasoning_effort`` | OpenAI reasoning models: ``gpt-5`` / ``o-series`` | ``"medium"`` | ``"minimal"`` / ``"low"`` |
-| ``thinking`` | Anthropic Claude through litellm (``anthropic``) | ``thinking: {type: enabled, budget_tokens}`` | ``{type: disabled}`` |
-| ``gemini_thinking`` | Gemini 2.5 Flash / Flash-Lite through litellm (``gemini-2.5``) | ``thinking: {type: enabled, budget_tokens}`` (litellm: ``thinkingBudget``) | ``reasoning_effort: "disable"`` (``thinkingBudget: 0``) |
-| ``always`` | DeepSeek-R1 itself (``deepseek-r1``), Gemini 2.5 Pro (``gemini-2.5-pro``): they cannot stop thinking | unchanged | unchanged: ``x-triage-reasoning: unsupported`` |
-| ``none`` | models without a switch | unchanged | unchanged |
+Per switch: the engines (their ``family``), what "on" and "off" send.
+
+- ``chat_template_kwargs``: vLLM and SGLang, Qwen3, DeepSeek-R1 distills (``deepseek-r1-distill``),
+  GLM-4.5, Hunyuan: ``enable_thinking: true`` / ``false``; Granite 3.3 (``granite-3.3``), its
+  template's own key: ``thinking: true`` / ``false``.
+- ``reasoning_effort``: OpenAI reasoning models, ``gpt-5`` / ``o-series``: ``"medium"`` /
+  ``"minimal"`` (``"low"`` for the o-series, which knows no minimal).
+- ``thinking``: Anthropic's Claude through litellm (``anthropic``): ``thinking: {type: enabled,
+  budget_tokens}`` / ``{type: disabled}``.
+- ``gemini_thinking``: Gemini 2.5 Flash and Flash-Lite through litellm (``gemini-2.5``): the same
+  ``thinking`` budget (litellm sends it as ``thinkingBudget``) / ``reasoning_effort: "disable"``
+  (litellm's ``thinkingBudget: 0``).
+- ``always``: DeepSeek-R1 itself (``deepseek-r1``) and Gemini 2.5 Pro (``gemini-2.5-pro``) cannot
+  stop thinking: nothing is sent, and the response says ``x-triage-reasoning: unsupported``.
+- ``none``: models without a switch: nothing is sent.
 
 ``auto`` picks by the model's ``family``; ``thinking_budget`` (a model's setting) is the token
 budget the ``thinking`` switches ask for. A client that set the switch itself is never overridden.
