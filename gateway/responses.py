@@ -32,7 +32,6 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from gateway.errors import InvalidRequest, NotFound
-from gateway.schemas import check
 
 Body = dict[str, Any]
 _PASSED = ("temperature", "top_p", "user", "metadata", "parallel_tool_calls", "top_logprobs")
@@ -203,8 +202,8 @@ def _format(text: Any) -> Body | None:
 
 
 def chat_body(req: Body, earlier: list[Body]) -> tuple[Body, list[Body]]:
-    """The chat body a Responses request becomes, and the turns it sends (for the store)."""
-    check(ResponsesRequest, req)
+    """The chat body a Responses request becomes, and the turns it sends (for the store). ``req``
+    has been checked against :class:`ResponsesRequest` (the route does it first)."""
     for key in _REFUSED:
         if req.get(key):
             raise _bad(f"'{key}' is not supported by this gateway", key)
