@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,8 @@ from tests.test_hardening import policy  # noqa: E402
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))  # per operation
 schema = schemathesis.openapi.from_dict(document("triage", "0.1.0", keys=False))
+keyed_schema = schemathesis.openapi.from_dict(document("triage", "0.1.0", keys=True))
+KEY = "sk-fuzz"
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +30,19 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp("fuzz")
     runner = GatewayRunner(tmp)
     yield runner.start(policy(extra=f'batches: {{dir: "{tmp / "b"}", min_expires_after_s: 1}}\n'))
+    runner.stop_all()
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """The same gateway with API keys on (the fuzzer sends the key: the authorised paths run)."""
+    import hashlib
+
+    tmp = tmp_path_factory.mktemp("fuzz-keyed")
+    runner = GatewayRunner(tmp)
+    digest = hashlib.sha256(KEY.encode()).hexdigest()
+    extra = f'batches: {{dir: "{tmp / "b"}", min_expires_after_s: 1}}\nkeys:\n  - {{name: fuzz, sha256: {digest}}}\n'
+    yield runner.start(policy(extra=extra))
     runner.stop_all()
 
 
@@ -41,7 +57,21 @@ def documented(case: schemathesis.Case, status: int) -> bool:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 def test_no_500_and_every_error_in_the_api_shape(case: schemathesis.Case, fuzzed: Gateway) -> None:
-    resp = case.call(base_url=fuzzed.base_url, timeout=30)
+    _check(case, case.call(base_url=fuzzed.base_url, timeout=30))
+
+
+@keyed_schema.parametrize()
+@settings(
+    max_examples=max(1, EXAMPLES // 5),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+def test_with_keys_on_no_500_either(case: schemathesis.Case, keyed: Gateway) -> None:
+    headers = {"Authorization": f"Bearer {KEY}", "x-api-key": KEY}
+    _check(case, case.call(base_url=keyed.base_url, timeout=30, headers=headers))
+
+
+def _check(case: schemathesis.Case, resp: Any) -> None:
     assert resp.status_code != 500, (case.method, case.path, resp.text[:500])
     assert resp.status_code < 500 or documented(case, resp.status_code), (case.method, case.path, resp.status_code)
     media = (resp.headers.get("content-type") or [""])[0]  # schemathesis keeps each header's values in a list
@@ -57,4 +87,5 @@ def test_no_500_and_every_error_in_the_api_shape(case: schemathesis.Case, fuzzed
 
 def test_the_module_fuzzes_every_operation() -> None:
     assert len(list(schema.get_all_operations())) == sum(len(v) for v in document("t", "0", False)["paths"].values())
+    assert len(list(keyed_schema.get_all_operations())) == len(list(schema.get_all_operations()))
     assert Path(__file__).name == "test_fuzz.py"
