@@ -18,7 +18,8 @@ from starlette.routing import Route as HTTPRoute
 from backends.base import Body, Kind
 from gateway import anthropic_messages, decide, embeddings, responses, typed
 from gateway import openapi as openapi_doc
-from gateway.dispatch import Served, decide_route, dispatch
+from gateway import pipeline as flow
+from gateway.dispatch import Served
 from gateway.errors import (
     ClientGone,
     InvalidRequest,
@@ -30,11 +31,10 @@ from gateway.errors import (
     Unauthorized,
 )
 from gateway.exchange import Exchange
-from gateway.schemas import ChatRequest, CompletionRequest, check, parse_any_json, parse_json
+from gateway.schemas import check, parse_any_json, parse_json
 from gateway.state import GatewayState
 from policies.cascade import Decision
 from policies.routing import public_models
-from policies.schema import CascadeModel
 from policies.semantic import Route
 
 router = APIRouter()
@@ -147,8 +147,7 @@ def _authorize(request: Request, ex: Exchange) -> None:
 
 @dataclass
 class Result:
-    """What the pipeline gives for one chat or completion body: an engine's answer (a completion
-    or a stream), or a typed decision's chat completion; with the response headers."""
+    """What the pipeline gave for one chat or completion body, with the response headers."""
 
     headers: dict[str, str]
     served: Served | None = None
@@ -156,29 +155,21 @@ class Result:
 
 
 async def pipeline(request: Request, ex: Exchange, kind: Kind, body: dict[str, Any]) -> Result:
-    """The one path a generating request takes once it is a chat or completion body (chat and text
-    completions, and the Responses API translated to chat): check it, resolve the virtual model (a
-    cascade's typed question is decided here), route, dispatch."""
+    """:func:`gateway.pipeline.run` for one HTTP request: its bookkeeping in ``ex``, its headers."""
     ex.model = body.get("model") if isinstance(body.get("model"), str) else None
-    request_ = check(ChatRequest if kind == "chat" else CompletionRequest, body)
-    body["stream"] = ex.stream = request_.stream  # the validated value, not a truthy string
     ex.prompt = body.get("messages") if kind == "chat" else body.get("prompt")
-    vm = ex.rt.policy.virtual_models.get(body["model"])
-    if isinstance(vm, CascadeModel):
-        ask = typed.typed_ask(body, ex.rt.policy.cascade) if kind == "chat" and ex.rt.policy.cascade else None
-        if ask is not None:
-            decision = await decide.decide(ex.rt, ask.question, None, ex.request_id, ex.attempts)
-            ex.decision, ex.served, ex.usage = decision, decision.tier, dict(decision.usage or {}) or None
-            extension = decide.body(decision, ex.request_id)
-            reply = typed.completion(ask, decision, ex.model or "", ex.request_id, extension)
-            return Result(decision_headers(ex.request_id, decision), typed=reply)
-        body["model"] = vm.open  # untyped: served by the cascade model's open route
-    route = await decide_route(ex.rt, kind, body)
-    ex.route = route
-    work = dispatch(ex.rt, kind, body, ex.request_id, ex.attempts, route)
     # a client that leaves is watched for only where a request can wait in a queue: A/B runs of
     # `bench overhead` hinted at 0.2 ms a request for watching every one (noisy, not settled)
-    served = await (_unless_gone(request, work) if ex.rt.admission else work)
+    wait = (lambda work: _unless_gone(request, work)) if ex.rt.admission else None
+    out = await flow.run(ex.rt, kind, body, ex.request_id, ex.attempts, wait=wait)
+    ex.stream = out.stream
+    if out.decision is not None:
+        d = out.decision
+        ex.decision, ex.served, ex.usage = d, d.tier, dict(d.usage or {}) or None
+        return Result(decision_headers(ex.request_id, d), typed=out.typed)
+    served = out.served
+    assert served is not None
+    ex.route = out.route
     ex.served, ex.backend, ex.replica = served.model, served.backend, served.replica
     headers = {"x-request-id": ex.request_id, "x-triage-model": served.model, "x-triage-backend": served.backend}
     if served.route is not None:
@@ -186,7 +177,6 @@ async def pipeline(request: Request, ex: Exchange, kind: Kind, body: dict[str, A
         if served.model != served.route.model:  # the route's model failed: a fallback answered
             headers["x-triage-fallback-from"] = served.route.model
     if served.completion is not None:
-        served.completion.body["model"] = served.model
         usage = served.completion.body.get("usage")
         ex.usage = usage if isinstance(usage, dict) else None
     return Result(headers, served=served)

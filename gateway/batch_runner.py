@@ -18,14 +18,13 @@ from typing import Any, TypeVar
 import orjson
 import structlog
 
-from gateway import decide, typed
+from gateway import decide, pipeline
 from gateway.batch_store import BatchStore, Pending, new_id
-from gateway.dispatch import decide_route, dispatch
 from gateway.errors import InvalidRequest, PolicyInvalid, TriageError
 from gateway.runtime import RuntimeHolder
-from gateway.schemas import MAX_DEPTH, ChatRequest, CompletionRequest, check, check_depth
+from gateway.schemas import MAX_DEPTH, check_depth
 from policies.routing import public_models
-from policies.schema import CascadeModel, Policy
+from policies.schema import Policy
 
 log = structlog.get_logger("triage.batches")
 T = TypeVar("T")
@@ -369,20 +368,10 @@ async def serve(
             q, overrides = decide.parse(body, spec, tasks)
             return 200, decide.body(await decide.decide(rt, q, overrides, request_id, attempts), request_id)
         kind = "chat" if endpoint == "/v1/chat/completions" else "completion"
-        check(ChatRequest if kind == "chat" else CompletionRequest, body)
-        body["stream"] = False
-        vm = rt.policy.virtual_models.get(body["model"])
-        if isinstance(vm, CascadeModel):
-            ask = typed.typed_ask(body, rt.policy.cascade) if kind == "chat" and rt.policy.cascade else None
-            if ask is not None:
-                d = await decide.decide(rt, ask.question, None, request_id, attempts)
-                return 200, typed.completion(ask, d, body["model"], request_id, decide.body(d, request_id))
-            body["model"] = vm.open
-        route = await decide_route(rt, kind, body)
-        served = await dispatch(rt, kind, body, request_id, attempts, route, affinity)
-        assert served.completion is not None
-        answer = served.completion.body
-        answer["model"] = served.model
-        return 200, answer
+        out = await pipeline.run(rt, kind, {**body, "stream": False}, request_id, attempts, affinity)
+        if out.typed is not None:
+            return 200, out.typed
+        assert out.served is not None and out.served.completion is not None
+        return 200, out.served.completion.body
     except TriageError as exc:
         return exc.status, exc.body()
