@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-Kind = Literal["chat", "completion"]
+Kind = Literal["chat", "completion", "embedding"]
 Body = dict[str, Any]
 
 
@@ -24,6 +24,7 @@ class Capabilities:
     n_choices: bool = True  # n > 1
     logprobs: bool = True
     tools: bool = True
+    embeddings: bool = False  # POST /v1/embeddings passed through to the engine
 
 
 @dataclass

@@ -33,14 +33,16 @@ class LiteLLMBackend(OpenAICompatBackend):
     def _args(self, replica: ReplicaState, call: Call, stream: bool) -> dict[str, Any]:
         t = self.spec.timeouts
         args = {k: v for k, v in call.body.items() if k != "stream"}
-        args.update(api_base=replica.api_base, stream=stream, num_retries=0, timeout=t.total_s)
+        args.update(api_base=replica.api_base, num_retries=0, timeout=t.total_s)
+        if call.kind != "embedding":
+            args["stream"] = stream
         if replica.api_key:
             args["api_key"] = replica.api_key
         return args
 
     async def _invoke(self, replica: ReplicaState, call: Call, stream: bool) -> Any:
         lib = _litellm()
-        fn = lib.acompletion if call.kind == "chat" else lib.atext_completion
+        fn = {"chat": lib.acompletion, "completion": lib.atext_completion, "embedding": lib.aembedding}[call.kind]
         try:
             return await fn(**self._args(replica, call, stream))
         except openai.OpenAIError as exc:  # litellm raises the openai SDK's exception classes

@@ -16,7 +16,7 @@ from backends.remote import RemoteBackend, upstream_failure
 from backends.replicas import ReplicaState
 from gateway.errors import InvalidRequest, UpstreamError
 
-_PATHS = {"chat": "/chat/completions", "completion": "/completions"}
+_PATHS = {"chat": "/chat/completions", "completion": "/completions", "embedding": "/embeddings"}
 
 
 class OpenAICompatBackend(RemoteBackend):

@@ -59,7 +59,7 @@ def upstream_failure(
 
 
 class RemoteBackend:
-    capabilities = Capabilities()
+    capabilities = Capabilities(embeddings=True)  # an OpenAI-compatible engine's /v1/embeddings
 
     def __init__(self, name: str, spec: Any) -> None:
         self.name = name

@@ -62,6 +62,8 @@ async def dispatch(
     for name in chain:
         spec = rt.policy.models[name]
         backend = rt.backends[spec.backend]
+        if kind == "embedding" and not backend.capabilities.embeddings:
+            continue  # this backend has no embeddings API: the next model down the chain
         upstream_body, switch = {**body, "model": rt.policy.upstream_name(name)}, None
         if route is not None and route.apply_reasoning:
             upstream_body, switch = reasoning.apply(upstream_body, spec, route.reasoning)
@@ -86,7 +88,8 @@ async def dispatch(
                 error=exc.message,
                 next=_after(chain, name),
             )
-    assert last is not None
+    if last is None:
+        raise UpstreamError(f"no model down the chain of '{body['model']}' could take the request", retryable=False)
     raise last
 
 

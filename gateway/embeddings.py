@@ -8,6 +8,10 @@ sentence or language reading). The answer is OpenAI's: unit vectors, as floats o
 ``encoding_format: base64``, little-endian float32 bytes (what the official clients ask for by
 default). A text over the encoder's window is read head and tail (its first and last tokens), as
 the heads read it; ``usage.prompt_tokens`` counts every token sent.
+
+A policy model (or alias) whose backend has an embeddings API (``openai`` and ``litellm``
+backends) is served by its engine instead: the body passed through down the model's chain, as for
+chat (a backend without one is skipped; a chain with none is a 404).
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from classifiers.artifacts import MODEL_NAME
+from gateway.dispatch import dispatch
 from gateway.errors import InvalidRequest, ModelNotFound
 from gateway.exchange import Exchange
 from gateway.runtime import Runtime
 from gateway.schemas import check, parse_json
+from policies.routing import candidates, public_models
 from policies.schema import Classifier
 
 MAX_INPUTS = 2048  # OpenAI's limit per request
@@ -74,14 +80,37 @@ def _encoded(vector: np.ndarray, fmt: str) -> list[float] | str:
     return [float(x) for x in vector]
 
 
+def _engine_models(rt: Runtime, name: str) -> list[str]:
+    """The policy models down ``name``'s chain whose backends have an embeddings API."""
+    if name not in public_models(rt.policy):
+        return []
+    chain = candidates(rt.policy, name)
+    return [m for m in chain if rt.backends[rt.policy.models[m].backend].capabilities.embeddings]
+
+
+async def _proxied(ex: Exchange, body: dict[str, Any]) -> dict[str, Any]:
+    """A policy model's embeddings, from its engine (``/v1/embeddings`` passed through)."""
+    served = await dispatch(ex.rt, "embedding", body, ex.request_id, ex.attempts)
+    assert served.completion is not None
+    out = served.completion.body
+    out["model"] = served.model
+    ex.served, ex.backend, ex.replica = served.model, served.backend, served.replica
+    usage = out.get("usage")
+    ex.usage = usage if isinstance(usage, dict) else None
+    return out
+
+
 async def answer(ex: Exchange, raw: bytes) -> dict[str, Any]:
-    """The embeddings of a request's body (its bookkeeping in ``ex``)."""
+    """The embeddings of a request's body (its bookkeeping in ``ex``): the encoder's, or a policy
+    model's engine's."""
     body = parse_json(raw)
     ex.model = body.get("model") if isinstance(body.get("model"), str) else None
     req = check(EmbeddingsRequest, body)
     rt = ex.rt
+    if req.model not in served_models(rt) and _engine_models(rt, req.model):
+        return await _proxied(ex, body)
     if req.model not in served_models(rt):
-        served = ", ".join(served_models(rt)) or "none: the policy has no classifier"
+        served = ", ".join(served_models(rt)) or "none: the policy has no classifier and no model an engine embeds with"
         raise ModelNotFound(f"The model '{req.model}' does not serve embeddings here (served: {served})", param="model")
     assert rt.encoding is not None
     dim = rt.encoding.classifier.encoder.dim

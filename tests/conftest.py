@@ -102,7 +102,7 @@ class LlamaServer:
             self.proc.wait(10)
 
 
-def start_llama_server(log_dir: Path) -> LlamaServer:
+def start_llama_server(log_dir: Path, extra: list[str] | None = None) -> LlamaServer:
     port = free_port()
     with open(log_dir / f"llama-server-{port}.log", "wb") as log:
         proc = subprocess.Popen(
@@ -127,6 +127,7 @@ def start_llama_server(log_dir: Path) -> LlamaServer:
                 # by default a new request (even a health probe) cuts short the one being generated
                 "--interrupt_requests",
                 "False",
+                *(extra or []),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -3,14 +3,14 @@ for base64 by default), with the API's own errors."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import openai
 import pytest
 
-from tests.conftest import SHARED_DATA, Gateway
+from tests.conftest import SHARED_DATA, Gateway, LlamaServer, start_llama_server
 
 MODEL = "all-minilm-l6-v2"
 TEXTS = ["What is the capital of France?", "A cat sat on the mat.", "Résumé: naïve café, 東京"]
@@ -87,3 +87,35 @@ models:
         gw.client().embeddings.create(model=MODEL, input="x")
     assert "the policy has no classifier" in caught.value.body["message"]  # type: ignore[index]
     assert [m.id for m in gw.client().models.list()] == ["echo"]
+
+
+@pytest.fixture(scope="module")
+def embedding_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    """A real llama.cpp server in embedding mode (SmolLM2's mean-pooled hidden states)."""
+    server = start_llama_server(tmp_path_factory.mktemp("llama-embed"), ["--embedding", "True"])
+    yield server
+    server.kill()
+
+
+def test_a_policy_model_gets_its_engines_embeddings(
+    gateway: Callable[..., Gateway], embedding_server: LlamaServer
+) -> None:
+    import httpx
+
+    gw = gateway(f"""version: 1
+backends:
+  engine: {{type: openai, replicas: [{{api_base: "{embedding_server.api_base}"}}], health: {{enabled: false}}}}
+  echo: {{type: scripted, echo: true}}
+models:
+  smollm2: {{backend: engine, upstream: smollm2}}
+  echo: {{backend: echo, fallbacks: [smollm2]}}
+""")
+    out = gw.client().embeddings.create(model="smollm2", input=["a cat", "a dog"])
+    direct = httpx.post(
+        embedding_server.api_base + "/embeddings", json={"model": "smollm2", "input": ["a cat", "a dog"]}
+    )
+    ref = np.array([d["embedding"] for d in direct.json()["data"]])
+    got = np.array([d.embedding for d in out.data])
+    assert out.model == "smollm2" and got.shape == ref.shape and np.allclose(got, ref, atol=1e-5)
+    # a chat model without an embeddings API falls down its chain to one that has it
+    assert gw.client().embeddings.create(model="echo", input="a cat").model == "smollm2"
