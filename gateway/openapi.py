@@ -279,7 +279,7 @@ def _operation(op: Op) -> dict[str, Any]:
         if op.sse:
             ok["text/event-stream"] = {"schema": {"type": "string"}}
     doc: dict[str, Any] = {
-        "operationId": (op.method.lower() + op.path.replace("/", "_").replace("{", "").replace("}", "")),
+        "operationId": _op_id(op.method, op.path),
         "summary": op.summary,
         "responses": {
             "200": {"description": "OK", "content": ok},
@@ -294,10 +294,61 @@ def _operation(op: Op) -> dict[str, Any]:
     }
     if params:
         doc["parameters"] = params
+    if (op.method, op.path) in _LINKS:
+        doc["responses"]["200"]["links"] = _LINKS[(op.method, op.path)]
     if op.request is not None:
         media = "multipart/form-data" if op.multipart else "application/json"
         doc["requestBody"] = {"required": True, "content": {media: {"schema": _ref(op.request)}}}
     return doc
+
+
+def _op_id(method: str, path: str) -> str:
+    return method.lower() + path.replace("/", "_").replace("{", "").replace("}", "")
+
+
+# OpenAPI links: what one operation's answer feeds to the next (stateful fuzzing follows them)
+_BATCH_FROM_FILE = {
+    "input_file_id": "$response.body#/id",
+    "endpoint": "/v1/chat/completions",
+    "completion_window": "24h",
+}
+_LINKS: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
+    ("POST", "/v1/files"): {
+        "GetFile": {
+            "operationId": _op_id("GET", "/v1/files/{file_id}"),
+            "parameters": {"file_id": "$response.body#/id"},
+        },
+        "GetFileContent": {
+            "operationId": _op_id("GET", "/v1/files/{file_id}/content"),
+            "parameters": {"file_id": "$response.body#/id"},
+        },
+        "CreateBatch": {"operationId": _op_id("POST", "/v1/batches"), "requestBody": _BATCH_FROM_FILE},
+        "DeleteFile": {
+            "operationId": _op_id("DELETE", "/v1/files/{file_id}"),
+            "parameters": {"file_id": "$response.body#/id"},
+        },
+    },
+    ("POST", "/v1/batches"): {
+        "GetBatch": {
+            "operationId": _op_id("GET", "/v1/batches/{batch_id}"),
+            "parameters": {"batch_id": "$response.body#/id"},
+        },
+        "CancelBatch": {
+            "operationId": _op_id("POST", "/v1/batches/{batch_id}/cancel"),
+            "parameters": {"batch_id": "$response.body#/id"},
+        },
+    },
+    ("POST", "/v1/responses"): {
+        "GetResponse": {
+            "operationId": _op_id("GET", "/v1/responses/{response_id}"),
+            "parameters": {"response_id": "$response.body#/id"},
+        },
+        "DeleteResponse": {
+            "operationId": _op_id("DELETE", "/v1/responses/{response_id}"),
+            "parameters": {"response_id": "$response.body#/id"},
+        },
+    },
+}
 
 
 @functools.lru_cache(maxsize=4)

@@ -89,3 +89,30 @@ def test_the_module_fuzzes_every_operation() -> None:
     assert len(list(schema.get_all_operations())) == sum(len(v) for v in document("t", "0", False)["paths"].values())
     assert len(list(keyed_schema.get_all_operations())) == len(list(schema.get_all_operations()))
     assert Path(__file__).name == "test_fuzz.py"
+
+
+def test_stateful_sequences_follow_the_links(fuzzed: Gateway) -> None:
+    """Sequences that follow the document's links (a file uploaded, then read, used by a batch,
+    the batch read and cancelled, the file deleted; a stored response read and deleted): no 500 and
+    every error in the API's shape at any step."""
+    machine = schema.as_state_machine()
+
+    class Sequences(machine):  # type: ignore[misc, valid-type]
+        def get_call_kwargs(self, case: schemathesis.Case) -> dict[str, Any]:
+            return {"base_url": fuzzed.base_url, "timeout": 30}
+
+        def validate_response(self, response: Any, case: schemathesis.Case, **kwargs: Any) -> None:
+            _check(case, response)
+            seen.add((case.method, case.path, response.status_code))
+
+    seen: set[tuple[str, str, int]] = set()
+    Sequences.run(
+        settings=settings(
+            max_examples=max(2, EXAMPLES // 2),
+            stateful_step_count=6,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        )
+    )
+    followed = {(m, p) for m, p, status in seen if status == 200}
+    assert ("POST", "/v1/files") in followed and ("GET", "/v1/files/{file_id}") in followed, sorted(seen)
