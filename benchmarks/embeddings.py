@@ -43,8 +43,10 @@ def start_gateway(policy: Path, precision: str, threads: int, port: int) -> tupl
     doc["classifier"]["encoder"] = {**doc["classifier"].get("encoder", {}), "precision": precision, "threads": threads}
     for key in ("data_dir", "artifacts"):
         doc["classifier"][key] = str((policy.parent / doc["classifier"][key]).resolve())
-    doc.pop("cascade", None)
+    doc.pop("cascade", None)  # the encoder only: no model is loaded beside it
     doc["virtual_models"] = {}
+    doc["backends"] = {"echo": {"type": "scripted", "echo": True}}
+    doc["models"] = {"echo": {"backend": "echo"}}
     tmp = Path(tempfile.mkdtemp()) / "policy.yaml"
     with tmp.open("w") as f:
         yaml.dump(doc, f)

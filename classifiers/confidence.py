@@ -4,10 +4,14 @@ A tier's top probability is a poor signal where the model is weak: a 1.5B model 
 its wrong MMLU-Pro answers as of its right PIQA ones. A confidence model reads, for one tier's
 answer to one question, the tier's probabilities (top, margin between the first two, entropy,
 the number of options), the question type, whether a passage came with it, whether the tier
-asked before agreed and how sure that one was, and optionally the question's embedding (which
-names the kind of question: the sets where the tier is good). A logistic regression over these,
-followed by a Platt calibration fitted on out-of-fold predictions, gives the probability the
-cascade compares with the tier's threshold (``gate: learned`` on a tier; docs/cascade.md).
+asked before agreed and how sure that one was, and, in the ``neighbours`` variant, how often the
+tier was right on the fitting rows whose questions are nearest this one's (cosine of the
+encoder's embeddings; the share of the ``k`` nearest, shrunk towards the tier's mean by ``prior``
+pseudo-rows, and the nearest one's similarity): that names the kind of question, the sets where
+the tier is good (the ``embedding`` variant, the raw vector as features, is tried too). A
+logistic regression over these, followed by a Platt calibration fitted on out-of-fold
+predictions, gives the probability the cascade compares with the tier's threshold (``gate:
+learned`` on a tier; docs/cascade.md).
 
 Serving needs only numpy; fitting lives in :mod:`classifiers.confidence_training`. Saved as
 ``confidence-<tier>.npz`` (arrays) + ``.json`` (the rest); nothing is unpickled.
@@ -20,14 +24,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from gateway.errors import NotReady
 
-FORMAT = 1
-FEATURES_VERSION = 1
+FORMAT = 2
+FEATURES_VERSION = 2
+Variant = Literal["scalars", "neighbours", "embedding"]
 SCALARS = (
     "top",
     "logit_top",
@@ -94,13 +99,22 @@ def scalars(s: Signals) -> np.ndarray:
     )
 
 
-def features(s: Signals, uses_embedding: bool) -> np.ndarray:
-    x = scalars(s)
-    if not uses_embedding:
-        return x
-    if s.embedding is None:
-        raise ValueError("this confidence model reads the question's embedding, and none was given")
-    return np.concatenate([x, np.asarray(s.embedding, dtype=np.float64).ravel()])
+def _logit(p: np.ndarray) -> np.ndarray:
+    q = np.clip(p, 1e-4, 1 - 1e-4)
+    return np.log(q / (1 - q))
+
+
+def neighbour_stats(sims: np.ndarray, right: np.ndarray, k: int, prior: float, base: float) -> np.ndarray:
+    """Per query row of ``sims`` (cosines to the reference rows, ``-inf`` for rows to leave out):
+    the shrunk share right among the ``k`` nearest, its log-odds, and the nearest cosine."""
+    k = max(1, min(k, sims.shape[1] - 1 if sims.shape[1] > 1 else 1))
+    idx = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+    near = np.take_along_axis(sims, idx, axis=1)
+    hits = np.where(np.isfinite(near), right[idx], 0.0).sum(axis=1)
+    counted = np.isfinite(near).sum(axis=1)
+    acc = (hits + prior * base) / (counted + prior)
+    top = np.where(np.isfinite(near), near, -1.0).max(axis=1)
+    return np.column_stack([acc, _logit(acc), top])
 
 
 @dataclass(frozen=True, eq=False)
@@ -110,29 +124,56 @@ class ConfidenceModel:
     bias: float
     mean: np.ndarray  # per feature, for standardising
     scale: np.ndarray
-    uses_embedding: bool
+    variant: Variant
     platt: tuple[float, float] = (1.0, 0.0)  # a * z + b on the regression's log-odds
     meta: dict[str, Any] = field(default_factory=dict)
+    reference: np.ndarray | None = None  # neighbours: (n, d) unit embeddings of the fitting rows
+    right: np.ndarray | None = None  # neighbours: (n,) 1 where the tier was right on that row
+    k: int = 32
+    prior: float = 8.0
+
+    @property
+    def uses_embedding(self) -> bool:
+        return self.variant != "scalars"
+
+    def features(self, s: Signals) -> np.ndarray:
+        x = scalars(s)
+        if self.variant == "scalars":
+            return x
+        if s.embedding is None:
+            raise ValueError("this confidence model reads the question's embedding, and none was given")
+        e = np.asarray(s.embedding, dtype=np.float64).ravel()
+        if self.variant == "embedding":
+            return np.concatenate([x, e])
+        assert self.reference is not None and self.right is not None
+        sims = (self.reference @ e)[None, :]
+        base = float(self.right.mean())
+        return np.concatenate([x, neighbour_stats(sims, self.right, self.k, self.prior, base)[0]])
 
     def log_odds(self, x: np.ndarray) -> np.ndarray:
         z = ((x - self.mean) / self.scale) @ self.weight + self.bias
         return self.platt[0] * z + self.platt[1]
 
     def p_right(self, s: Signals) -> float:
-        z = float(self.log_odds(features(s, self.uses_embedding)[None, :])[0])
+        z = float(self.log_odds(self.features(s)[None, :])[0])
         return 1.0 / (1.0 + math.exp(-min(max(z, -40.0), 40.0)))
 
     def save(self, directory: Path) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
         name = confidence_name(self.tier)
-        np.savez(directory / f"{name}.npz", weight=self.weight, mean=self.mean, scale=self.scale)
+        arrays = {"weight": self.weight, "mean": self.mean, "scale": self.scale}
+        if self.reference is not None and self.right is not None:
+            arrays |= {"reference": self.reference.astype(np.float32), "right": self.right.astype(np.float32)}
+        np.savez(directory / f"{name}.npz", **arrays)  # type: ignore[arg-type]
         doc = {
             "format": FORMAT,
             "features_version": FEATURES_VERSION,
             "tier": self.tier,
             "bias": self.bias,
-            "uses_embedding": self.uses_embedding,
+            "variant": self.variant,
             "platt": list(self.platt),
+            "k": self.k,
+            "prior": self.prior,
             "scalars": list(SCALARS),
             "meta": self.meta,
         }
@@ -151,13 +192,19 @@ class ConfidenceModel:
             raise NotReady(f"{meta_path} was written by another version of triage: run `{build_hint}`")
         with np.load(arrays_path, allow_pickle=False) as z:
             weight, mean, scale = z["weight"], z["mean"], z["scale"]
+            reference = z["reference"].astype(np.float64) if "reference" in z else None
+            right = z["right"].astype(np.float64) if "right" in z else None
         return cls(
             doc["tier"],
             weight,
             float(doc["bias"]),
             mean,
             scale,
-            bool(doc["uses_embedding"]),
+            doc["variant"],
             (float(doc["platt"][0]), float(doc["platt"][1])),
             doc.get("meta", {}),
+            reference,
+            right,
+            int(doc.get("k", 32)),
+            float(doc.get("prior", 8.0)),
         )

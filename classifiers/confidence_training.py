@@ -1,8 +1,9 @@
 """Fitting a tier's confidence model (:mod:`classifiers.confidence`) on labeled dev rows.
 
 Variants are chosen by out-of-fold log-loss on the rows given (never test rows): the scalar
-signals alone, and with the question's embedding where every row has one, each at a few
-regularisation strengths. The chosen variant's out-of-fold log-odds fit a Platt calibration;
+signals alone, and where every row has the question's embedding, with the neighbour statistics
+(the held-out rows' neighbours taken among the other folds' rows only) or with the raw vector,
+each at a few regularisation strengths. The chosen variant's out-of-fold log-odds fit a Platt calibration;
 the final regression is refitted on all rows. The out-of-fold probabilities are returned too, so
 a caller that fits thresholds on the same rows does not fit them to the model's own training fit.
 """
@@ -15,11 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from classifiers.calibration import auroc
-from classifiers.confidence import ConfidenceModel, Signals, features, scalars
+from classifiers.confidence import ConfidenceModel, Signals, neighbour_stats, scalars
 
 MIN_ROWS = 40
 C_SCALARS = (0.1, 1.0, 10.0)
-C_EMBEDDING = (0.003, 0.01, 0.03, 0.1)
+C_EMBEDDING = (0.0003, 0.001, 0.003)  # the raw vector's 384 standardised columns overfit easily
+K, PRIOR = 32, 8.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,27 @@ def _platt(z: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(lr.coef_[0][0]), float(lr.intercept_[0])
 
 
+@dataclass(frozen=True)
+class _Design:
+    """The feature matrix of any rows, read against any reference rows (the neighbours variant)."""
+
+    scalars: np.ndarray  # (n, len(SCALARS))
+    embeddings: np.ndarray | None  # (n, d), unit rows
+    y: np.ndarray
+
+    def of(self, variant: str, rows: np.ndarray, reference: np.ndarray) -> np.ndarray:
+        x = self.scalars[rows]
+        if variant == "scalars":
+            return x
+        assert self.embeddings is not None
+        if variant == "embedding":
+            return np.hstack([x, self.embeddings[rows]])
+        sims = self.embeddings[rows] @ self.embeddings[reference].T
+        sims[rows[:, None] == reference[None, :]] = -np.inf  # a row is never its own neighbour
+        ys = self.y[reference].astype(float)
+        return np.hstack([x, neighbour_stats(sims, ys, K, PRIOR, float(ys.mean()))])
+
+
 def fit_confidence(
     tier: str, signals: Sequence[Signals], right: Sequence[bool], folds: int = 5, seed: int = 0
 ) -> Fitted:
@@ -86,30 +109,48 @@ def fit_confidence(
             f"tier '{tier}': a confidence model needs at least {MIN_ROWS} answered rows with both right and "
             f"wrong answers ({len(y)} rows, {int(y.sum())} right)"
         )
-    variants = [("scalars", False, C_SCALARS)]
+    embeddings = None
+    variants: list[tuple[str, tuple[float, ...]]] = [("scalars", C_SCALARS)]
     if all(s.embedding is not None for s in signals):
-        variants.append(("scalars+embedding", True, C_EMBEDDING))
+        e = np.vstack([np.asarray(s.embedding, dtype=np.float64).ravel() for s in signals])
+        embeddings = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-9)
+        variants += [("neighbours", C_SCALARS), ("embedding", C_EMBEDDING)]
+    design = _Design(np.vstack([scalars(s) for s in signals]), embeddings, y)
+    everything = np.arange(len(y))
     parts = _folds(y, folds, seed)
     tried: list[tuple[str, float, float]] = []
-    best: tuple[float, str, bool, float, np.ndarray] | None = None
-    for name, emb, cs in variants:
-        x = np.vstack([features(s, emb) for s in signals])
+    best: tuple[float, str, float, np.ndarray] | None = None
+    for variant, cs in variants:
         for c in cs:
             z = np.zeros(len(y))
             for held in parts:
-                keep = np.setdiff1d(np.arange(len(y)), held)
-                z[held] = _log_odds(x[held], _fit_lr(x[keep], y[keep], c))
+                keep = np.setdiff1d(everything, held)
+                fit = _fit_lr(design.of(variant, keep, keep), y[keep], c)
+                z[held] = _log_odds(design.of(variant, held, keep), fit)
             loss = _log_loss(z, y)
-            tried.append((name, c, round(loss, 5)))
+            tried.append((variant, c, round(loss, 5)))
             if best is None or loss < best[0]:
-                best = (loss, name, emb, c, z)
+                best = (loss, variant, c, z)
     assert best is not None
-    _, name, emb, c, z = best
+    _, variant, c, z = best
     a, b = _platt(z, y)
-    x = np.vstack([features(s, emb) for s in signals])
-    w, bias, mean, scale = _fit_lr(x, y, c)
+    w, bias, mean, scale = _fit_lr(design.of(variant, everything, everything), y, c)
     oof = 1 / (1 + np.exp(-np.clip(a * z + b, -40, 40)))
-    raw_top = np.array([scalars(s)[0] for s in signals])
-    meta = {"variant": name, "C": c, "rows": len(y), "right": int(y.sum()), "folds": folds}
-    model = ConfidenceModel(tier, w, bias, mean, scale, emb, (a, b), meta)
+    raw_top = design.scalars[:, 0]
+    meta = {"variant": variant, "C": c, "rows": len(y), "right": int(y.sum()), "folds": folds}
+    neighbours = variant == "neighbours" and embeddings is not None
+    model = ConfidenceModel(
+        tier,
+        w,
+        bias,
+        mean,
+        scale,
+        variant,  # type: ignore[arg-type]
+        (a, b),
+        meta,
+        embeddings if neighbours else None,
+        y.astype(np.float64) if neighbours else None,
+        K,
+        PRIOR,
+    )
     return Fitted(model, oof, tuple(tried), auroc(raw_top, y), auroc(oof, y))

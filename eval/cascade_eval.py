@@ -230,6 +230,31 @@ def fit_for_cost(tiers: Sequence[TierSpec], dev: Sequence[Row], budget: float) -
         tier.thresholds = {q: chosen for q in ("choice", "yes_no", "score")}
 
 
+def _set_all(tiers: Sequence[TierSpec], rows: Sequence[Row], t: float) -> None:
+    tasks = {r.question.task for r in rows if r.question.task is not None}
+    for tier in tiers[:-1]:
+        tier.thresholds = {q: t for q in ("choice", "yes_no", "score")}
+        tier.task_thresholds = dict.fromkeys(tasks, t)
+
+
+def fit_for_share_of_top(tiers: Sequence[TierSpec], dev: Sequence[Row], share: float) -> None:
+    """``--target of_top=X``: one threshold for every tier but the last (and every task), the one
+    that sends the fewest questions past the first tier while the cascade keeps at least ``X`` of
+    the accuracy of each set's last tier alone, pooled over the dev rows. Meant for learned gates,
+    whose P(right) is one calibrated scale for every tier and type."""
+    best: tuple[float, float, float] | None = None  # (past_first, -accuracy, threshold)
+    for t in GRID:
+        _set_all(tiers, dev, float(t))
+        reports = evaluate(tiers, dev, curves=False)
+        n = sum(r.n for r in reports) or 1
+        accuracy = sum(r.cascade * r.n for r in reports) / n
+        top = sum(r.alone[r.tiers[-1]] * r.n for r in reports if r.tiers) / n
+        past = sum(r.past_first * r.n for r in reports) / n
+        if accuracy >= share * top and (best is None or (past, -accuracy) < best[:2]):
+            best = (past, -accuracy, float(t))
+    _set_all(tiers, dev, best[2] if best is not None else 1.0)
+
+
 def _lowest_at_least(points: list[tuple[float, bool, bool]], accuracy: float, min_kept: int = 10) -> float:
     for t in GRID:
         kept = [m for c, m, _ in points if c >= t]

@@ -38,6 +38,14 @@ def encoder(policy: Policy, policy_dir: Path) -> tuple[Compute, str]:
         q = row.question
         if q.numeric:
             return TierAnswer(skipped=True, error="a numeric answer needs generation")
+        if q.task is not None:  # a task's question: its own head, as the gateway's encoder tier answers it
+            task = clf.heads.get(q.task)
+            if task is None or any(o not in task.classes for o in q.options):
+                return TierAnswer(skipped=True, error=f"no head for task '{q.task}' with these labels")
+            by_label = dict(
+                zip(task.classes, task.proba(clf.encoder.embed([question_text(q.question, q.context)]))[0], strict=True)
+            )
+            return TierAnswer(scores=_logs([float(by_label[o]) for o in q.options]))
         if head is None or q.type not in head.types:
             return TierAnswer(skipped=True, error=f"no option scorer for {q.type} questions")
         vecs = clf.encoder.embed([question_text(q.question, q.context), *q.options])

@@ -114,7 +114,7 @@ cascade:
     assert targeted.returncode == 0, targeted.stdout + targeted.stderr
     assert "target accuracy 0.6: dev" in targeted.stdout and "cascade:" in (out / "calibrated.yaml").read_text()
     bad = subprocess.run([*cmd, "--target", "speed=3"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "expected accuracy=X, escalation=X or cost=X" in bad.stderr
+    assert bad.returncode == 2 and "expected accuracy=X, escalation=X, cost=X or of_top=X" in bad.stderr
     bad = subprocess.run([*cmd, "--fail-under", "speed=3"], capture_output=True, text=True)
     assert bad.returncode == 2 and "expected KEY=NUMBER" in bad.stderr
     bad = subprocess.run([*cmd[:-4], "--data", str(tmp_path / "missing.jsonl")], capture_output=True, text=True)

@@ -46,7 +46,8 @@ _Target = Annotated[
     str | None,
     typer.Option(
         help="accuracy=X (kept answers right X of the time), escalation=X (at most X past the first tier) or "
-        "cost=X (best accuracy at a mean cost per question of at most X); default: a cheaper tier keeps "
+        "cost=X (best accuracy at a mean cost per question of at most X), of_top=X (the fewest escalated while "
+        "keeping X of each set's last tier's accuracy, pooled); default: a cheaper tier keeps "
         "what it answers as well as the last tier. With --router: strong_share=X, cost=X or quality=X"
     ),
 ]
@@ -214,8 +215,8 @@ def _target(spec: str | None) -> tuple[str, float] | None:
     if not spec:
         return None
     key, sep, value = spec.partition("=")
-    if not sep or key not in ("accuracy", "escalation", "cost"):
-        raise ValueError(f"'{spec}': expected accuracy=X, escalation=X or cost=X")
+    if not sep or key not in ("accuracy", "escalation", "cost", "of_top"):
+        raise ValueError(f"'{spec}': expected accuracy=X, escalation=X, cost=X or of_top=X")
     x = float(value)
     if not 0 <= x <= (float("inf") if key == "cost" else 1):
         raise ValueError(f"'{spec}': X must be within [0, 1]" if key != "cost" else f"'{spec}': a cost is >= 0")
@@ -357,6 +358,8 @@ class _Run:
         cascade_eval.fit_judges(self.specs, self.dev)
         if goal is not None and goal[0] == "cost":
             cascade_eval.fit_for_cost(self.specs, self.dev, goal[1])
+        elif goal is not None and goal[0] == "of_top":
+            cascade_eval.fit_for_share_of_top(self.specs, self.dev, goal[1])
         else:
             cascade_eval.fit_thresholds(self.specs, self.dev, slack, goal)
         reports = cascade_eval.evaluate(self.specs, self.test)
@@ -416,6 +419,19 @@ def _pooled(reports: list, attr: str) -> float:
 
 def _check_target(goal: tuple[str, float], dev: list, test: list) -> str:
     """Whether the target held on test rows (within 2 points), and by how much it missed if not."""
+    if goal[0] == "of_top":
+        from eval.cascade_eval import pooled
+
+        d, t = pooled(dev), pooled(test)
+        verdict = (
+            "held"
+            if t["of_top"] >= goal[1] - 0.02
+            else f"[red]missed by {(goal[1] - t['of_top']) * 100:.1f} points[/red]"
+        )
+        return (
+            f"target of_top {goal[1]}: dev {d['of_top']:.3f} ({d['reached_top']:.0%} reached the top), "
+            f"test {t['of_top']:.3f} ({t['reached_top']:.0%}): {verdict}"
+        )
     attr = {"accuracy": "cascade", "escalation": "past_first", "cost": "cost_per_question"}[goal[0]]
     on_dev, on_test = _pooled(dev, attr), _pooled(test, attr)
     miss = (goal[1] - on_test) if goal[0] == "accuracy" else (on_test - goal[1])
