@@ -161,7 +161,7 @@ cascade:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "gate scorer: scalars" in done.stdout and "out-of-fold AUROC" in done.stdout
     saved = json.loads((tmp_path / "gates" / "confidence-scorer.json").read_text())
-    assert saved["meta"]["rows"] == 64 and saved["meta"]["temperature"] == {} and not saved["uses_embedding"]
+    assert saved["meta"]["rows"] == 64 and saved["meta"]["temperature"] == {} and saved["variant"] == "scalars"
     gw = gateway(policy.read_text().replace("artifacts: gates", f"artifacts: {tmp_path / 'gates'}"))
     with gw.http() as client:
         r = client.post("/v1/decide", json={"question": "Is the sun hot?", "type": "yes_no"})
