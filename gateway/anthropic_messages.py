@@ -344,5 +344,8 @@ class StreamTranslator:
             + _event("message_stop")
         )
 
-    def error(self, exc: TriageError) -> bytes:
+    def end(self) -> bytes:
+        return self.finish()
+
+    def fail(self, exc: TriageError) -> bytes:
         return _event("error", error=error_body(exc)["error"])

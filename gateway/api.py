@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
 import orjson
@@ -378,8 +378,9 @@ async def create_response(request: Request) -> Response:
             await ex.finish(200)
             return _json(out, headers=result.headers)
         assert result.served is not None and result.served.stream is not None
-        translator = responses.StreamTranslator(req, response_id, result.served.model)
-        stream = _response_events(ex, result.served, translator, state.responses if store else None, turns)
+        keep = (lambda out, turn: state.responses.put(out, [*turns, turn])) if store else None
+        translator = responses.StreamTranslator(req, response_id, result.served.model, keep)
+        stream = _translated(ex, result.served, translator)
         return _SSEResponse(ex, result.served, result.headers, stream)  # it finishes the exchange when it ends
     except TriageError as exc:
         await ex.finish(exc.status, exc)
@@ -397,15 +398,18 @@ def _as_chunk(completion: dict[str, Any]) -> dict[str, Any]:
     return {**chunk, "usage": completion.get("usage")}
 
 
-async def _response_events(
-    ex: Exchange,
-    served: Served,
-    translator: responses.StreamTranslator,
-    store: responses.ResponseStore | None,
-    turns: list[dict[str, Any]],
-) -> AsyncIterator[bytes]:
-    """The Responses event stream of a chat stream; a failure after the start is the ``error``
-    event, then ``response.failed``; the exchange finishes however the stream ends."""
+class Translator(Protocol):
+    """Chat chunks in, another API's events out (``responses.StreamTranslator``, Anthropic's)."""
+
+    def start(self) -> bytes: ...
+    def feed(self, chunk: dict[str, Any]) -> bytes: ...
+    def end(self) -> bytes: ...
+    def fail(self, exc: TriageError) -> bytes: ...
+
+
+async def _translated(ex: Exchange, served: Served, translator: Translator) -> AsyncIterator[bytes]:
+    """Another API's event stream over a chat stream: a failure after the start is that API's
+    error event; the exchange finishes however the stream ends."""
     assert served.stream is not None
     status, error = 499, None
     try:
@@ -416,15 +420,12 @@ async def _response_events(
             data = translator.feed(chunk)
             if data:
                 yield data
-        events, out, turn = translator.finish()
-        if store is not None:
-            store.put(out, [*turns, turn])
         status = 200
-        yield events
+        yield translator.end()
     except TriageError as exc:
         status, error = exc.status, exc
         log.warning("stream_failed", request_id=ex.request_id, error=exc.message)
-        yield translator.error(exc.code, exc.message)
+        yield translator.fail(exc)
     finally:
         await served.stream.aclose()
         await ex.finish(status, error)
@@ -456,37 +457,13 @@ async def create_message(request: Request) -> Response:
             return _json(anthropic_messages.from_chat(completion, body.get("stop")), headers=result.headers)
         assert served is not None and served.stream is not None
         translator = anthropic_messages.StreamTranslator(served.model)
-        return _SSEResponse(ex, served, result.headers, _message_events(ex, served, translator))
+        return _SSEResponse(ex, served, result.headers, _translated(ex, served, translator))
     except TriageError as exc:
         await ex.finish(exc.status, exc)
         return error_response(exc, "/v1/messages")
     except BaseException:
         await ex.finish(500)
         raise
-
-
-async def _message_events(
-    ex: Exchange, served: Served, translator: anthropic_messages.StreamTranslator
-) -> AsyncIterator[bytes]:
-    assert served.stream is not None
-    status, error = 499, None
-    try:
-        yield translator.start()
-        async for chunk in served.stream:
-            if chunk.get("usage"):
-                ex.usage = chunk["usage"]
-            data = translator.feed(chunk)
-            if data:
-                yield data
-        status = 200
-        yield translator.finish()
-    except TriageError as exc:
-        status, error = exc.status, exc
-        log.warning("stream_failed", request_id=ex.request_id, error=exc.message)
-        yield translator.error(exc)
-    finally:
-        await served.stream.aclose()
-        await ex.finish(status, error)
 
 
 async def get_response(request: Request) -> Response:

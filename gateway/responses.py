@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from gateway.errors import InvalidRequest, NotFound
+from gateway.errors import InvalidRequest, NotFound, TriageError
 
 Body = dict[str, Any]
 _PASSED = ("temperature", "top_p", "user", "metadata", "parallel_tool_calls", "top_logprobs")
@@ -345,8 +345,11 @@ class _Call:
 class StreamTranslator:
     """Chat completion chunks in, Responses events out (``feed`` per chunk, then ``finish``)."""
 
-    def __init__(self, req: Body, response_id: str, model: str) -> None:
+    def __init__(
+        self, req: Body, response_id: str, model: str, on_done: Callable[[Body, Body], None] | None = None
+    ) -> None:
         self.req, self.response = req, shell(req, response_id, model)
+        self.on_done = on_done  # the completed response and its assistant turn (the store)
         self.seq = 0
         self.text: _Text | None = None
         self.calls: dict[int, _Call] = {}
@@ -473,6 +476,15 @@ class StreamTranslator:
             self.response.update(status="incomplete", incomplete_details={"reason": "max_output_tokens"})
         kind = "response.incomplete" if self.response["status"] == "incomplete" else "response.completed"
         return out + self._next(kind, response=self.response), self.response, turn
+
+    def end(self) -> bytes:
+        events, out, turn = self.finish()
+        if self.on_done is not None:
+            self.on_done(out, turn)
+        return events
+
+    def fail(self, exc: TriageError) -> bytes:
+        return self.error(exc.code, exc.message)
 
     def error(self, code: str, message: str) -> bytes:
         """A failure after the stream began: the ``error`` event, then ``response.failed``."""
