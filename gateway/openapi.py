@@ -312,41 +312,28 @@ _BATCH_FROM_FILE = {
     "endpoint": "/v1/chat/completions",
     "completion_window": "24h",
 }
+
+
+def _by_id(method: str, path: str) -> dict[str, Any]:
+    """A link to the operation at ``path`` whose one path parameter is the answer's ``id``."""
+    param = path.rsplit("{", 1)[1].split("}", 1)[0]
+    return {"operationId": _op_id(method, path), "parameters": {param: "$response.body#/id"}}
+
+
 _LINKS: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
     ("POST", "/v1/files"): {
-        "GetFile": {
-            "operationId": _op_id("GET", "/v1/files/{file_id}"),
-            "parameters": {"file_id": "$response.body#/id"},
-        },
-        "GetFileContent": {
-            "operationId": _op_id("GET", "/v1/files/{file_id}/content"),
-            "parameters": {"file_id": "$response.body#/id"},
-        },
+        "GetFile": _by_id("GET", "/v1/files/{file_id}"),
+        "GetFileContent": _by_id("GET", "/v1/files/{file_id}/content"),
         "CreateBatch": {"operationId": _op_id("POST", "/v1/batches"), "requestBody": _BATCH_FROM_FILE},
-        "DeleteFile": {
-            "operationId": _op_id("DELETE", "/v1/files/{file_id}"),
-            "parameters": {"file_id": "$response.body#/id"},
-        },
+        "DeleteFile": _by_id("DELETE", "/v1/files/{file_id}"),
     },
     ("POST", "/v1/batches"): {
-        "GetBatch": {
-            "operationId": _op_id("GET", "/v1/batches/{batch_id}"),
-            "parameters": {"batch_id": "$response.body#/id"},
-        },
-        "CancelBatch": {
-            "operationId": _op_id("POST", "/v1/batches/{batch_id}/cancel"),
-            "parameters": {"batch_id": "$response.body#/id"},
-        },
+        "GetBatch": _by_id("GET", "/v1/batches/{batch_id}"),
+        "CancelBatch": _by_id("POST", "/v1/batches/{batch_id}/cancel"),
     },
     ("POST", "/v1/responses"): {
-        "GetResponse": {
-            "operationId": _op_id("GET", "/v1/responses/{response_id}"),
-            "parameters": {"response_id": "$response.body#/id"},
-        },
-        "DeleteResponse": {
-            "operationId": _op_id("DELETE", "/v1/responses/{response_id}"),
-            "parameters": {"response_id": "$response.body#/id"},
-        },
+        "GetResponse": _by_id("GET", "/v1/responses/{response_id}"),
+        "DeleteResponse": _by_id("DELETE", "/v1/responses/{response_id}"),
     },
 }
 
