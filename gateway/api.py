@@ -145,6 +145,15 @@ def _authorize(request: Request, ex: Exchange) -> None:
         raise Unauthorized("Incorrect or missing API key: send 'Authorization: Bearer <key>'")
 
 
+async def _admitted_body(request: Request, ex: Exchange) -> bytes:
+    """The key checked, the body read, then a slot taken (only once the body is in: a slow
+    sender holds no slot)."""
+    _authorize(request, ex)
+    raw = await read_body(request, ex.rt.policy.limits.max_body_bytes)
+    ex.take_slot()
+    return raw
+
+
 @dataclass
 class Result:
     """What the pipeline gave for one chat or completion body, with the response headers."""
@@ -187,9 +196,7 @@ async def _generate(request: Request, kind: Kind) -> Response:
     endpoint = "chat" if kind == "chat" else "completions"
     ex = Exchange.begin(state.holder, state.metrics, state.gate, endpoint, request.headers.get("x-request-id"))
     try:
-        _authorize(request, ex)
-        raw = await read_body(request, ex.rt.policy.limits.max_body_bytes)
-        ex.take_slot()  # only once the body is in: a slow sender holds no slot
+        raw = await _admitted_body(request, ex)
         body = parse_json(raw)
         result = await pipeline(request, ex, kind, body)
         if result.typed is not None:
@@ -335,9 +342,7 @@ async def embeddings_route(request: Request) -> Response:
     state = _state(request)
     ex = Exchange.begin(state.holder, state.metrics, state.gate, "embeddings", request.headers.get("x-request-id"))
     try:
-        _authorize(request, ex)
-        raw = await read_body(request, ex.rt.policy.limits.max_body_bytes)
-        ex.take_slot()  # only once the body is in: a slow sender holds no slot
+        raw = await _admitted_body(request, ex)
         out = await _unless_gone(request, embeddings.answer(ex, raw))
     except TriageError as exc:
         await ex.finish(exc.status, exc)
@@ -354,9 +359,7 @@ async def create_response(request: Request) -> Response:
     state = _state(request)
     ex = Exchange.begin(state.holder, state.metrics, state.gate, "responses", request.headers.get("x-request-id"))
     try:
-        _authorize(request, ex)
-        raw = await read_body(request, ex.rt.policy.limits.max_body_bytes)
-        ex.take_slot()  # only once the body is in: a slow sender holds no slot
+        raw = await _admitted_body(request, ex)
         req = parse_json(raw)
         ex.model = req.get("model") if isinstance(req.get("model"), str) else None
         checked = check(responses.ResponsesRequest, req)
