@@ -13,10 +13,10 @@ one-property enum/boolean/bounded-number schema is a typed decision), ``reasonin
 ``metadata``. Other tool types (web search, file search, computer use ...), ``background`` and
 ``conversation`` are refused with a 400 naming the field.
 
-Stored responses (``store``, the default, as OpenAI's) are kept in this process for
-``responses.ttl_s`` and answer ``GET`` / ``DELETE /v1/responses/{id}`` and ``previous_response_id``
-(the earlier turns and their output are put before the new input). One process only: a fleet's
-shared store is the state-store work (docs/operations.md).
+Stored responses (``store``, the default, as OpenAI's) are kept in this process for an hour (the
+10,000 newest at most: :class:`ResponseStore`) and answer ``GET`` / ``DELETE /v1/responses/{id}``
+and ``previous_response_id`` (the earlier turns and their output are put before the new input).
+One process only: a fleet's shared store belongs with the state stores (docs/surfaces.md).
 """
 
 from __future__ import annotations
