@@ -300,6 +300,7 @@ class SetReport:
     auroc_raw: dict[str, float] = field(default_factory=dict)  # tier -> right/wrong AUROC of its own confidence
     auroc_learned: dict[str, float] = field(default_factory=dict)  # ... of its confidence model's P(right)
     ece_learned: dict[str, float] = field(default_factory=dict)  # ECE of that P(right)
+    task: bool = False  # the rows are a task's intent questions (mixed traffic), not a typed set
 
 
 def evaluate(tiers: Sequence[TierSpec], rows: Sequence[Row], curves: bool = True) -> list[SetReport]:
@@ -313,6 +314,7 @@ def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[
     tiers = [t for t in tiers if any(r.id in t.outputs for r in rows)]  # a recorded tier covers some sets only
     rows = [r for r in rows if all(r.id in t.outputs for t in tiers)]
     report = SetReport(source, qtype, len(rows), {}, {}, {})
+    report.task = any(r.question.task is not None for r in rows)
     for i, t in enumerate(tiers):
         _measure_tier(report, t, rows)
         _measure_gate(report, tiers, i, rows)

@@ -124,8 +124,9 @@ def intent_rows(
     ordered by a hash of the row's id (the same on every machine), so that every tier can take them
     (a lettered scorer reads at most 26 options; a 150-way question is the task head's alone). The
     options are the task's labels as they are (the task head answers only its own labels)."""
-    docs = [d for _, d in read_jsonl(path) if d.get("split") == split and isinstance(d.get(label_field), str)]
-    labels = sorted({d[label_field] for _, d in read_jsonl(path) if isinstance(d.get(label_field), str)})
+    every = [d for _, d in read_jsonl(path) if isinstance(d.get(label_field), str)]
+    labels = sorted({d[label_field] for d in every})
+    docs = [d for d in every if d.get("split") == split]
     rows = []
     for d in docs:
         gold, rid = d[label_field], str(d.get("id"))

@@ -8,11 +8,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eval.tier_outputs import Row, read_jsonl
 from policies.cascade import TierAnswer
 from policies.schema import Policy
 from policies.tiers import ModelTier, ScorerTier
+
+if TYPE_CHECKING:
+    from classifiers.service import Classifier
 
 Compute = Callable[[Row], TierAnswer]
 
@@ -21,15 +25,16 @@ def _logs(probs: list[float]) -> tuple[float, ...]:
     return tuple(math.log(max(p, 1e-12)) for p in probs)
 
 
-def encoder(policy: Policy, policy_dir: Path) -> tuple[Compute, str]:
-    """The encoder tier's answers, and a fingerprint of its trained option head (for the cache key)."""
+def encoder(policy: Policy, policy_dir: Path, clf: Classifier | None = None) -> tuple[Compute, str]:
+    """The encoder tier's answers, and a fingerprint of its trained option head (for the cache key);
+    ``clf``: the policy's classifier where the caller has loaded it already."""
     import hashlib
 
     from classifiers.options import OPTIONS, question_text
     from classifiers.service import Classifier, artifacts_dir
 
     assert policy.classifier is not None
-    clf = Classifier.load(policy.classifier, policy_dir)
+    clf = clf if clf is not None else Classifier.load(policy.classifier, policy_dir)
     head = clf.options
     weights = artifacts_dir(policy.classifier, policy_dir) / f"{OPTIONS}.npz"
     fingerprint = hashlib.sha1(weights.read_bytes()).hexdigest()[:10] if weights.is_file() else "none"

@@ -227,7 +227,7 @@ def new_id() -> str:
     return f"msg_{secrets.token_hex(12)}"
 
 
-def from_chat(completion: Body, stop_sequences: list[str] | None) -> Body:
+def from_chat(completion: Body) -> Body:
     choice = (completion.get("choices") or [{}])[0]
     message = choice.get("message") or {}
     content: list[Body] = []

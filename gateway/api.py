@@ -178,7 +178,7 @@ async def pipeline(request: Request, ex: Exchange, kind: Kind, body: dict[str, A
         return Result(decision_headers(ex.request_id, d), typed=out.typed)
     served = out.served
     assert served is not None
-    ex.route = out.route
+    ex.route = served.route
     ex.served, ex.backend, ex.replica = served.model, served.backend, served.replica
     headers = {"x-request-id": ex.request_id, "x-triage-model": served.model, "x-triage-backend": served.backend}
     if served.route is not None:
@@ -457,7 +457,7 @@ async def create_message(request: Request) -> Response:
                 t = anthropic_messages.StreamTranslator(str(completion.get("model", "")))
                 events = t.start() + t.feed(_as_chunk(completion)) + t.finish()
                 return Response(events, media_type="text/event-stream", headers={**_SSE_HEADERS, **result.headers})
-            return _json(anthropic_messages.from_chat(completion, body.get("stop")), headers=result.headers)
+            return _json(anthropic_messages.from_chat(completion), headers=result.headers)
         assert served is not None and served.stream is not None
         translator = anthropic_messages.StreamTranslator(served.model)
         return _SSEResponse(ex, served, result.headers, _translated(ex, served, translator))

@@ -17,7 +17,6 @@ from gateway.runtime import Runtime
 from gateway.schemas import ChatRequest, CompletionRequest, check
 from policies.cascade import Decision
 from policies.schema import CascadeModel
-from policies.semantic import Route
 
 Wait = Callable[[Awaitable[Served]], Awaitable[Served]]  # how a dispatch is awaited (a client that leaves stops it)
 
@@ -29,7 +28,6 @@ class Outcome:
     served: Served | None = None
     typed: dict[str, Any] | None = None
     decision: Decision | None = None
-    route: Route | None = None
     stream: bool = False
 
 
@@ -57,4 +55,4 @@ async def run(
     served = await (wait(work) if wait is not None else work)
     if served.completion is not None:
         served.completion.body["model"] = served.model
-    return Outcome(served=served, route=route, stream=request.stream)
+    return Outcome(served=served, stream=request.stream)

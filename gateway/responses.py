@@ -484,10 +484,8 @@ class StreamTranslator:
         return events
 
     def fail(self, exc: TriageError) -> bytes:
-        return self.error(exc.code, exc.message)
-
-    def error(self, code: str, message: str) -> bytes:
         """A failure after the stream began: the ``error`` event, then ``response.failed``."""
+        code, message = exc.code, exc.message
         self.response.update(status="failed", error={"code": code, "message": message})
         return self._next("error", code=code, message=message, param=None) + self._next(
             "response.failed", response=self.response

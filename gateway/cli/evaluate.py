@@ -290,11 +290,15 @@ class _Run:
                 f"--tiers: no tier named {', '.join(unknown) or 'any of them'} in the policy's cascade", err=True
             )
             raise typer.Exit(2)
-        if pol.classifier is not None:
-            rows = self._embedded(pol, base)
+        clf = None
+        if pol.classifier is not None:  # loaded once: the embeddings of the rows and the encoder tier
+            from classifiers.service import Classifier
+
+            clf = Classifier.load(pol.classifier, base)
+            rows = self._embedded(pol, clf)
         for tier in chosen:
             if isinstance(tier, EncoderTier):
-                compute, fingerprint = tier_runs.encoder(pol, base)
+                compute, fingerprint = tier_runs.encoder(pol, base, clf)
                 key = f"encoder-{pol.classifier.encoder.precision}-{fingerprint}"
             elif isinstance(tier, ScorerTier):
                 b = pol.backends[tier.backend]
@@ -336,12 +340,10 @@ class _Run:
             specs.append(cascade_eval.TierSpec(label, "recorded", outputs, per_call=price))
         return specs
 
-    def _embedded(self, pol: Any, base: Path) -> list:
+    def _embedded(self, pol: Any, clf: Any) -> list:
         """The rows with their question embeddings (for learned gates), cached beside the tier outputs."""
-        from classifiers.service import Classifier
         from eval.tier_outputs import with_embeddings
 
-        clf = Classifier.load(pol.classifier, base)
         enc = pol.classifier.encoder
         path = self.out / "cache" / f"embeddings-{enc.precision}-l{enc.layers}-t{enc.max_tokens}.npz"
         with self.console.status("embedding the questions"):
@@ -365,7 +367,10 @@ class _Run:
         reports = cascade_eval.evaluate(self.specs, self.test)
         _print(self.console, self.specs, reports)
         self.gate_rows = cascade_eval.gate_table(self.specs, self.test)
-        self.pooled = cascade_eval.pooled(reports)
+        # every set together; and, where task rows were given (mixed traffic), the typed sets alone
+        self.pooled = {"all": cascade_eval.pooled(reports)}
+        if any(r.task for r in reports):
+            self.pooled["typed"] = cascade_eval.pooled([r for r in reports if not r.task])
         _print_pooled(self.console, self.pooled, self.gate_rows)
         if goal is not None:
             self.console.print(_check_target(goal, cascade_eval.evaluate(self.specs, self.dev), reports))
@@ -491,12 +496,15 @@ def _fill(console: Console, cache: object, rows: list, compute: object, name: st
 _GATE_COLUMNS = ("accuracy", "auroc_raw", "auroc_learned", "ece_learned")
 
 
-def _print_pooled(console: Console, pooled: dict, gate_rows: list) -> None:
-    if pooled:
+def _print_pooled(console: Console, pooled_by: dict, gate_rows: list) -> None:
+    for which, pooled in pooled_by.items():
+        if not pooled:
+            continue
         console.print(
-            f"pooled ({pooled['n']:.0f} test rows): cascade {pooled['cascade']:.3f} against always-top "
-            f"{pooled['always_top']:.3f} ({pooled['of_top']:.1%}), {pooled['reached_top']:.0%} reached the top tier; "
-            f"worst set against its best tier alone: {pooled['worst_vs_best_tier'] * 100:+.1f} points"
+            f"pooled, {'every set' if which == 'all' else 'typed sets only'} ({pooled['n']:.0f} test rows): cascade "
+            f"{pooled['cascade']:.3f} against always-top {pooled['always_top']:.3f} ({pooled['of_top']:.1%}), "
+            f"{pooled['reached_top']:.0%} reached the top tier; worst set against its best tier alone: "
+            f"{pooled['worst_vs_best_tier'] * 100:+.1f} points"
         )
     table = Table(title="the gates' signals, pooled test rows: right/wrong AUROC and the calibration of P(right)")
     for col in ("tier", "type", "n", "accuracy", "AUROC own confidence", "AUROC learned", "ECE learned"):
