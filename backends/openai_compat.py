@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -82,12 +83,19 @@ class OpenAICompatBackend(RemoteBackend):
 
     async def _probe(self, replica: ReplicaState) -> bool:
         assert self._session is not None
-        url = replica.api_base + self.spec.health.path
+        health = self.spec.health
+        url = (server_root(replica.api_base) if health.base == "server" else replica.api_base) + health.path
         try:
             async with self._session.get(url, headers=self._headers(replica)) as resp:
                 return resp.status < 400
         except aiohttp.ClientError:
             return False
+
+
+def server_root(api_base: str) -> str:
+    """``http://host:port`` of an api_base such as ``http://host:port/v1``."""
+    parts = urlsplit(api_base)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 async def _read(resp: aiohttp.ClientResponse, name: str) -> bytes:

@@ -164,13 +164,18 @@ def model_body(tier: ModelTier, q: Question) -> tuple[Body, tuple[str, ...]]:
         body.update(logprobs=True, top_logprobs=20)
     if tier.constrain == "guided_choice":
         body["guided_choice"] = list(labels)
-    elif tier.constrain == "structured_outputs":
-        body["structured_outputs"] = {"choice": list(labels)}
+    elif tier.constrain == "structured_outputs":  # vLLM: a scale as a pattern of its values, the rest a choice
+        body["structured_outputs"] = {"regex": labels_regex(labels)} if q.type == "score" else {"choice": list(labels)}
     elif tier.constrain == "regex":
-        body["regex"] = "(" + "|".join(re.escape(label) for label in labels) + ")"
+        body["regex"] = labels_regex(labels)
     elif tier.constrain == "grammar":  # GBNF: the labels only, so the answer is always one of them
         body["grammar"] = labels_grammar(labels)
     return body, labels
+
+
+def labels_regex(labels: tuple[str, ...]) -> str:
+    """A regular expression whose only matches are the labels."""
+    return "(" + "|".join(re.escape(label) for label in labels) + ")"
 
 
 def labels_grammar(labels: tuple[str, ...]) -> str:

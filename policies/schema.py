@@ -44,7 +44,10 @@ class Retries(Strict):
 
 class HealthCheck(Strict):
     enabled: bool = True
-    path: str = "/models"
+    path: str = Field("/models", description="the probe's path, under api_base or under the server's root (`base`)")
+    base: Literal["api", "server"] = Field(
+        "api", description="api: the path is under api_base (/v1/models); server: under the host root (vLLM /health)"
+    )
     interval_s: float = Field(10.0, gt=0)
     timeout_s: float = Field(2.0, gt=0)
     cooldown_s: float = Field(15.0, ge=0, description="how long a failed replica is ejected")

@@ -96,9 +96,10 @@ class ModelTier(_Tier):
     model: str
     constrain: Literal["none", "guided_choice", "structured_outputs", "regex", "grammar"] = Field(
         "none",
-        description="the engine's constrained decoding: vLLM structured_outputs (guided_choice before "
-        "v0.12), SGLang regex, llama.cpp grammar (a GBNF grammar of the labels: the in-process backend "
-        "and llama.cpp's server); none for engines without it",
+        description="the engine's constrained decoding: vLLM structured_outputs (a choice of the labels, a "
+        "scale as a regex of its values; guided_choice before v0.12: vLLM 0.32 ignores guided_choice, a "
+        "top-level regex and grammar without an error), SGLang regex, llama.cpp grammar (a GBNF grammar of "
+        "the labels: the in-process backend and llama.cpp's server); none for engines without it",
     )
     logprobs: bool = Field(True, description="ask for top_logprobs to read option probabilities")
     assumed_confidence: _Unit = Field(0.9, description="confidence of an answer that came without logprobs")

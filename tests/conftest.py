@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +20,7 @@ import pytest
 import uvicorn
 
 from backends.gguf import smollm2_path
+from eval.bench import vllm as vllm_engine
 from gateway.app import create_app
 from gateway.settings import Settings
 
@@ -26,7 +29,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # `make test-fast` runs `-m "not slow"`: every test that starts a model server, loads a GGUF model,
 # exports or trains the encoder is marked slow here, by the fixtures it asks for or by its module
-SLOW_FIXTURES = frozenset({"llama_server", "spare_llama_server", "trained_heads", "heads", "toy"})
+SLOW_FIXTURES = frozenset(
+    {"llama_server", "spare_llama_server", "trained_heads", "heads", "toy", "vllm_server", "vllm_replica", "spare_vllm"}
+)
 SLOW_MODULES = frozenset(
     {
         "test_encoder",
@@ -41,6 +46,7 @@ SLOW_MODULES = frozenset(
         "test_routing",
         "test_router_serving",
         "test_gguf_packages",
+        "test_vllm",
     }
 )
 
@@ -100,6 +106,80 @@ class LlamaServer:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+@dataclass
+class VllmServer(LlamaServer):
+    """A real vLLM engine: an API server and its engine process, in a session of their own."""
+
+    log: Path = Path()
+
+    @property
+    def root(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the engine process too
+        if self.proc.poll() is None:
+            self.proc.wait(10)
+
+    def metric(self, name: str) -> float:
+        """A counter of vLLM's own /metrics (summed over its labels)."""
+        text = httpx.get(self.root + "/metrics", timeout=10).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def start_vllm_server(log_dir: Path, cpu: int | None = None) -> VllmServer:
+    """vLLM's CPU build serving SmolLM2-135M (``make vllm`` builds it; ``make test`` does): where it is
+    missing the tests that need it skip and say how to build it, and in CI they fail."""
+    if (reason := vllm_engine.missing()) is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    port = free_port()
+    log_path = log_dir / f"vllm-{port}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            vllm_engine.argv(port),
+            env=vllm_engine.env(dict(os.environ), cpu),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    server = VllmServer(proc, port, log_path)
+    try:
+        wait_http(server.root + vllm_engine.READY_PATH, vllm_engine.START_TIMEOUT_S, proc)
+    except BaseException as exc:
+        server.kill()
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+        raise RuntimeError(f"vLLM did not start ({exc}); its log ends:\n{tail}") from None
+    return server
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """One real vLLM engine (CPU build, SmolLM2-135M) for the whole run, on core 0."""
+    server = start_vllm_server(tmp_path_factory.mktemp("vllm"), cpu=0)
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="session")
+def vllm_replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """A second vLLM engine, on core 1: two replicas behind one backend."""
+    server = start_vllm_server(tmp_path_factory.mktemp("vllm-replica"), cpu=1)
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def spare_vllm(tmp_path: Path) -> Iterator[VllmServer]:
+    """A vLLM engine of its own, for a test that kills it."""
+    server = start_vllm_server(tmp_path, cpu=1)
+    yield server
+    server.kill()
 
 
 def start_llama_server(log_dir: Path, extra: list[str] | None = None) -> LlamaServer:

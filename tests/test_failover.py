@@ -117,14 +117,13 @@ models: {smollm2: {backend: broken}}
     assert bad == [f'triage_upstream_attempts_total{{backend="pool",outcome="error",replica="{replica}"}} 1.0']
 
 
-def test_engine_killed_mid_stream_ends_with_an_error_event(
-    gateway: Callable[..., Gateway], spare_llama_server: LlamaServer
-) -> None:
-    gw = gateway(pool_policy(spare_llama_server.api_base))
+def assert_a_kill_mid_stream_is_an_error_event(gw: Gateway, kill: Callable[[], None], max_tokens: int) -> None:
+    """Streams a long answer through ``gw``, calls ``kill`` (the engine's end) after three chunks: the
+    client gets an error event, and the gateway serves on."""
     stream = gw.client().chat.completions.create(
         model="smollm2",
         messages=[{"role": "user", "content": "Write a long story about a cat."}],
-        max_tokens=400,
+        max_tokens=max_tokens,
         temperature=0,
         stream=True,
     )
@@ -133,11 +132,18 @@ def test_engine_killed_mid_stream_ends_with_an_error_event(
         for _ in stream:
             got += 1
             if got == 3:
-                spare_llama_server.kill()
+                kill()
     assert got >= 3
     assert "stream" in str(info.value)
     with gw.http() as http:
         assert http.get("/health").status_code == 200
+
+
+def test_engine_killed_mid_stream_ends_with_an_error_event(
+    gateway: Callable[..., Gateway], spare_llama_server: LlamaServer
+) -> None:
+    gw = gateway(pool_policy(spare_llama_server.api_base))
+    assert_a_kill_mid_stream_is_an_error_event(gw, spare_llama_server.kill, max_tokens=400)
 
 
 def test_prefix_affinity_sends_a_shared_prompt_start_to_one_replica(

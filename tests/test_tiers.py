@@ -32,6 +32,10 @@ def test_pool_request_per_constraint() -> None:
         "choice": ["A", "B"]
     }
     assert model_body(ModelTier(**base, constrain="regex"), Question("yes_no", "?", YES_NO))[0]["regex"] == "(yes|no)"
+    scale = Question("score", "How good?", ("1", "2", "3", "4", "5"), scale=(1, 5))
+    assert model_body(ModelTier(**base, constrain="structured_outputs"), scale)[0]["structured_outputs"] == {
+        "regex": "(1|2|3|4|5)"
+    }
     numeric, labels = model_body(ModelTier(**base, constrain="guided_choice"), Question("score", "6 * 7?", ()))
     assert labels == () and "guided_choice" not in numeric and "logprobs" not in numeric
     assert numeric["max_tokens"] == 512 and "Answer:" in numeric["messages"][0]["content"]
