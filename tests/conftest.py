@@ -126,8 +126,7 @@ class VllmServer(LlamaServer):
 
     def metric(self, name: str) -> float:
         """A counter of vLLM's own /metrics (summed over its labels)."""
-        text = httpx.get(self.root + "/metrics", timeout=10).text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+        return vllm_engine.counters(httpx.get(self.root + "/metrics", timeout=10).text, (name,))[name]
 
 
 def start_vllm_server(log_dir: Path, cpu: int | None = None) -> VllmServer:

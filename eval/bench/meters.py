@@ -19,6 +19,20 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds of every live process in process group ``pgid`` (a server started in a session of
+    its own, with the workers it spawned: vLLM's engine process)."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def busy_s() -> float:
     """CPU seconds the whole machine has been busy (all cores), from /proc/stat."""
     f = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
@@ -29,7 +43,7 @@ def foreign(procs: dict[str, Proc]) -> Callable[[], float]:
     """Mean cores used by processes outside this benchmark while it measured: noise to report."""
 
     def ours() -> float:
-        return time.process_time() + sum(cpu_s(p.pid) for p in procs.values())
+        return time.process_time() + sum(group_cpu_s(p.pid) for p in procs.values())
 
     t0, b0, o0 = time.monotonic(), busy_s(), ours()
 

@@ -32,7 +32,9 @@ def missing() -> str | None:
     return None
 
 
-def argv(port: int, *, host: str = "127.0.0.1", extra: tuple[str, ...] = ()) -> list[str]:
+def argv(
+    port: int, *, host: str = "127.0.0.1", max_model_len: int = MAX_MODEL_LEN, extra: tuple[str, ...] = ()
+) -> list[str]:
     # `vllm serve` looks up a distribution named `vllm`, which the CPU build is not: the module runs
     return [
         str(PYTHON),
@@ -47,7 +49,7 @@ def argv(port: int, *, host: str = "127.0.0.1", extra: tuple[str, ...] = ()) -> 
         "--port",
         str(port),
         "--max-model-len",
-        str(MAX_MODEL_LEN),
+        str(max_model_len),
         "--max-num-seqs",
         "16",
         "--disable-uvicorn-access-log",
@@ -55,8 +57,26 @@ def argv(port: int, *, host: str = "127.0.0.1", extra: tuple[str, ...] = ()) -> 
     ]
 
 
-def env(base: dict[str, str], cpu: int | None = None, kv_cache_gb: int = 1) -> dict[str, str]:
-    """The engine's environment: offline, no usage report, a small KV cache, pinned to ``cpu`` if given."""
+def cache_args(block_size: int, cache_tokens: int) -> tuple[str, ...]:
+    """The KV cache's block size, and its size in tokens (0: vLLM's own, from ``VLLM_CPU_KVCACHE_SPACE``;
+    the CPU build ignores ``--kv-cache-memory-bytes``, and takes a block count)."""
+    size = ("--num-gpu-blocks-override", str(max(1, cache_tokens // block_size))) if cache_tokens else ()
+    return ("--block-size", str(block_size), *size)
+
+
+def counters(metrics_text: str, names: tuple[str, ...]) -> dict[str, float]:
+    """vLLM's counters by name, summed over their labels, from its /metrics text."""
+    out = dict.fromkeys(names, 0.0)
+    for line in metrics_text.splitlines():
+        name, _, rest = line.partition("{")
+        if name in out and rest:
+            out[name] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def env(base: dict[str, str], cpu: int | None = None, kv_cache_gb: int = 1, dev: bool = False) -> dict[str, str]:
+    """The engine's environment: offline, no usage report, a small KV cache, pinned to ``cpu`` if given;
+    ``dev``: vLLM's development routes too (``POST /reset_prefix_cache``, for benchmarks)."""
     out = {
         **base,
         "HF_HUB_OFFLINE": "1",
@@ -66,6 +86,8 @@ def env(base: dict[str, str], cpu: int | None = None, kv_cache_gb: int = 1) -> d
         "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gb),
         "VLLM_LOGGING_LEVEL": "WARNING",
     }
+    if dev:
+        out["VLLM_SERVER_DEV_MODE"] = "1"
     if cpu is not None:  # two engines on two cores: each its own (the default binds every engine to core 0)
         out["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)
     return out

@@ -106,10 +106,18 @@ def prefix(
     seed: Annotated[int, typer.Option(help="Seed of the shuffle (the arrival order).")] = 0,
     min_shared: Annotated[int, typer.Option(help="Tokens a group's members share at least.")] = 16,
     engine: Annotated[
-        list[str] | None, typer.Option(help="server and/or scorer (default: both); none: the scheduler's cost alone.")
+        list[str] | None,
+        typer.Option(
+            help="server, scorer and/or vllm (default: server and scorer; vllm needs `make vllm`); "
+            "none: the scheduler's cost alone."
+        ),
     ] = None,
     n_threads: Annotated[int, typer.Option(help="llama.cpp threads of each engine.")] = 1,
     concurrency: Annotated[int, typer.Option(help="Requests in flight to the server.")] = 1,
+    vllm_block_size: Annotated[int, typer.Option(help="vLLM's KV block size in tokens.")] = 32,
+    vllm_cache_tokens: Annotated[
+        int, typer.Option(help="vLLM's KV cache in tokens (0: its own, 1 GiB, which holds every template of a batch)")
+    ] = 0,
     group_by: Annotated[
         str,
         typer.Option(
@@ -134,6 +142,8 @@ def prefix(
         concurrency=concurrency,
         group_by=group_by,
         repeats=repeats,
+        vllm_block_size=vllm_block_size,
+        vllm_cache_tokens=vllm_cache_tokens,
         out=out,
     )
 
