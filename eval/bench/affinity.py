@@ -13,6 +13,14 @@ own servers and gateway, so both start cold:
   for a free replica slot, and a freed replica takes the waiting request its cache holds
   (``backends/admission.py``).
 
+With ``engine="vllm"`` (``--engine vllm``; ``make vllm`` builds it) the replicas are two real vLLM
+engines (CPU build, SmolLM2-135M, one core each), multi-slot engines with a prefix cache of many
+blocks: they start once for the whole run, and each mode empties their caches first
+(``POST /reset_prefix_cache``) and runs behind a gateway of its own. Their evaluated tokens are
+vLLM's own counters (``vllm:prompt_tokens_total - vllm:prefix_cache_hits_total``); the admission
+mode's ``slots`` are then the requests each engine runs at once. The goal of issue 19: admission
+>= 1.3x round robin's requests/s at an equal or better p99.
+
 The workload is BIG-Bench-Hard few-shot prompts (a few templates, shuffled with a fixed seed: the
 arrival order), sent as ``/v1/completions`` with ``max_tokens=1`` through the gateway with the
 official ``openai`` client, in arrival order, ``--concurrency`` in flight. Reported per mode: wall
@@ -28,6 +36,7 @@ random addresses, for this batch's affinity keys.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import re
 import statistics
@@ -50,11 +59,14 @@ from backends.gguf import smollm2_path
 from backends.prefix import ideal_reuse, reuse_in_order
 from backends.replicas import ReplicaSet, ReplicaState
 from eval.bench import meters, prefix, report
+from eval.bench import vllm as vllm_engine
 from eval.bench.overhead import machine
-from eval.bench.procs import HOST, Fleet, Proc, free_port
+from eval.bench.procs import HOST, Fleet, Proc, StartFailed, child_env, free_port
 
 DATA = prefix.DATA
 MODES = ("round_robin", "affinity", "admission")
+ENGINES = ("llama", "vllm")
+VLLM_ADMISSION_RPS_MIN = 1.3  # issue 19: the admission window on two vLLM replicas against round robin
 MODEL = "smollm2"
 ODDS_DRAWS = 2000  # random replica address pairs for the split odds
 # llama.cpp's time for one completion (timings reset when it starts, printed when it ends): a server's busy time
@@ -73,6 +85,9 @@ class Options:
     modes: tuple[str, ...] = MODES
     n_threads: int = 1
     rounds: int = 3  # each round starts fresh servers on new ports: a new draw of the affinity split
+    engine: str = "llama"  # or "vllm": two vLLM engines, started once, caches emptied before each mode
+    vllm_block_size: int = 32
+    vllm_cache_tokens: int = 0  # each engine's KV cache in tokens; 0: vLLM's own (1 GiB)
     out: Path = Path("out/bench-affinity.json")
 
 
@@ -83,6 +98,8 @@ def run(**kwargs: Any) -> dict[str, Any]:
         raise ValueError("chars, concurrency and rounds must be at least 1")
     if "round_robin" not in opts.modes or not set(opts.modes) <= set(MODES):
         raise ValueError(f"modes are some of {', '.join(MODES)}, round_robin (the baseline) among them")
+    if opts.engine not in ENGINES:
+        raise ValueError(f"engine is one of {', '.join(ENGINES)}")
     console = Console()
     popts = prefix.Options(data=opts.data, limit=opts.limit, templates=opts.templates, seed=opts.seed, repeats=1)
     rows = prefix.load(popts)
@@ -191,7 +208,14 @@ async def _main(
 ) -> list[dict[str, Any]]:
     """``rounds`` rounds of both modes, each from cold servers; the order of the modes alternates."""
     rounds: list[dict[str, Any]] = []
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        pool = None
+        if opts.engine == "vllm":
+            fleet = stack.enter_context(Fleet(tmp))
+            pool = await start_vllm_pool(fleet, http, n_ctx, tmp, opts.vllm_block_size, opts.vllm_cache_tokens)
         for k in range(opts.rounds):
             rounds.append({})
             for mode in opts.modes if k % 2 == 0 else opts.modes[::-1]:
@@ -203,7 +227,7 @@ async def _main(
                 )
                 work = tmp / f"{k}-{mode}"
                 work.mkdir()
-                row = await _mode(http, prompts, tokens, keys, groups, (chars, window), n_ctx, opts, work)
+                row = await _mode(http, prompts, tokens, keys, groups, (chars, window), n_ctx, opts, work, pool)
                 rounds[-1][mode] = row
                 console.print(
                     f"  {row['wall_s']:.1f} s, requests {row['requests']}, evaluated {row['evaluated_per_server']}"
@@ -284,6 +308,50 @@ async def start_pool(
     await asyncio.gather(*(s.wait_ready(http, 180) for s in servers))
     for s in servers:
         await prefix._complete(http, s.base + "/v1/completions", prefix.RESET_PROMPT)
+    return servers, await start_gateway(fleet, http, work, policy_text, servers)
+
+
+async def start_vllm_pool(
+    fleet: Fleet, http: aiohttp.ClientSession, n_ctx: int, tmp: Path, block_size: int = 32, cache_tokens: int = 0
+) -> list[Proc]:
+    """Two vLLM engines, one core each, warmed up; their development routes on (the cache reset)."""
+    if (reason := vllm_engine.missing()) is not None:
+        raise StartFailed(reason)
+    servers = []
+    for i in range(2):
+        port = free_port()
+        argv = vllm_engine.argv(port, max_model_len=n_ctx, extra=vllm_engine.cache_args(block_size, cache_tokens))
+        env = vllm_engine.env(child_env(), cpu=i, dev=True)
+        servers.append(fleet.add(Proc(f"vllm-{i}", argv, port, vllm_engine.READY_PATH, tmp / f"vllm-{i}.log", env=env)))
+    await asyncio.gather(*(s.wait_ready(http, vllm_engine.START_TIMEOUT_S) for s in servers))
+    for s in servers:
+        await prefix._complete(http, s.base + "/v1/completions", prefix.RESET_PROMPT)
+    return servers
+
+
+async def reset_caches(http: aiohttp.ClientSession, servers: list[Proc]) -> None:
+    """Empty every vLLM engine's prefix cache (a development route: ``env(dev=True)``)."""
+    for s in servers:
+        async with http.post(s.base + "/reset_prefix_cache") as r:
+            if r.status != 200:
+                raise RuntimeError(f"{s.name} did not empty its prefix cache: HTTP {r.status}")
+
+
+async def vllm_evaluated(http: aiohttp.ClientSession, server: Proc) -> float:
+    """Prompt tokens the engine computed so far: seen less read from its prefix cache."""
+    async with http.get(server.base + "/metrics") as r:
+        c = vllm_engine.counters(await r.text(), prefix.VLLM_COUNTERS)
+    return c["vllm:prompt_tokens_total"] - c["vllm:prefix_cache_hits_total"]
+
+
+async def start_gateway(
+    fleet: Fleet,
+    http: aiohttp.ClientSession,
+    work: Path,
+    policy_text: Callable[[list[str]], str],
+    servers: list[Proc],
+) -> Proc:
+    """A triage gateway whose policy ``policy_text`` writes for the servers' ``/v1`` bases."""
     (work / "policy.yaml").write_text(policy_text([s.base + "/v1" for s in servers]))
     port = free_port()
     gw = fleet.add(
@@ -308,7 +376,7 @@ async def start_pool(
         )
     )
     await gw.wait_ready(http, 120)
-    return servers, gw
+    return gw
 
 
 async def _mode(
@@ -321,25 +389,43 @@ async def _mode(
     n_ctx: int,
     opts: Options,
     work: Path,
+    pool: list[Proc] | None = None,
 ) -> dict[str, Any]:
+    """One mode: llama.cpp servers started for it (``pool`` None), or the running vLLM ``pool``, emptied."""
     chars, window = rule
+
+    def text(bases: list[str]) -> str:
+        return policy(bases, chars, window)
+
     with Fleet(work) as fleet:
-        servers, gw = await start_pool(
-            fleet, http, n_ctx, opts.n_threads, work, lambda bases: policy(bases, chars, window)
-        )
+        if pool is None:
+            servers, gw = await start_pool(fleet, http, n_ctx, opts.n_threads, work, text)
+        else:
+            servers = pool
+            await reset_caches(http, servers)
+            gw = await start_gateway(fleet, http, work, text, servers)
         bases = [s.base + "/v1" for s in servers]
         starts = [s.log_path.stat().st_size for s in servers]
-        others = meters.foreign({p.name: p for p in fleet.procs})
+        before = [await vllm_evaluated(http, s) for s in servers] if pool else []
+        others = meters.foreign({p.name: p for p in [*fleet.procs, *(pool or [])]})
         wall, latencies, counts = await _send(gw.base + "/v1", prompts, opts.concurrency)
         other_cores = others()
         per_replica = await _attempts(http, gw.base)
         requests = [per_replica.get(b, 0) for b in bases]
-        parsed = [
-            await prefix._parse_log(s.log_path, st, n) for s, st, n in zip(servers, starts, requests, strict=True)
-        ]
-        texts = [_read_from(s.log_path, st) for s, st in zip(servers, starts, strict=True)]
-    logged = [len(prefix._PROMPT_EVAL.findall(t)) for t in texts]
-    busy = [sum(map(float, _TOTAL_TIME.findall(t))) / 1000 for t in texts]
+        if pool:
+            after = [await vllm_evaluated(http, s) for s in servers]
+            parsed: list[tuple[int | None, int | None]] = [
+                (int(a - b), None) for a, b in zip(after, before, strict=True)
+            ]
+            texts = None
+        else:
+            parsed = [
+                await prefix._parse_log(s.log_path, st, n) for s, st, n in zip(servers, starts, requests, strict=True)
+            ]
+            texts = [_read_from(s.log_path, st) for s, st in zip(servers, starts, strict=True)]
+    # llama.cpp logs each request's work; vLLM's counters give no busy time
+    logged = requests if texts is None else [len(prefix._PROMPT_EVAL.findall(t)) for t in texts]
+    busy = None if texts is None else [sum(map(float, _TOTAL_TIME.findall(t))) / 1000 for t in texts]
     evaluated = [ev for ev, _ in parsed]
     where = None if window is not None else assign(keys, bases, chars)  # admission's choice is dynamic
     lat = sorted(latencies)
@@ -357,13 +443,14 @@ async def _mode(
         "rps": len(prompts) / wall,
         "latency_p50_s": statistics.median(lat),
         "latency_p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))],
+        "latency_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
         "prompt_tokens": sum(counts),
         "requests": requests,
         "requests_in_logs": logged,
         "evaluated_per_server": evaluated,
         "evaluated_tokens": total_ev,
         "busy_s_per_server": busy,
-        "utilization": sum(busy) / (len(servers) * wall),
+        "utilization": None if busy is None else sum(busy) / (len(servers) * wall),
         "prefix_hits_per_server": [hits for _, hits in parsed],
         "predicted_requests": None if where is None else [where.count(r) for r in range(2)],
         "predicted_reuse": None if where is None else predicted_reuse(tokens, where, 2),
@@ -452,9 +539,12 @@ def summary(res: dict[str, Any]) -> dict[str, Any]:
             else statistics.fmean(r["predicted_reuse"] for r in rows),
             "latency_p50_s": statistics.median(lat),
             "latency_p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))],
+            "latency_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
             "busier_share_requests_mean": statistics.fmean(r["busier_share_requests"] for r in rows),
             "other_cpu_cores_mean": statistics.fmean(r["other_cpu_cores"] for r in rows),
-            "utilization_mean": statistics.fmean(r["utilization"] for r in rows),
+            "utilization_mean": None
+            if rows[0]["utilization"] is None
+            else statistics.fmean(r["utilization"] for r in rows),
             "rps_x_baseline_per_round": [r["rps_x_baseline"] for r in rows],
             "evaluated_x_baseline_per_round": [r["evaluated_x_baseline"] for r in rows],
         }
@@ -488,6 +578,15 @@ def verdict(res: dict[str, Any]) -> dict[str, Any]:
             f"{'-' if ev is None else f'{ev:.2f}x'} the prompt tokens evaluated; requests per replica "
             f"{splits}."
         )
+    if res["settings"]["engine"] == "vllm" and "admission" in res["summary"]:
+        a, base = res["summary"]["admission"], res["summary"]["round_robin"]
+        met = a["rps_x_baseline"] >= VLLM_ADMISSION_RPS_MIN and a["latency_p99_s"] <= base["latency_p99_s"]
+        out["vllm_goal"] = {"met": met, "rps_x_baseline": a["rps_x_baseline"], "p99_s": a["latency_p99_s"]}
+        texts.append(
+            f"Issue 19's goal (admission >= {VLLM_ADMISSION_RPS_MIN}x round robin at an equal or better p99): "
+            f"{'met' if met else 'not met'}, {a['rps_x_baseline']:.2f}x at p99 {a['latency_p99_s']:.2f} s against "
+            f"{base['latency_p99_s']:.2f} s."
+        )
     if "affinity" in out:
         odds = res["split_odds"]
         texts.append(
@@ -516,7 +615,7 @@ _COLUMNS = (
     "wall s",
     "req/s",
     "x base",
-    "p50 / p95 s",
+    "p50 / p99 s",
     "requests A / B",
     "evaluated A / B",
     "evaluated",
@@ -531,7 +630,8 @@ _COLUMNS = (
 def _table(res: dict[str, Any]) -> Table:
     b = res["batch"]
     t = Table(
-        title=f"Two llama.cpp replicas behind triage, /v1/completions max_tokens=1, concurrency "
+        title=f"Two {'vLLM' if res['settings']['engine'] == 'vllm' else 'llama.cpp'} replicas behind triage, "
+        "/v1/completions max_tokens=1, concurrency "
         f"{res['settings']['concurrency']} (ideal reuse {b['ideal_reuse']:.1%}, SmolLM2 tokens)",
         title_justify="left",
     )
@@ -549,14 +649,16 @@ def _table(res: dict[str, Any]) -> Table:
                 f"{r['wall_s']:.1f}",
                 f"{r['rps']:.3f}",
                 f"{r['rps_x_baseline']:.2f}",
-                f"{r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f}",
+                f"{r['latency_p50_s']:.2f} / {r['latency_p99_s']:.2f}",
                 f"{_split(r['requests'])} ({_f(r['busier_share_requests'], '.0%')})",
                 _split(r["evaluated_per_server"]),
                 _f(r["evaluated_tokens"], ","),
                 _f(r["evaluated_x_baseline"], ".3f"),
                 _reuse(r),
                 _f(r["share_of_ideal"], ".1%"),
-                f"{r['busy_s_per_server'][0]:.0f} / {r['busy_s_per_server'][1]:.0f} ({r['utilization']:.0%})",
+                "-"
+                if r["busy_s_per_server"] is None
+                else f"{r['busy_s_per_server'][0]:.0f} / {r['busy_s_per_server'][1]:.0f} ({r['utilization']:.0%})",
                 f"{r['other_cpu_cores']:.2f}",
             )
         t.add_section()
@@ -566,14 +668,14 @@ def _table(res: dict[str, Any]) -> Table:
             f"{r['wall_s']:.1f}",
             f"{r['rps']:.3f}",
             f"{r['rps_x_baseline']:.2f}",
-            f"{r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f}",
+            f"{r['latency_p50_s']:.2f} / {r['latency_p99_s']:.2f}",
             f"busier {r['busier_share_requests_mean']:.0%}",
             "",
             _f(r["evaluated_tokens"], ","),
             _f(r["evaluated_x_baseline"], ".3f"),
             _reuse(r),
             _f(r["share_of_ideal"], ".1%"),
-            f"({r['utilization_mean']:.0%})",
+            _f(r["utilization_mean"], ".0%"),
             f"{r['other_cpu_cores_mean']:.2f}",
         )
     return t
@@ -595,6 +697,12 @@ def render(console: Console, res: dict[str, Any]) -> None:
         "used outside the bench while the mode ran; each round starts cold servers on new ports (a new "
         "affinity split); 'all': requests over summed wall time, tokens summed."
     )
+    if res["settings"]["engine"] == "vllm":
+        console.print(
+            "[yellow]vLLM:[/] evaluated = vLLM's prompt tokens less its prefix-cache hits; no busy time; the "
+            "engines start once for the run (the same ports, so the same affinity split every round) and "
+            "each mode starts with their prefix caches emptied."
+        )
     console.print(_table(res))
     console.print(
         f"split odds over {o['draws']} random replica address pairs ({o['keys']} affinity keys): busier "

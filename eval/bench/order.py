@@ -11,11 +11,16 @@ prompt token first; ``none`` keeps token order. Each order gets fresh servers an
 (cold caches); rounds alternate which goes first. Reported per order: the batch's wall time (created
 to completed), requests/s, completion tokens (from the output file), prompt tokens the servers
 evaluated (their logs), and the ratio decode_ratio / none.
+
+With ``engine="vllm"`` the replicas are two vLLM engines (multi-slot: BatchLLM's setting), started
+once, their prefix caches emptied before each order; ``slots`` requests each at once, evaluated
+tokens from their own counters.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import random
 import statistics
@@ -33,9 +38,9 @@ from rich.console import Console
 from rich.table import Table
 
 from eval.bench import meters, prefix, report
-from eval.bench.affinity import MODEL, start_pool
+from eval.bench.affinity import MODEL, reset_caches, start_gateway, start_pool, start_vllm_pool, vllm_evaluated
 from eval.bench.overhead import machine
-from eval.bench.procs import Fleet
+from eval.bench.procs import Fleet, Proc
 
 ORDERS = ("decode_ratio", "none")
 
@@ -50,6 +55,10 @@ class Options:
     concurrency: int = 2  # batches.concurrency
     n_threads: int = 1
     rounds: int = 2
+    engine: str = "llama"  # or "vllm"
+    slots: int = 1  # admission slots per replica: llama.cpp's server has one; vLLM runs many at once
+    vllm_block_size: int = 32
+    vllm_cache_tokens: int = 0
     out: Path = Path("out/bench-order.json")
 
 
@@ -58,6 +67,8 @@ def run(**kwargs: Any) -> dict[str, Any]:
     opts = Options(**kwargs)
     if min(opts.concurrency, opts.rounds, opts.limit, *opts.decode) < 1:
         raise ValueError("concurrency, rounds, limit and every decode length must be at least 1")
+    if opts.engine not in ("llama", "vllm"):
+        raise ValueError("engine is llama or vllm")
     console = Console()
     popts = prefix.Options(data=opts.data, limit=opts.limit, templates=opts.templates, seed=opts.seed, repeats=1)
     rows = prefix.load(popts)
@@ -105,13 +116,20 @@ def run(**kwargs: Any) -> dict[str, Any]:
 
 async def _main(batch: bytes, n_ctx: int, opts: Options, tmp: Path, console: Console) -> list[dict[str, Any]]:
     rounds: list[dict[str, Any]] = []
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        pool = None
+        if opts.engine == "vllm":
+            fleet = stack.enter_context(Fleet(tmp))
+            pool = await start_vllm_pool(fleet, http, n_ctx, tmp, opts.vllm_block_size, opts.vllm_cache_tokens)
         for k in range(opts.rounds):
             rounds.append({})
             for order in ORDERS if k % 2 == 0 else ORDERS[::-1]:
                 work = tmp / f"{k}-{order}"
                 work.mkdir()
-                row = await _order(http, batch, order, n_ctx, opts, work)
+                row = await _order(http, batch, order, n_ctx, opts, work, pool)
                 rounds[-1][order] = row
                 console.print(
                     f"  round {k + 1}, {order}: {row['wall_s']:.1f} s, {row['completion_tokens']} "
@@ -120,7 +138,7 @@ async def _main(batch: bytes, n_ctx: int, opts: Options, tmp: Path, console: Con
     return [{o: r[o] for o in ORDERS} for r in rounds]
 
 
-def policy(bases: list[str], work: Path, order: str, concurrency: int) -> str:
+def policy(bases: list[str], work: Path, order: str, concurrency: int, slots: int = 1) -> str:
     replicas = "\n".join(f'      - {{api_base: "{b}"}}' for b in bases)
     return f"""version: 1
 backends:
@@ -128,7 +146,7 @@ backends:
     type: openai
     replicas:
 {replicas}
-    admission: {{slots: 1}}
+    admission: {{slots: {slots}}}
     health: {{enabled: false}}
     retries: {{attempts: 1}}
     timeouts: {{total_s: 600}}
@@ -147,21 +165,35 @@ async def _order(
     n_ctx: int,
     opts: Options,
     work: Path,
+    pool: list[Proc] | None = None,
 ) -> dict[str, Any]:
+    def text(bases: list[str]) -> str:
+        return policy(bases, work, order, opts.concurrency, opts.slots)
+
     with Fleet(work) as fleet:
-        servers, gw = await start_pool(
-            fleet, http, n_ctx, opts.n_threads, work, lambda bases: policy(bases, work, order, opts.concurrency)
-        )
+        if pool is None:
+            servers, gw = await start_pool(fleet, http, n_ctx, opts.n_threads, work, text)
+        else:
+            servers = pool
+            await reset_caches(http, servers)
+            gw = await start_gateway(fleet, http, work, text, servers)
         starts = [s.log_path.stat().st_size for s in servers]
-        others = meters.foreign({p.name: p for p in fleet.procs})
+        before = [await vllm_evaluated(http, s) for s in servers] if pool else []
+        others = meters.foreign({p.name: p for p in [*fleet.procs, *(pool or [])]})
         wall, out = await _submit(gw.base + "/v1", batch)
         other_cores = others()
         done = [o for o in out if o.get("response") and o["response"]["status_code"] == 200]
-        logged = [
-            prefix._PROMPT_EVAL.findall(s.log_path.read_bytes()[st:].decode("utf-8", "replace"))
-            for s, st in zip(servers, starts, strict=True)
-        ]
-    evaluated = [sum(map(int, found)) for found in logged]
+        if pool:
+            after = [await vllm_evaluated(http, s) for s in servers]
+            evaluated = [int(a - b) for a, b in zip(after, before, strict=True)]
+            per_server = [None] * len(servers)  # vLLM's counters do not say; the gateway's would
+        else:
+            logged = [
+                prefix._PROMPT_EVAL.findall(s.log_path.read_bytes()[st:].decode("utf-8", "replace"))
+                for s, st in zip(servers, starts, strict=True)
+            ]
+            evaluated = [sum(map(int, found)) for found in logged]
+            per_server = [len(found) for found in logged]
     return {
         "order": order,
         "wall_s": wall,
@@ -171,7 +203,7 @@ async def _order(
         "completion_tokens": sum(o["response"]["body"]["usage"]["completion_tokens"] for o in done),
         "evaluated_per_server": evaluated,
         "evaluated_tokens": sum(evaluated),
-        "requests_per_server": [len(found) for found in logged],
+        "requests_per_server": per_server,
         "other_cpu_cores": other_cores,
     }
 
@@ -224,7 +256,9 @@ def render(console: Console, res: dict[str, Any]) -> None:
         f"[bold]triage bench order[/]  {m['date']}  {m['platform']}  {m['nproc']} CPUs; {b['n']} prompts, "
         f"{b['templates']} templates, max_tokens from {tuple(s['decode'])} "
         f"({b['max_tokens_asked']:,} all told), "
-        f"batches.concurrency {s['concurrency']}, two one-slot llama.cpp replicas with admission"
+        f"batches.concurrency {s['concurrency']}, two "
+        + ("vLLM replicas" if s["engine"] == "vllm" else "one-slot llama.cpp replicas")
+        + f" with admission ({s['slots']} slot(s) each)"
     )
     t = Table(title="The same batch, planned decode-first and in token order", title_justify="left")
     for col in (
@@ -247,7 +281,7 @@ def render(console: Console, res: dict[str, Any]) -> None:
                 f"{r['rps']:.3f}",
                 f"{r['completion_tokens']:,}",
                 " / ".join(f"{x:,}" for x in r["evaluated_per_server"]),
-                " / ".join(map(str, r["requests_per_server"])),
+                " / ".join("-" if x is None else str(x) for x in r["requests_per_server"]),
                 f"{r['other_cpu_cores']:.2f}",
             )
     for order in ORDERS:

@@ -160,6 +160,9 @@ def order(
     concurrency: Annotated[int, typer.Option(help="batches.concurrency.")] = 2,
     n_threads: Annotated[int, typer.Option(help="llama.cpp threads of each server.")] = 1,
     rounds: Annotated[int, typer.Option(help="Rounds of both orders, each on fresh servers.")] = 2,
+    engine: Annotated[str, typer.Option(help="llama or vllm (two vLLM engines; `make vllm` builds them).")] = "llama",
+    slots: Annotated[int, typer.Option(help="Admission slots per replica (llama.cpp's server has one).")] = 1,
+    vllm_cache_tokens: Annotated[int, typer.Option(help="Each vLLM engine's KV cache in tokens (0: 1 GiB).")] = 0,
     out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-order.json"),
 ) -> None:
     """BatchLLM's decode-first order against token order: one batch through the Batch API, two llama.cpp replicas."""
@@ -175,6 +178,9 @@ def order(
         concurrency=concurrency,
         n_threads=n_threads,
         rounds=rounds,
+        engine=engine,
+        slots=slots,
+        vllm_cache_tokens=vllm_cache_tokens,
         out=out,
     )
 
@@ -200,10 +206,15 @@ def affinity(
     rounds: Annotated[
         int, typer.Option(help="Rounds of every mode, each on fresh servers (a new affinity split).")
     ] = 3,
+    engine: Annotated[
+        str, typer.Option(help="llama (llama.cpp servers) or vllm (two vLLM engines; `make vllm` builds them).")
+    ] = "llama",
+    vllm_block_size: Annotated[int, typer.Option(help="vLLM's KV block size in tokens.")] = 32,
+    vllm_cache_tokens: Annotated[int, typer.Option(help="Each vLLM engine's KV cache in tokens (0: 1 GiB).")] = 0,
     out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-affinity.json"),
 ) -> None:
-    """Online requests by prefix: two llama.cpp replicas behind triage, round robin vs prefix affinity vs the
-    admission window, in one run."""
+    """Online requests by prefix: two llama.cpp (or vLLM) replicas behind triage, round robin vs prefix
+    affinity vs the admission window, in one run."""
     from eval.bench.affinity import DATA, MODES, run
 
     modes = tuple(m for m in MODES if m in set(mode or MODES) | {"round_robin"})
@@ -218,5 +229,8 @@ def affinity(
         modes=modes,
         n_threads=n_threads,
         rounds=rounds,
+        engine=engine,
+        vllm_block_size=vllm_block_size,
+        vllm_cache_tokens=vllm_cache_tokens,
         out=out,
     )
