@@ -7,9 +7,10 @@ first and cut into groups: the subtrees whose root is at least ``min_shared`` to
 member of a group shares the group's ``prefix``; a request that shares fewer tokens with every
 other is a group of its own.
 
-Order. At every branching point the walk visits the subtrees in decreasing ratio of decode work
-to the prompt work they add (BatchLLM's rule, applied at each level: requests with more decode
-relative to their prompt first); ``order="none"`` visits them in token order. Either way the
+Order. ``order="none"`` (the default) visits the subtrees at every branching point in token
+order; ``order="decode_ratio"`` in decreasing ratio of decode work to the prompt work they add
+(BatchLLM's rule, applied at each level: requests with more decode relative to their prompt
+first; it gained nothing measured on llama.cpp or vLLM's CPU build, docs/benchmarks.md). Either way the
 dispatch order is a depth-first walk of the tree, so an engine that keeps only the previous
 prompt (llama.cpp's slot, the local scorer's sequence 0) reuses every shared token: the reuse of
 the order equals :func:`ideal_reuse`.
@@ -73,12 +74,12 @@ def prompt_text(body: Mapping[str, Any]) -> str:
     return prompt if isinstance(prompt, str) else str(prompt)
 
 
-def plan(items: Sequence[Item], *, min_shared: int = 16, order: str = "decode_ratio") -> list[Group]:
+def plan(items: Sequence[Item], *, min_shared: int = 16, order: str = "none") -> list[Group]:
     """Groups of requests sharing at least ``min_shared`` prompt tokens, in dispatch order.
 
     Every key appears exactly once; a multi-member group's ``prefix`` is at least ``min_shared``.
-    ``order``: ``"decode_ratio"`` (BatchLLM's rule at every branching point) or ``"none"`` (token
-    order)."""
+    ``order``: ``"none"`` (token order, the default) or ``"decode_ratio"`` (BatchLLM's rule at every
+    branching point)."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
     if min_shared < 1:

@@ -126,10 +126,10 @@ def test_decode_ratio_puts_decode_heavy_subtrees_first() -> None:
     long_answers = [Item(10 + k, (2,) * 20 + (k,), decode=200) for k in range(3)]
     mixed = [Item(20, (3,) * 20 + (0, 0), decode=1), Item(21, (3,) * 20 + (1, 1), decode=50)]
     items = short_answers + long_answers + mixed
-    groups = plan(items, min_shared=16)
+    groups = plan(items, min_shared=16, order="decode_ratio")
     assert [g.keys for g in groups] == [(10, 11, 12), (21, 20), (0, 1, 2)]
     assert [g.prefix for g in groups] == [20, 20, 20]
-    none = plan(items, min_shared=16, order="none")
+    none = plan(items, min_shared=16)  # the default: token order
     assert [g.keys for g in none] == [(0, 1, 2), (10, 11, 12), (20, 21)]
 
 

@@ -201,7 +201,7 @@ def scheduler(rows: list[dict[str, Any]], opts: Options) -> dict[str, Any]:
 
 def _plan(tokens: list[tuple[int, ...]], min_shared: int) -> list[Group]:
     items = [Item(i, t, decode=1) for i, t in enumerate(tokens)]  # max_tokens=1: every decode alike
-    return plan(items, min_shared=min_shared)
+    return plan(items, min_shared=min_shared, order="decode_ratio")  # as the figures in the docs were taken
 
 
 def _server(
