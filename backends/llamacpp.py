@@ -19,7 +19,7 @@ from backends import gguf
 from backends.base import Attempt, Body, Call, Capabilities, ChunkStream, Completion, Stopwatch
 from backends.registry import register
 from backends.serial import Serial
-from gateway.errors import InvalidRequest, TriageError, UpstreamError, UpstreamTimeout
+from policies.errors import InvalidRequest, TriageError, UpstreamError, UpstreamTimeout
 
 _CHAT_PARAMS = {
     "messages",

@@ -15,7 +15,7 @@ from backends.base import Body, Call
 from backends.registry import register
 from backends.remote import RemoteBackend, upstream_failure
 from backends.replicas import ReplicaState
-from gateway.errors import InvalidRequest, UpstreamError
+from policies.errors import InvalidRequest, UpstreamError
 
 _PATHS = {"chat": "/chat/completions", "completion": "/completions", "embedding": "/embeddings"}
 

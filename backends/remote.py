@@ -19,7 +19,7 @@ from backends.base import Attempt, Body, Call, Capabilities, ChunkStream, Comple
 from backends.prefix import prompt_text
 from backends.replicas import ReplicaSet, ReplicaState
 from backends.secrets import resolve
-from gateway.errors import UpstreamError, UpstreamRejected, UpstreamTimeout
+from policies.errors import UpstreamError, UpstreamRejected, UpstreamTimeout
 
 log = structlog.get_logger("triage.backend")
 

@@ -21,8 +21,8 @@ from backends.lettered import ChatScorer, LetteredInputError
 from backends.logprob import OptionScores, PromptTooLong
 from backends.registry import register
 from backends.serial import Serial
-from gateway.errors import InvalidRequest, UpstreamError, UpstreamTimeout
 from policies.cascade import Question
+from policies.errors import InvalidRequest, UpstreamError, UpstreamTimeout
 
 
 class ScorerBackend:

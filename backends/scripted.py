@@ -15,7 +15,7 @@ import orjson
 from backends import shapes
 from backends.base import Attempt, Body, Call, Capabilities, ChunkStream, Completion, Stopwatch
 from backends.registry import register
-from gateway.errors import InvalidRequest, UpstreamError, UpstreamTimeout
+from policies.errors import InvalidRequest, UpstreamError, UpstreamTimeout
 
 
 class ScriptedBackend:

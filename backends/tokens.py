@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from backends import gguf
 from backends.prefix import approx_tokens, common_prefix_len, prompt_text
-from gateway.errors import PolicyInvalid
+from policies.errors import PolicyInvalid
 from policies.schema import AliasModel, GGUFScorerBackend, LlamaCppBackend, Policy, ScorerTier
 
 Tokenize = Callable[[str], Sequence[int]]

@@ -6,7 +6,7 @@ and for the lettered mode the mean probability mass the next token puts on any l
 seeded sample of the dev rows of each typed set (``eval.tier_outputs.typed_rows``: by hash of
 the id, the same rows on every machine); TruthfulQA MC1's options are shuffled with the seed (its
 answer is always first). Cloze prompts are the scorer tier's default templates
-(``gateway.tiers.scorer_prompt``, length_norm tokens); lettered prompts are ``backends.lettered``'s.
+(``policies.prompts.scorer_prompt``, length_norm tokens); lettered prompts are ``backends.lettered``'s.
 
 Every row's outcome is kept in a JSONL beside the JSON report, so an interrupted run resumes.
 
@@ -34,7 +34,7 @@ from backends import gguf
 from backends.lettered import ChatScorer, LetteredInputError
 from backends.logprob import PromptTooLong
 from eval.tier_outputs import Row, typed_rows
-from gateway.tiers import scorer_prompt
+from policies.prompts import scorer_prompt
 from policies.tiers import ScorerTier
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "typed"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from backends.gguf import cache_dir
-from gateway.errors import NotReady
+from policies.errors import NotReady
 
 Precision = Literal["int8", "fp32"]
 PRECISIONS: tuple[Precision, ...] = ("fp32", "int8")

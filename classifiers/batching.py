@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Generic, TypeVar
 
-from gateway.errors import InvalidRequest, NotReady
+from policies.errors import InvalidRequest, NotReady
 
 T = TypeVar("T")
 R = TypeVar("R")  # one result per prompt: an embedding row, or the encoder's Reading

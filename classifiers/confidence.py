@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from gateway.errors import NotReady
+from policies.cascade import Signals
+from policies.errors import NotReady
 
 FORMAT = 2
 FEATURES_VERSION = 2
@@ -54,19 +54,6 @@ SCALARS = (
 def confidence_name(tier: str) -> str:
     """The artifact name of a tier's confidence model."""
     return f"confidence-{tier}"
-
-
-@dataclass(frozen=True)
-class Signals:
-    """One tier's answer to one question, as the confidence model reads it."""
-
-    qtype: str  # choice | yes_no | score
-    probabilities: Sequence[float]  # per option, after the tier's temperature
-    context: bool = False
-    question_chars: int = 0
-    previous_top: float | None = None  # the tier asked before: its top probability (None: no tier before)
-    previous_agrees: bool = False  # ... and whether it gave the same answer
-    embedding: np.ndarray | None = field(default=None, compare=False)
 
 
 def scalars(s: Signals) -> np.ndarray:

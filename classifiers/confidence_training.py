@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from classifiers.calibration import auroc
-from classifiers.confidence import ConfidenceModel, Signals, neighbour_stats, scalars
+from classifiers.confidence import ConfidenceModel, neighbour_stats, scalars
+from policies.cascade import Signals
 
 MIN_ROWS = 40
 C_SCALARS = (0.1, 1.0, 10.0)

@@ -58,7 +58,7 @@ from tokenizers import Tokenizer
 
 from classifiers.artifacts import EXPORT_COMMAND, Artifacts, ExportSettings, Precision, locate
 from classifiers.language import UNKNOWN, detect
-from gateway.errors import InvalidRequest, NotReady
+from policies.errors import InvalidRequest, NotReady
 
 CHARS_PER_TOKEN = 16
 CPU = "CPUExecutionProvider"

@@ -45,7 +45,7 @@ from classifiers.artifacts import (
     source_dir,
     source_hash,
 )
-from gateway.errors import NotReady
+from policies.errors import NotReady
 
 INPUTS = ("input_ids", "attention_mask")
 OUTPUT = "sentence_embedding"

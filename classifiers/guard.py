@@ -27,16 +27,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from classifiers.heads import LinearHead, Prediction
+from classifiers.heads import LinearHead
 from classifiers.language import UNKNOWN, foreign_language
-from gateway.errors import NotReady
+from policies.errors import NotReady
+from policies.semantic import ROUTER, Prediction
 
 if TYPE_CHECKING:  # the encoder (ONNX Runtime) stays out of the routing rules' imports
     from classifiers.encoder import Reading
 
 REFERENCE = "reference"
-INJECTION = "injection"
-ROUTER = "router"
 SIMILARITY_QUANTILE = 0.001  # of held-out training prompts flagged as far from everything
 FOREIGN_QUANTILE = 0.995  # ... passed by the vocabulary check
 INJECTION_QUANTILE = 0.995  # ... passed by the injection head (its cut is at least 0.5)

@@ -20,9 +20,7 @@ from classifiers import datasets, injections
 from classifiers.calibration import ece
 from classifiers.guard import (
     FOREIGN_QUANTILE,
-    INJECTION,
     INJECTION_QUANTILE,
-    ROUTER,
     SIMILARITY_QUANTILE,
     Familiarity,
     Reference,
@@ -33,6 +31,7 @@ from classifiers.guard import (
 from classifiers.heads import LinearHead
 from classifiers.language import foreign_language
 from classifiers.training import fit_head, held_back
+from policies.semantic import INJECTION, ROUTER
 
 if TYPE_CHECKING:
     from classifiers.train_all import EmbeddingCache

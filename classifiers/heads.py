@@ -14,19 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from gateway.errors import NotReady
+from policies.errors import NotReady
+from policies.semantic import Prediction
 
 FORMAT = 1
-
-
-@dataclass(frozen=True)
-class Prediction:
-    label: str
-    confidence: float
-    probabilities: dict[str, float]
-
-    def top(self, k: int = 3) -> list[tuple[str, float]]:
-        return sorted(self.probabilities.items(), key=lambda kv: -kv[1])[:k]
 
 
 @dataclass(frozen=True, eq=False)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from classifiers.heads import softmax
-from gateway.errors import NotReady
+from policies.errors import NotReady
 
 OPTIONS = "options"  # artifact name: options.npz + options.json
 FORMAT = 1

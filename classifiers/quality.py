@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from gateway.errors import NotReady
+from policies.errors import NotReady
 
 FORMAT = 1
 Kind = Literal["linear", "knn", "blend", "centroid"]

@@ -16,11 +16,12 @@ import numpy as np
 from classifiers import layout
 from classifiers.artifacts import ExportSettings
 from classifiers.encoder import Encoder, EncoderSettings, Reading
-from classifiers.guard import INJECTION, Familiarity, Reference, injection_prediction
-from classifiers.heads import LinearHead, Prediction
+from classifiers.guard import Familiarity, Reference, injection_prediction
+from classifiers.heads import LinearHead
 from classifiers.options import OPTIONS, OptionHead
-from gateway.errors import NotReady
+from policies.errors import NotReady
 from policies.schema import Classifier as ClassifierConfig
+from policies.semantic import INJECTION, Prediction
 
 
 def artifacts_dir(cfg: ClassifierConfig, policy_dir: Path) -> Path:

@@ -20,7 +20,7 @@ from classifiers import datasets, layout
 from classifiers.artifacts import ExportSettings, locate
 from classifiers.calibration import auroc, ece
 from classifiers.encoder import Encoder, EncoderSettings, Reading
-from classifiers.guard import FOREIGN_QUANTILE, INJECTION, SIMILARITY_QUANTILE
+from classifiers.guard import FOREIGN_QUANTILE, SIMILARITY_QUANTILE
 from classifiers.guard_training import (
     REFERENCE_ROWS,
     ProbeResult,
@@ -37,6 +37,7 @@ from classifiers.service import artifacts_dir, data_dir
 from classifiers.training import fit_head, held_back
 from policies.schema import Classifier as ClassifierConfig
 from policies.schema import Policy
+from policies.semantic import INJECTION
 
 Progress = Callable[[str], None]
 READINGS = "r2"  # bump when what Encoder.read returns besides the embedding changes (a new cache file)

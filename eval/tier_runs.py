@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from eval.tier_outputs import Row, read_jsonl
 from policies.cascade import TierAnswer
 from policies.schema import Policy
-from policies.tiers import ModelTier, ScorerTier
+from policies.tiers import ScorerTier
 
 if TYPE_CHECKING:
     from classifiers.service import Classifier
@@ -63,7 +63,7 @@ def scorer(policy: Policy, tier: ScorerTier) -> Compute:
     from backends import gguf
     from backends.lettered import ChatScorer, LetteredInputError
     from backends.logprob import PromptTooLong
-    from gateway.tiers import scorer_prompt
+    from policies.prompts import scorer_prompt
 
     spec = policy.backends[tier.backend]
     path = gguf.resolve(spec.gguf.package, spec.gguf.path)  # type: ignore[union-attr]
@@ -141,33 +141,3 @@ def recorded(data_dir: Path, model: str) -> dict[str, Compute]:
 
 def _one_hot(n: int, index: int) -> tuple[float, ...]:
     return tuple(0.0 if i == index else -30.0 for i in range(n))
-
-
-class Live:
-    """A policy's model tier asked for real: the policy's backends started as the gateway starts
-    them, each row through ``gateway.tiers.answer`` (the gateway's own code path), one at a time."""
-
-    def __init__(self, policy: Policy, base_dir: Path) -> None:
-        import asyncio
-
-        from gateway import runtime
-
-        self._loop = asyncio.new_event_loop()
-        self._rt = self._loop.run_until_complete(runtime.build(policy, None, base_dir))
-
-    def compute(self, tier: ModelTier) -> Compute:
-        from gateway.tiers import answer
-        from policies.cascade import Ask
-
-        def run(row: Row) -> TierAnswer:
-            ask = Ask(tier.name, tier.type, row.question)
-            return self._loop.run_until_complete(answer(self._rt, tier, ask, f"eval-{row.id}", []))
-
-        return run
-
-    def close(self) -> None:
-        for backend in self._rt.backends.values():
-            self._loop.run_until_complete(backend.close())
-        if self._rt.encoding is not None:
-            self._loop.run_until_complete(self._rt.encoding.close())
-        self._loop.close()

@@ -27,8 +27,8 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from gateway.errors import InvalidRequest, TriageError
 from gateway.schemas import check
+from policies.errors import InvalidRequest, TriageError
 
 Body = dict[str, Any]
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use"}

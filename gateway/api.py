@@ -20,7 +20,11 @@ from gateway import anthropic_messages, decide, embeddings, responses, typed
 from gateway import openapi as openapi_doc
 from gateway import pipeline as flow
 from gateway.dispatch import Served
-from gateway.errors import (
+from gateway.exchange import Exchange
+from gateway.schemas import check, parse_any_json, parse_json
+from gateway.state import GatewayState
+from policies.cascade import Decision
+from policies.errors import (
     ClientGone,
     InvalidRequest,
     ModelNotFound,
@@ -30,10 +34,6 @@ from gateway.errors import (
     TriageError,
     Unauthorized,
 )
-from gateway.exchange import Exchange
-from gateway.schemas import check, parse_any_json, parse_json
-from gateway.state import GatewayState
-from policies.cascade import Decision
 from policies.routing import public_models
 from policies.semantic import Route
 

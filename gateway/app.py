@@ -20,13 +20,13 @@ from gateway import batch_api, logs, runtime
 from gateway.api import HOT_ROUTES, error_response, router
 from gateway.batch_runner import BatchRunner
 from gateway.batch_store import BatchStore, StoreBusy
-from gateway.errors import ClientGone, InvalidRequest, NotFound, TriageError
 from gateway.metrics import Metrics
 from gateway.reload import Reloader
 from gateway.runtime import RuntimeHolder
 from gateway.settings import Settings
 from gateway.state import GatewayState
 from policies import loader
+from policies.errors import ClientGone, InvalidRequest, NotFound, TriageError
 from policies.schema import Policy
 
 log = structlog.get_logger("triage.app")

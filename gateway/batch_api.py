@@ -17,8 +17,8 @@ from starlette.types import Message
 from gateway.api import read_body
 from gateway.batch_runner import BatchRunner
 from gateway.batch_store import BatchStore, new_id
-from gateway.errors import ClientGone, InvalidRequest, NotFound, NotReady, PayloadTooLarge, Unauthorized
 from gateway.schemas import BatchCreate, check, parse_json
+from policies.errors import ClientGone, InvalidRequest, NotFound, NotReady, PayloadTooLarge, Unauthorized
 
 router = APIRouter()
 _OVERHEAD = 64 * 1024  # multipart framing and the other fields, over the file's own bytes

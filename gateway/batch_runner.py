@@ -20,9 +20,9 @@ import structlog
 
 from gateway import decide, pipeline
 from gateway.batch_store import BatchStore, Pending, new_id
-from gateway.errors import InvalidRequest, PolicyInvalid, TriageError
 from gateway.runtime import RuntimeHolder
 from gateway.schemas import MAX_DEPTH, check_depth
+from policies.errors import InvalidRequest, PolicyInvalid, TriageError
 from policies.routing import public_models
 from policies.schema import Policy
 

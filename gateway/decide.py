@@ -11,10 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from backends.base import Attempt
 from gateway import tiers
-from gateway.errors import InvalidRequest, NotFound
 from gateway.runtime import Runtime
 from policies import cascade
 from policies.cascade import Decision, Gate, Judge, Question
+from policies.errors import InvalidRequest, NotFound
 from policies.tiers import Cascade
 
 QType = Literal["choice", "yes_no", "score"]

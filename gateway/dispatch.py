@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import structlog
 
 from backends.base import Attempt, Body, Call, ChunkStream, Completion, Kind
-from gateway.errors import UpstreamError
 from gateway.runtime import Runtime
 from policies import reasoning
+from policies.errors import UpstreamError
 from policies.routing import candidates
 from policies.schema import RoutedModel, SemanticModel
 from policies.semantic import Route

@@ -25,10 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from classifiers.artifacts import MODEL_NAME
 from gateway.dispatch import dispatch
-from gateway.errors import InvalidRequest, ModelNotFound
 from gateway.exchange import Exchange
 from gateway.runtime import Runtime
 from gateway.schemas import check, parse_json
+from policies.errors import InvalidRequest, ModelNotFound
 from policies.routing import candidates, public_models
 from policies.schema import Classifier
 

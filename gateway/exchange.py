@@ -14,10 +14,10 @@ from typing import Any
 import structlog
 
 from backends.base import Attempt, Stopwatch
-from gateway.errors import RateLimited, TriageError
 from gateway.metrics import Metrics
 from gateway.runtime import Runtime, RuntimeHolder
 from policies.cascade import Decision
+from policies.errors import RateLimited, TriageError
 from policies.routing import public_models
 from policies.semantic import Route
 

@@ -15,10 +15,10 @@ import structlog
 import watchfiles
 
 from gateway import runtime
-from gateway.errors import PolicyInvalid
 from gateway.metrics import Metrics
 from gateway.runtime import RuntimeHolder
 from policies import loader
+from policies.errors import PolicyInvalid
 
 log = structlog.get_logger("triage.reload")
 

@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from gateway.errors import InvalidRequest, NotFound, TriageError
+from policies.errors import InvalidRequest, NotFound, TriageError
 
 Body = dict[str, Any]
 _PASSED = ("temperature", "top_p", "user", "metadata", "parallel_tool_calls", "top_logprobs")

@@ -18,8 +18,8 @@ import structlog
 from backends import registry
 from backends.base import Backend
 from backends.secrets import MissingSecret, resolve
-from gateway.errors import NotReady, PolicyInvalid
 from policies.budget import EscalationBudget
+from policies.errors import NotReady, PolicyInvalid
 from policies.schema import Policy
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from typing import Any, Literal, TypeVar
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
-from gateway.errors import InvalidRequest, MalformedJSON
+from policies.errors import InvalidRequest, MalformedJSON
 
 M = TypeVar("M", bound=BaseModel)
 

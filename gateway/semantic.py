@@ -14,9 +14,9 @@ from classifiers.batching import MicroBatcher
 from classifiers.encoder import Reading
 from classifiers.quality import QualityHead, quality_head_name
 from classifiers.service import Classifier, artifacts_dir
-from gateway.errors import NotReady
 from gateway.messages import text as message_text
 from policies import routed
+from policies.errors import NotReady
 from policies.schema import Classifier as ClassifierConfig
 from policies.schema import Policy, RoutedModel, SemanticModel
 from policies.semantic import Route, decide, decide_turns, is_follow_up

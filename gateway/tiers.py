@@ -8,9 +8,7 @@ that cannot take the question answers ``skipped``. Nothing here decides: that is
 from __future__ import annotations
 
 import asyncio
-import json
 import math
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -19,10 +17,11 @@ import numpy as np
 
 from backends.base import Attempt, Body
 from backends.scorer import ScorerBackend
-from gateway.errors import InvalidRequest, TriageError, UpstreamRejected
 from gateway.runtime import Runtime
-from policies.answers import assumed_scores, extract_number, label_in_text, label_logprobs, labels_for
+from policies.answers import assumed_scores, extract_number, label_in_text, label_logprobs
 from policies.cascade import Ask, Gate, Question, TierAnswer
+from policies.errors import InvalidRequest, TriageError, UpstreamRejected
+from policies.prompts import model_body, scorer_prompt
 from policies.tiers import EncoderTier, ModelTier, ScorerTier, Tier
 
 
@@ -98,15 +97,6 @@ def _question_text(q: Question) -> str:
     return question_text(q.question, q.context)
 
 
-def scorer_prompt(tier: ScorerTier, q: Question) -> tuple[str, list[str]]:
-    t = tier.templates
-    context = t.context.format(context=q.context) if q.context else ""
-    lo, hi = q.scale if q.scale is not None else (0, 0)
-    template = {"choice": t.choice, "yes_no": t.yes_no, "score": t.score}[q.type]
-    prompt = template.format(context=context, question=q.question, min=lo, max=hi)
-    return prompt, [t.option.format(option=o) for o in q.options]
-
-
 async def _scorer(rt: Runtime, tier: ScorerTier, q: Question) -> TierAnswer | str:
     if q.numeric:
         return "a numeric answer needs generation"
@@ -122,65 +112,6 @@ async def _scorer(rt: Runtime, tier: ScorerTier, q: Question) -> TierAnswer | st
         values = tuple(lp / n for lp, n in zip(values, scores.tokens, strict=True))
     usage = {"prompt_tokens": scores.prompt_tokens, "cached_tokens": scores.reused_tokens}
     return TierAnswer(scores=values, usage=usage)
-
-
-def model_messages(q: Question) -> tuple[list[Body], tuple[str, ...]]:
-    """The chat messages a generating model is asked, and the labels its answer is read as."""
-    context = f"{q.context}\n\n" if q.context else ""
-    if q.numeric:
-        text = (
-            f"{context}{q.question}\n\nWork it out step by step, then give the final answer as a number "
-            "on the last line, after 'Answer:'."
-        )
-        return [{"role": "user", "content": text}], ()
-    labels = labels_for(q.type, q.options)
-    if q.type == "choice":
-        listed = "\n".join(f"{label}. {o}" for label, o in zip(labels, q.options, strict=True))
-        kind = "letter" if labels[0] == "A" else "number"
-        text = (
-            f"{context}Question: {q.question}\n\nOptions:\n{listed}\n\n"
-            f"Answer with the {kind} of the correct option only."
-        )
-    elif q.type == "yes_no":
-        text = f"{context}Question: {q.question}\n\nAnswer with yes or no only."
-    else:
-        lo, hi = q.scale or (0, 0)
-        text = f"{context}Question: {q.question}\n\nAnswer with one whole number from {lo} to {hi} only."
-    return [{"role": "user", "content": text}], labels
-
-
-def model_body(tier: ModelTier, q: Question) -> tuple[Body, tuple[str, ...]]:
-    """The chat request a model tier sends, with the engine's constrained decoding where set."""
-    messages, labels = model_messages(q)
-    body: Body = {
-        "model": tier.model,
-        "messages": messages,
-        "temperature": 0.0,
-        "max_tokens": tier.numeric_max_tokens if q.numeric else tier.max_tokens,
-    }
-    if q.numeric:
-        return body, labels
-    if tier.logprobs:
-        body.update(logprobs=True, top_logprobs=20)
-    if tier.constrain == "guided_choice":
-        body["guided_choice"] = list(labels)
-    elif tier.constrain == "structured_outputs":  # vLLM: a scale as a pattern of its values, the rest a choice
-        body["structured_outputs"] = {"regex": labels_regex(labels)} if q.type == "score" else {"choice": list(labels)}
-    elif tier.constrain == "regex":
-        body["regex"] = labels_regex(labels)
-    elif tier.constrain == "grammar":  # GBNF: the labels only, so the answer is always one of them
-        body["grammar"] = labels_grammar(labels)
-    return body, labels
-
-
-def labels_regex(labels: tuple[str, ...]) -> str:
-    """A regular expression whose only matches are the labels."""
-    return "(" + "|".join(re.escape(label) for label in labels) + ")"
-
-
-def labels_grammar(labels: tuple[str, ...]) -> str:
-    """A GBNF grammar (llama.cpp's) whose only sentences are the labels."""
-    return "root ::= " + " | ".join(json.dumps(label, ensure_ascii=False) for label in labels)
 
 
 async def _model(

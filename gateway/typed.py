@@ -18,9 +18,9 @@ from typing import Any
 import orjson
 
 from backends.base import Body
-from gateway.errors import InvalidRequest
 from gateway.messages import text as message_text
 from policies.cascade import YES_NO, Decision, Question
+from policies.errors import InvalidRequest
 from policies.tiers import Cascade
 
 

@@ -27,8 +27,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from classifiers.confidence import Signals
-from gateway.errors import UpstreamError
+from policies.errors import UpstreamError
 
 QType = Literal["choice", "yes_no", "score"]
 YES_NO = ("yes", "no")
@@ -47,6 +46,19 @@ class Question:
     def numeric(self) -> bool:
         """A number with no scale (GSM8K and the like): generation, not a choice among options."""
         return self.type == "score" and self.scale is None
+
+
+@dataclass(frozen=True)
+class Signals:
+    """One tier's answer to one question, as a learned gate reads it (``classifiers.confidence``)."""
+
+    qtype: str  # choice | yes_no | score
+    probabilities: Sequence[float]  # per option, after the tier's temperature
+    context: bool = False
+    question_chars: int = 0
+    previous_top: float | None = None  # the tier asked before: its top probability (None: no tier before)
+    previous_agrees: bool = False  # ... and whether it gave the same answer
+    embedding: np.ndarray | None = field(default=None, compare=False)
 
 
 class Judge(Protocol):

@@ -20,7 +20,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
-from gateway.errors import PolicyInvalid
+from policies.errors import PolicyInvalid
 from policies.schema import GGUFScorerBackend, LlamaCppBackend, Loc, Policy, RoutedModel, reference_problems
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.errors import InvalidRequest
+from policies.errors import InvalidRequest
 from policies.schema import ModelSpec
 
 # the chat template's own key for the thinking switch, per family (vLLM and SGLang pass it through)

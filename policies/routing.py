@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.errors import ModelNotFound
+from policies.errors import ModelNotFound
 from policies.schema import AliasModel, CascadeModel, Policy, RoutedModel
 
 

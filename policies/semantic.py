@@ -30,10 +30,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from classifiers.guard import INJECTION, ROUTER
-from classifiers.heads import Prediction
 from policies.routed import QualityChoice
 from policies.schema import HeadRule, Policy, ReasoningRule, SemanticModel
+
+# the injection head's labels (classifiers.guard): aimed at the router, and plain requests
+INJECTION = "injection"
+ROUTER = "router"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A head's answer: its label, how sure, and every label's probability."""
+
+    label: str
+    confidence: float
+    probabilities: dict[str, float]
+
+    def top(self, k: int = 3) -> list[tuple[str, float]]:
+        return sorted(self.probabilities.items(), key=lambda kv: -kv[1])[:k]
 
 
 @dataclass(frozen=True)

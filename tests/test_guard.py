@@ -16,7 +16,7 @@ from classifiers.guard import Familiarity, Reference, injection_prediction, rout
 from classifiers.heads import LinearHead
 from classifiers.language import detect
 from classifiers.train_all import EmbeddingCache
-from gateway.errors import NotReady
+from policies.errors import NotReady
 
 
 @pytest.fixture(scope="module")

@@ -737,8 +737,8 @@ def test_an_operator_key_sees_every_keys_files_and_batches(gateway: Callable[...
 
 
 def test_an_operator_key_must_name_a_key() -> None:
-    from gateway.errors import PolicyInvalid
     from policies import loader
+    from policies.errors import PolicyInvalid
 
     with pytest.raises(PolicyInvalid) as caught:
         loader.parse(policy(extra=keys("sk-alice") + "access: {operator_keys: [root]}\n"))

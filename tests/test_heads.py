@@ -11,7 +11,7 @@ from classifiers.calibration import auroc, ece, fit_temperature
 from classifiers.heads import LinearHead
 from classifiers.train_all import fit_oos_threshold
 from classifiers.training import fit_head, held_back
-from gateway.errors import NotReady
+from policies.errors import NotReady
 
 
 def blobs(n: int, k: int, dim: int = 16, spread: float = 0.6, seed: int = 0) -> tuple[np.ndarray, list[str]]:

@@ -21,8 +21,8 @@ from backends.lettered import (
     spellings,
 )
 from backends.scorer import ScorerBackend
-from gateway.errors import InvalidRequest
 from policies.cascade import YES_NO, Question
+from policies.errors import InvalidRequest
 from policies.schema import GGUFScorerBackend
 from policies.tiers import ScorerTier
 

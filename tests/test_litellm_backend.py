@@ -8,8 +8,8 @@ from collections.abc import Callable
 import pytest
 
 from gateway import runtime
-from gateway.errors import PolicyInvalid
 from policies import loader
+from policies.errors import PolicyInvalid
 from tests.conftest import Gateway, LlamaServer, free_port
 
 MSG = [{"role": "user", "content": "Say hello."}]

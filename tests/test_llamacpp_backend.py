@@ -84,7 +84,7 @@ def test_a_json_schema_response_format_constrains_local_generation(local_gateway
 
 
 def test_a_grammar_of_labels_is_obeyed_and_any_other_refused(local_gateway: Gateway) -> None:
-    from gateway.tiers import labels_grammar
+    from policies.prompts import labels_grammar
 
     client = local_gateway.client()
     for labels in (("A", "B", "C"), ("yes", "no"), ("1", "2", "3", "4", "5")):

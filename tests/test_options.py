@@ -19,8 +19,8 @@ from classifiers.options import DEFAULT_FEATURES, OPTIONS, OptionHead, feature_w
 from classifiers.options_training import MEASURE_SETS, C, embed_items, fit_type, load_items, measure_set
 from classifiers.service import Classifier
 from classifiers.train_all import EmbeddingCache, TrainReport, train
-from gateway.errors import NotReady
 from policies import loader
+from policies.errors import NotReady
 from tests.conftest import SHARED_DATA
 
 DATA = SHARED_DATA

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import PolicyInvalid
 from policies import loader
+from policies.errors import PolicyInvalid
 from policies.routing import candidates
 
 EXAMPLES = sorted(Path(str(files("policies").joinpath("examples"))).glob("*.yaml"))

@@ -11,8 +11,8 @@ import pytest
 from classifiers.quality import QualityHead
 from classifiers.quality_training import fit_quality
 from eval.router_eval import evaluate, routellm_measures
-from gateway.errors import PolicyInvalid
 from policies import loader
+from policies.errors import PolicyInvalid
 from policies.routed import Target, choose, fit_knob, outcome
 
 

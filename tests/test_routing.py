@@ -19,8 +19,8 @@ import structlog
 
 from classifiers.export import ensure_exported
 from gateway import runtime
-from gateway.errors import PolicyInvalid
 from policies import loader
+from policies.errors import PolicyInvalid
 from tests.conftest import SHARED_DATA, Gateway, LlamaServer
 
 DATA = SHARED_DATA

@@ -12,7 +12,7 @@ import pytest
 from backends.gguf import smollm2_path
 from backends.logprob import OptionScorer, PromptTooLong
 from backends.scorer import ScorerBackend
-from gateway.errors import InvalidRequest, UpstreamTimeout
+from policies.errors import InvalidRequest, UpstreamTimeout
 from policies.schema import GGUFScorerBackend
 
 PROMPT = "Question: What is the capital of France?\nAnswer:"

@@ -6,11 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from classifiers.heads import Prediction
-from gateway.errors import InvalidRequest, PolicyInvalid
 from policies import loader, reasoning
+from policies.errors import InvalidRequest, PolicyInvalid
 from policies.schema import HeadRule, ModelSpec, SemanticModel
-from policies.semantic import decide, decide_turns, label_problems
+from policies.semantic import Prediction, decide, decide_turns, label_problems
 
 VM = SemanticModel(
     type="semantic",

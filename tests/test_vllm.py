@@ -17,8 +17,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.tiers import model_body
 from policies.cascade import Question
+from policies.prompts import model_body
 from policies.tiers import ModelTier
 from tests.conftest import HEADS, SHARED_DATA, Gateway, VllmServer, free_port
 from tests.test_batches import jsonl, line, wait_batch

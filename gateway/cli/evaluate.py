@@ -279,10 +279,11 @@ class _Run:
     def _tier_outputs(self, pol: Any) -> list:
         from eval import cascade_eval, tier_runs
         from eval.tier_outputs import TierCache
+        from gateway.live_tier import Live
         from policies.tiers import EncoderTier, ScorerTier
 
         base, rows, specs = self.policy.resolve().parent, self.dev + self.test, []
-        live: tier_runs.Live | None = None
+        live: Live | None = None
         chosen = [t for t in pol.cascade.tiers if self.only is None or t.name in self.only]
         unknown = sorted(set(self.only or ()) - {t.name for t in pol.cascade.tiers})
         if unknown or not chosen:
@@ -311,7 +312,7 @@ class _Run:
                 else:
                     key = f"scorer-{model}-t{tier.templates.version}-{tier.length_norm}"
             else:
-                live = live or tier_runs.Live(pol, base)
+                live = live or Live(pol, base)
                 compute, key = live.compute(tier), f"model-{tier.model}-{pol.upstream_name(tier.model)}"
             cache = TierCache(self.out / "cache" / f"{key}.jsonl")
             outputs = _fill(self.console, cache, rows, compute, tier.name)

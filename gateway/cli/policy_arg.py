@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from gateway.errors import PolicyInvalid
 from policies import loader
+from policies.errors import PolicyInvalid
 from policies.schema import Policy
 
 

@@ -10,8 +10,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from gateway.errors import NotReady, PolicyInvalid
 from policies import loader
+from policies.errors import NotReady, PolicyInvalid
 from policies.schema import Policy, RoutedModel, SemanticModel
 from policies.semantic import decide, label_problems
 

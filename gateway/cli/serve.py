@@ -27,9 +27,9 @@ def serve(
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.errors import PolicyInvalid
     from gateway.settings import Settings
     from policies import loader
+    from policies.errors import PolicyInvalid
 
     settings = Settings(policy_path=policy or default_policy_path(), watch_policy=watch, freeze_gc=True)
     try:

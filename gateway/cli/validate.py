@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from gateway.errors import PolicyInvalid
 from policies import loader
+from policies.errors import PolicyInvalid
 from policies.schema import Policy
 
 

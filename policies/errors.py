@@ -4,6 +4,8 @@ Every error the gateway can answer with is a subclass of :class:`TriageError`; e
 carries its HTTP status and OpenAI error ``type``. The edge (``gateway.app``) maps them once to
 an OpenAI-shaped body, or to an SSE error event when a stream has already started. Pure code
 (``policies/``, ``backends/``) raises these and never builds HTTP responses itself.
+
+The ground floor: it imports nothing of triage, and every package may import it.
 """
 
 from __future__ import annotations
