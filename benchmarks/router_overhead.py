@@ -24,7 +24,7 @@ from classifiers.quality_training import fit_quality
 from classifiers.router_training import labels_for
 from classifiers.service import data_dir
 from classifiers.train_all import embedding_cache
-from gateway.semantic import quality_route
+from gateway.encoding import quality_route
 from policies import loader
 from policies.routed import candidate_costs, prompt_tokens
 from policies.schema import RoutedModel

@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from backends.base import Attempt
-from gateway import tiers
+from gateway import tier_answers
 from gateway.runtime import Runtime
 from policies import cascade
 from policies.cascade import Decision, Gate, Judge, Question
 from policies.errors import InvalidRequest, NotFound
-from policies.tiers import Cascade
-
-QType = Literal["choice", "yes_no", "score"]
+from policies.tiers import Cascade, QuestionType
 
 
 class _Closed(BaseModel):
@@ -36,7 +34,7 @@ class Scale(_Closed):
 
 
 class Overrides(_Closed):
-    thresholds: dict[str, dict[QType, Annotated[float, Field(ge=0, le=1)]]] | None = Field(
+    thresholds: dict[str, dict[QuestionType, Annotated[float, Field(ge=0, le=1)]]] | None = Field(
         None, description="tier name -> question type -> threshold, over the policy's"
     )
 
@@ -44,7 +42,7 @@ class Overrides(_Closed):
 class DecideRequest(_Closed):
     question: str = Field(min_length=1)
     context: str | None = None
-    type: QType
+    type: QuestionType
     options: list[str] | None = None
     scale: Scale | None = None
     task: str | None = None
@@ -121,11 +119,11 @@ async def decide(
     if rt.budget is not None and overrides is None:  # a request's own thresholds are its own
         chosen = rt.budget.gates(chosen)
     budget = rt.budget if overrides is None else None
-    embedding = await tiers.question_embedding(rt, q, chosen)
+    embedding = await tier_answers.question_embedding(rt, q, chosen)
     gen = cascade.run(q, chosen, spec.on_exhausted, embedding)
     ask = next(gen)
     while True:
-        reply = await tiers.answer(rt, by_name[ask.tier], ask, request_id, attempts, embedding)
+        reply = await tier_answers.answer(rt, by_name[ask.tier], ask, request_id, attempts, embedding)
         try:
             ask = gen.send(reply)
         except StopIteration as stop:

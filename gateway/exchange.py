@@ -31,7 +31,7 @@ def _next_id() -> str:
 
 
 @dataclass
-class Gate:
+class ConcurrencyGate:
     """The in-flight counter behind the 429."""
 
     in_flight: int = 0
@@ -46,7 +46,7 @@ class Gate:
 class Exchange:
     holder: RuntimeHolder
     metrics: Metrics
-    gate: Gate
+    gate: ConcurrencyGate
     endpoint: str
     request_id: str
     rt: Runtime
@@ -66,7 +66,7 @@ class Exchange:
 
     @classmethod
     def begin(
-        cls, holder: RuntimeHolder, metrics: Metrics, gate: Gate, endpoint: str, request_id: str | None
+        cls, holder: RuntimeHolder, metrics: Metrics, gate: ConcurrencyGate, endpoint: str, request_id: str | None
     ) -> Exchange:
         return cls(holder, metrics, gate, endpoint, request_id or _next_id(), holder.acquire())
 

@@ -1,5 +1,5 @@
 """The eval's live model tier: a policy's backends started as the gateway starts them, and each
-row asked through ``gateway.tiers.answer``, the gateway's own code path. It lives in the gateway
+row asked through ``gateway.tier_answers.answer``, the gateway's own code path. It lives in the gateway
 (``eval/`` imports nothing of it): the CLI hands it to the eval as one more ``Compute``."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 from eval.tier_outputs import Row
 from eval.tier_runs import Compute
 from gateway import runtime
-from gateway.tiers import answer
+from gateway.tier_answers import answer
 from policies.cascade import Ask, TierAnswer
 from policies.schema import Policy
 from policies.tiers import ModelTier
@@ -18,7 +18,7 @@ from policies.tiers import ModelTier
 
 class Live:
     """A policy's model tier asked for real: the policy's backends started as the gateway starts
-    them, each row through ``gateway.tiers.answer`` (the gateway's own code path), one at a time."""
+    them, each row through ``gateway.tier_answers.answer`` (the gateway's own code path), one at a time."""
 
     def __init__(self, policy: Policy, base_dir: Path) -> None:
         self._loop = asyncio.new_event_loop()

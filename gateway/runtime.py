@@ -25,7 +25,7 @@ from policies.schema import Policy
 if TYPE_CHECKING:
     from classifiers.confidence import ConfidenceModel
     from classifiers.quality import QualityHead
-    from gateway.semantic import Encoding
+    from gateway.encoding import Encoding
 
 log = structlog.get_logger("triage.runtime")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -85,7 +85,7 @@ async def _encoding(
     """The encoder and its heads (reused when unchanged), and the routed models' quality heads."""
     if policy.classifier is None:
         return None, {}
-    from gateway.semantic import Encoding, artifacts_signature, load_quality  # ONNX Runtime: only when asked
+    from gateway.encoding import Encoding, artifacts_signature, load_quality  # ONNX Runtime: only when asked
     from policies.semantic import label_problems
 
     old = previous.encoding if previous is not None else None

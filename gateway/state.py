@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gateway.exchange import Gate
+from gateway.exchange import ConcurrencyGate
 from gateway.metrics import Metrics
 from gateway.responses import ResponseStore
 from gateway.runtime import RuntimeHolder
@@ -18,6 +18,6 @@ if TYPE_CHECKING:
 class GatewayState:
     holder: RuntimeHolder
     metrics: Metrics
-    gate: Gate = field(default_factory=Gate)
+    gate: ConcurrencyGate = field(default_factory=ConcurrencyGate)
     batches: BatchRunner | None = None
     responses: ResponseStore = field(default_factory=ResponseStore)  # stored /v1/responses, this process

@@ -28,14 +28,14 @@ from typing import Literal, Protocol
 import numpy as np
 
 from policies.errors import UpstreamError
+from policies.tiers import QuestionType
 
-QType = Literal["choice", "yes_no", "score"]
 YES_NO = ("yes", "no")
 
 
 @dataclass(frozen=True)
 class Question:
-    type: QType
+    type: QuestionType
     question: str
     options: tuple[str, ...]  # choice: as given; yes_no: ("yes", "no"); score: the scale's values
     context: str | None = None
