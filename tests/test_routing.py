@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -196,6 +197,20 @@ def test_triage_route_prints_the_decision_and_every_head(heads: Path, tmp_path: 
     assert doc["latency_ms"] > 0 and doc["tokens"] > 10
     done = subprocess.run([*cmd, "--model", "nope", MATH], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "no semantic or routed virtual model 'nope' (has: auto)" in done.stderr
+    env = {**os.environ, "TRIAGE_POLICY": str(policy)}  # the policy from the environment: no --policy
+    done = subprocess.run([*cmd[:4], "--json", MATH], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0 and json.loads(done.stdout)["decision"]["model"] == "mathbot", done.stderr
+
+
+def test_triage_route_without_a_policy_reads_the_packaged_example() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRIAGE_POLICY"}
+    cmd = [sys.executable, "-m", "gateway.cli", "route", "--json", "What is 2 plus 2?"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    if done.returncode == 0:  # its heads are trained in this checkout: it answers with them
+        assert json.loads(done.stdout)["decision"]["virtual_model"] == "auto"
+    else:  # else it says what to run, naming the example it read
+        assert done.returncode == 2 and "triage train --policy" in done.stderr, done.stderr
+        assert "routed.yaml" in done.stderr
 
 
 RULES = "    rules: [{head: question_type, labels: [choice], min_confidence: 0.9, model: plain, reasoning: off}]\n"

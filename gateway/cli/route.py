@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from importlib.resources import files
 from pathlib import Path
 from typing import Annotated
 
@@ -15,10 +16,19 @@ from policies.errors import NotReady, PolicyInvalid
 from policies.schema import Policy, RoutedModel, SemanticModel
 from policies.semantic import decide, label_problems
 
+DEFAULT_POLICY = "routed.yaml"  # the example whose semantic model routes by the heads
+
 
 def route(
     prompt: Annotated[str, typer.Argument(help="The prompt to classify.")],
-    policy: Annotated[Path, typer.Option(help="Policy YAML with a `classifier` section.")],
+    policy: Annotated[
+        Path | None,
+        typer.Option(
+            help="Policy YAML with a `classifier` section (default: policies/examples/routed.yaml, "
+            "the encoder tier on the local default).",
+            envvar="TRIAGE_POLICY",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     top: Annotated[int, typer.Option(help="Classes shown per head.")] = 3,
     model: Annotated[
@@ -35,6 +45,7 @@ def route(
     its most router-like sentence), the familiarity guard and the latency."""
     from classifiers.service import Classifier
 
+    policy = policy or Path(str(files("policies").joinpath("examples", DEFAULT_POLICY)))
     try:
         pol = loader.load(policy)
         if pol.classifier is None:
