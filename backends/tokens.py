@@ -35,7 +35,7 @@ from typing import Any, Literal
 from backends import gguf
 from backends.prefix import approx_tokens, common_prefix_len, prompt_text
 from policies.errors import PolicyInvalid
-from policies.schema import AliasModel, GGUFScorerBackend, LlamaCppBackend, Policy, ScorerTier
+from policies.schema import AliasModel, GGUFScorerBackendSpec, LlamaCppBackendSpec, Policy, ScorerTier
 
 Tokenize = Callable[[str], Sequence[int]]
 
@@ -82,7 +82,7 @@ def decide_tokenizer(policy: Policy) -> Tokenizer | None:
 
 def _gguf_tokenizer(policy: Policy, backend: str, where: str) -> Tokenizer | None:
     spec = policy.backends.get(backend)
-    if not isinstance(spec, LlamaCppBackend | GGUFScorerBackend):
+    if not isinstance(spec, LlamaCppBackendSpec | GGUFScorerBackendSpec):
         return None
     src = spec.gguf
     return _load("gguf", _package_gguf(src.package) if src.package else gguf.resolve(None, src.path), where)

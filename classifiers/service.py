@@ -20,15 +20,15 @@ from classifiers.guard import Familiarity, Reference, injection_prediction
 from classifiers.heads import LinearHead
 from classifiers.options import OPTIONS, OptionHead
 from policies.errors import NotReady
-from policies.schema import Classifier as ClassifierConfig
+from policies.schema import ClassifierSpec
 from policies.semantic import INJECTION, Prediction
 
 
-def artifacts_dir(cfg: ClassifierConfig, policy_dir: Path) -> Path:
+def artifacts_dir(cfg: ClassifierSpec, policy_dir: Path) -> Path:
     return (policy_dir / cfg.artifacts).resolve()
 
 
-def data_dir(cfg: ClassifierConfig, policy_dir: Path) -> Path:
+def data_dir(cfg: ClassifierSpec, policy_dir: Path) -> Path:
     return (policy_dir / cfg.data_dir).resolve()
 
 
@@ -51,7 +51,7 @@ class Classifier:
         self.options = options  # the generic option scorer (typed questions without a task head)
 
     @classmethod
-    def load(cls, cfg: ClassifierConfig, policy_dir: Path, policy_file: str = "POLICY") -> Classifier:
+    def load(cls, cfg: ClassifierSpec, policy_dir: Path, policy_file: str = "POLICY") -> Classifier:
         hint = f"triage train --policy {policy_file}"
         root = artifacts_dir(cfg, policy_dir)
         names = [name for name in [*cfg.heads, *cfg.tasks] if name != OPTIONS]

@@ -35,8 +35,7 @@ from classifiers.options_training import OptionsFit, SetResult, train_options
 from classifiers.router_training import RouterResult, train_routers
 from classifiers.service import artifacts_dir, data_dir
 from classifiers.training import fit_head, held_back
-from policies.schema import Classifier as ClassifierConfig
-from policies.schema import Policy
+from policies.schema import ClassifierSpec, Policy
 from policies.semantic import INJECTION
 
 Progress = Callable[[str], None]
@@ -73,7 +72,7 @@ class TrainReport:
 
 
 def _rows(
-    name: str, cfg: ClassifierConfig, root: Path, split: str, limit: int | None, shaped: bool = False
+    name: str, cfg: ClassifierSpec, root: Path, split: str, limit: int | None, shaped: bool = False
 ) -> datasets.Rows:
     """``shaped``: the question-type head's fit rows with :func:`datasets.shaped_choice` rows."""
     if name == "question_type":
@@ -91,7 +90,7 @@ def _rows(
     return datasets.subsample(rows, cap, f"{name}-{split}") if cap is not None else rows
 
 
-def _splits(name: str, cfg: ClassifierConfig) -> tuple[str, str]:
+def _splits(name: str, cfg: ClassifierSpec) -> tuple[str, str]:
     return ("train", "test") if name in cfg.tasks else ("dev", "test")
 
 
@@ -156,7 +155,7 @@ class EmbeddingCache:
         tmp.replace(self.path)
 
 
-def embedding_cache(cfg: ClassifierConfig, threads: int, suffix: str = "") -> EmbeddingCache:
+def embedding_cache(cfg: ClassifierSpec, threads: int, suffix: str = "") -> EmbeddingCache:
     """The served encoder, and its embeddings of training rows kept on disk."""
     e = cfg.encoder
     art = locate(settings=ExportSettings(layers=e.layers))
@@ -181,7 +180,7 @@ def train_quality(policy: Policy, policy_dir: Path, threads: int = 2, say: Progr
 
 
 def train(
-    cfg: ClassifierConfig, policy_dir: Path, threads: int = 2, say: Progress = print, limit: int | None = None
+    cfg: ClassifierSpec, policy_dir: Path, threads: int = 2, say: Progress = print, limit: int | None = None
 ) -> TrainReport:
     """Train, calibrate, save and measure every head; ``limit`` caps the rows per head and split
     (for quick runs and tests)."""
@@ -269,7 +268,7 @@ def train(
     return TrainReport(results, reference.threshold, reference.foreign_threshold, probes, time.perf_counter() - t0)
 
 
-def _ordinary(cfg: ClassifierConfig, root: Path, which: str, limit: int | None) -> datasets.Rows:
+def _ordinary(cfg: ClassifierSpec, root: Path, which: str, limit: int | None) -> datasets.Rows:
     """Ordinary prompts (the injection head's negatives): every other head's rows of one side."""
     out = datasets.Rows()
     for name in ["question_type", "category", "reasoning", *cfg.tasks]:

@@ -30,7 +30,7 @@ from gateway.runtime import Runtime
 from gateway.schemas import check, parse_json
 from policies.errors import InvalidRequest, ModelNotFound
 from policies.routing import candidates, public_models
-from policies.schema import Classifier
+from policies.schema import ClassifierSpec
 
 MAX_INPUTS = 2048  # OpenAI's limit per request
 FULL_LAYERS = 6
@@ -45,7 +45,7 @@ class EmbeddingsRequest(BaseModel):
     user: str | None = None
 
 
-def model_name(config: Classifier) -> str:
+def model_name(config: ClassifierSpec) -> str:
     """The name the policy's encoder is served under."""
     layers = config.encoder.layers
     return MODEL_NAME if layers >= FULL_LAYERS else f"{MODEL_NAME}-{layers}layers"

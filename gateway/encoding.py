@@ -17,8 +17,7 @@ from classifiers.service import Classifier, artifacts_dir
 from gateway.messages import text as message_text
 from policies import routed
 from policies.errors import NotReady
-from policies.schema import Classifier as ClassifierConfig
-from policies.schema import Policy, RoutedModel, SemanticModel
+from policies.schema import ClassifierSpec, Policy, RoutedModel, SemanticModel
 from policies.semantic import Route, decide, decide_turns, is_follow_up
 
 ReasoningRouter = tuple[Policy, RoutedModel, QualityHead]
@@ -28,14 +27,14 @@ ReasoningRouter = tuple[Policy, RoutedModel, QualityHead]
 class Encoding:
     """The loaded classifier and the batcher that feeds it."""
 
-    config: ClassifierConfig
+    config: ClassifierSpec
     classifier: Classifier
     batcher: MicroBatcher[str, Reading]
     signature: tuple[tuple[str, int], ...]  # the artifacts as loaded: retrained heads differ
     embedder: MicroBatcher[str, tuple[np.ndarray, int]]  # /v1/embeddings: the vector only, and its tokens
 
     @classmethod
-    async def load(cls, config: ClassifierConfig, policy_dir: Path) -> Encoding:
+    async def load(cls, config: ClassifierSpec, policy_dir: Path) -> Encoding:
         signature = artifacts_signature(config, policy_dir)
         clf = await asyncio.to_thread(Classifier.load, config, policy_dir)
         e = config.encoder
@@ -131,7 +130,7 @@ def quality_route(policy: Policy, vm: RoutedModel, head: QualityHead, reading: R
     )
 
 
-def artifacts_signature(config: ClassifierConfig, policy_dir: Path) -> tuple[tuple[str, int], ...]:
+def artifacts_signature(config: ClassifierSpec, policy_dir: Path) -> tuple[tuple[str, int], ...]:
     root = artifacts_dir(config, policy_dir)
     files = sorted([*root.glob("*.npz"), *root.glob("*.json")]) if root.is_dir() else []
     return tuple((f.name, f.stat().st_mtime_ns) for f in files)

@@ -71,7 +71,7 @@ class Replica(Strict):
         return v.rstrip("/")
 
 
-class Admission(Strict):
+class AdmissionSpec(Strict):
     """Online requests wait in the gateway for a replica slot; a freed slot takes the waiting
     request whose prompt its cache holds (``backends/admission.py``)."""
 
@@ -106,7 +106,7 @@ class _Remote(Strict):
         description="online requests whose prompts share their first N characters go to the same replica "
         "(its prefix cache); 0: off. Batches always group by prefix",
     )
-    admission: Admission | None = Field(
+    admission: AdmissionSpec | None = Field(
         None, description="a waiting room that orders online requests by the replicas' caches; off when absent"
     )
 
@@ -117,13 +117,13 @@ class _Remote(Strict):
         return self
 
 
-class OpenAIBackend(_Remote):
+class OpenAIBackendSpec(_Remote):
     """Any OpenAI-compatible engine (vLLM, SGLang, llama.cpp server), called directly."""
 
     type: Literal["openai"]
 
 
-class LiteLLMBackend(_Remote):
+class LiteLLMBackendSpec(_Remote):
     """Any provider litellm knows; the model's ``upstream`` is litellm's model string."""
 
     type: Literal["litellm"]
@@ -145,7 +145,7 @@ class GGUFSource(Strict):
         return self
 
 
-class LlamaCppBackend(Strict):
+class LlamaCppBackendSpec(Strict):
     """In-process generation with llama-cpp-python; the chat template comes from the file."""
 
     type: Literal["llamacpp"]
@@ -157,7 +157,7 @@ class LlamaCppBackend(Strict):
     timeouts: Timeouts = Timeouts()
 
 
-class ScriptedBackend(Strict):
+class ScriptedBackendSpec(Strict):
     """A real backend with scripted behaviour, for tests and demos."""
 
     type: Literal["scripted"]
@@ -172,7 +172,7 @@ class ScriptedBackend(Strict):
     timeouts: Timeouts = Timeouts()
 
 
-class GGUFScorerBackend(Strict):
+class GGUFScorerBackendSpec(Strict):
     """The cascade's local scorer: option log-probabilities from a GGUF model, no generation."""
 
     type: Literal["gguf_scorer"]
@@ -183,7 +183,7 @@ class GGUFScorerBackend(Strict):
 
 
 Backend = Annotated[
-    OpenAIBackend | LiteLLMBackend | LlamaCppBackend | ScriptedBackend | GGUFScorerBackend,
+    OpenAIBackendSpec | LiteLLMBackendSpec | LlamaCppBackendSpec | ScriptedBackendSpec | GGUFScorerBackendSpec,
     Field(discriminator="type"),
 ]
 
@@ -379,7 +379,7 @@ class TaskHead(Strict):
 BuiltinHead = Literal["question_type", "category", "reasoning", "options", "injection"]
 
 
-class Classifier(Strict):
+class ClassifierSpec(Strict):
     data_dir: str = Field("../shared/data", description="labeled data, relative to the policy file")
     artifacts: str = Field("artifacts/heads", description="trained heads, relative to the policy file")
     encoder: EncoderConfig = EncoderConfig()
@@ -460,7 +460,7 @@ class Policy(Strict):
     models: dict[str, ModelSpec] = Field(min_length=1)
     virtual_models: dict[str, VirtualModel] = Field(default_factory=dict)
     fallback_model: str | None = Field(None, description="tried when a model's own chain fails")
-    classifier: Classifier | None = None
+    classifier: ClassifierSpec | None = None
     cascade: Cascade | None = None
     batches: BatchSettings = BatchSettings()
     limits: Limits = Limits()
@@ -580,7 +580,7 @@ def _routed_problems(policy: Policy, name: str, vm: RoutedModel) -> list[tuple[L
     return problems
 
 
-def _rule_head_problems(name: str, vm: SemanticModel, classifier: Classifier) -> list[tuple[Loc, str]]:
+def _rule_head_problems(name: str, vm: SemanticModel, classifier: ClassifierSpec) -> list[tuple[Loc, str]]:
     """A rule must read a head the classifier computes (not ``options`` or ``injection``: the guard
     takes the latter's routes). Its labels are checked against the trained head when it loads."""
     problems: list[tuple[Loc, str]] = []
@@ -602,7 +602,7 @@ def _cascade_problems(policy: Policy) -> list[tuple[Loc, str]]:
     problems: list[tuple[Loc, str]] = []
     for name, spec in policy.models.items():
         backend = policy.backends.get(spec.backend)
-        if isinstance(backend, GGUFScorerBackend):
+        if isinstance(backend, GGUFScorerBackendSpec):
             problems.append((("models", name, "backend"), f"backend '{spec.backend}' is a scorer: it cannot generate"))
     if policy.cascade is None:
         return problems
@@ -618,7 +618,7 @@ def _cascade_problems(policy: Policy) -> list[tuple[Loc, str]]:
             for task in tier.task_thresholds:
                 if task not in policy.classifier.tasks:
                     problems.append(((*where, "task_thresholds", task), f"task '{task}' is not in classifier.tasks"))
-        if isinstance(tier, ScorerTier) and not isinstance(policy.backends.get(tier.backend), GGUFScorerBackend):
+        if isinstance(tier, ScorerTier) and not isinstance(policy.backends.get(tier.backend), GGUFScorerBackendSpec):
             problems.append(((*where, "backend"), f"backend '{tier.backend}' is not a gguf_scorer backend"))
         routed = isinstance(policy.virtual_models.get(getattr(tier, "model", "")), RoutedModel)
         if isinstance(tier, ModelTier) and tier.model not in policy.models and not routed:

@@ -250,12 +250,12 @@ def trained_heads(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run, for every test that serves the encoder tier (policies: ``data_dir`` SHARED_DATA, these heads)."""
     from classifiers.export import ensure_exported
     from classifiers.train_all import train
-    from policies.schema import Classifier
+    from policies.schema import ClassifierSpec
 
     ensure_exported()
     out = tmp_path_factory.mktemp("heads")
     train(
-        Classifier(data_dir=str(SHARED_DATA), artifacts=str(out), heads=HEADS),
+        ClassifierSpec(data_dir=str(SHARED_DATA), artifacts=str(out), heads=HEADS),
         out,
         threads=2,
         say=lambda _: None,

