@@ -32,7 +32,7 @@ FEW_SHOT = "You answer in one word.\n" + "".join(f"Q: colour of {a}? A: {b}\n" f
 HEALTH = "{base: server, path: /health, interval_s: 0.5, cooldown_s: 30}"
 
 
-def pool_policy(*servers: str, health: str = HEALTH, extra: str = "", pool_extra: str = "") -> str:
+def pool_policy(*servers: str, extra: str = "", pool_extra: str = "") -> str:
     replicas = "".join(f"      - api_base: {b}\n" for b in servers)
     return f"""version: 1
 backends:
@@ -40,7 +40,7 @@ backends:
     type: openai
     replicas:
 {replicas}    retries: {{attempts: 2, backoff_s: 0.01}}
-    health: {health}
+    health: {HEALTH}
     timeouts: {{first_byte_s: 120}}
 {pool_extra}models:
   smollm2: {{backend: pool}}
