@@ -43,7 +43,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -210,12 +210,8 @@ async def _main(
     rounds: list[dict[str, Any]] = []
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http,
-        contextlib.AsyncExitStack() as stack,
+        vllm_pool(http, n_ctx, tmp, opts.engine, opts.vllm_block_size, opts.vllm_cache_tokens) as pool,
     ):
-        pool = None
-        if opts.engine == "vllm":
-            fleet = stack.enter_context(Fleet(tmp))
-            pool = await start_vllm_pool(fleet, http, n_ctx, tmp, opts.vllm_block_size, opts.vllm_cache_tokens)
         for k in range(opts.rounds):
             rounds.append({})
             for mode in opts.modes if k % 2 == 0 else opts.modes[::-1]:
@@ -327,6 +323,19 @@ async def start_vllm_pool(
     for s in servers:
         await prefix._complete(http, s.base + "/v1/completions", prefix.RESET_PROMPT)
     return servers
+
+
+@contextlib.asynccontextmanager
+async def vllm_pool(
+    http: aiohttp.ClientSession, n_ctx: int, tmp: Path, engine: str, block_size: int, cache_tokens: int
+) -> AsyncIterator[list[Proc] | None]:
+    """Two vLLM engines for the whole run when ``engine`` is vllm, stopped when it ends; else None
+    (each mode then starts llama.cpp servers of its own)."""
+    if engine != "vllm":
+        yield None
+        return
+    with Fleet(tmp) as fleet:
+        yield await start_vllm_pool(fleet, http, n_ctx, tmp, block_size, cache_tokens)
 
 
 async def reset_caches(http: aiohttp.ClientSession, servers: list[Proc]) -> None:

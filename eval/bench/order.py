@@ -20,7 +20,6 @@ tokens from their own counters.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import random
 import statistics
@@ -38,7 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eval.bench import meters, prefix, report
-from eval.bench.affinity import MODEL, reset_caches, start_gateway, start_pool, start_vllm_pool, vllm_evaluated
+from eval.bench.affinity import MODEL, reset_caches, start_gateway, start_pool, vllm_evaluated, vllm_pool
 from eval.bench.overhead import machine
 from eval.bench.procs import Fleet, Proc
 
@@ -118,12 +117,8 @@ async def _main(batch: bytes, n_ctx: int, opts: Options, tmp: Path, console: Con
     rounds: list[dict[str, Any]] = []
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http,
-        contextlib.AsyncExitStack() as stack,
+        vllm_pool(http, n_ctx, tmp, opts.engine, opts.vllm_block_size, opts.vllm_cache_tokens) as pool,
     ):
-        pool = None
-        if opts.engine == "vllm":
-            fleet = stack.enter_context(Fleet(tmp))
-            pool = await start_vllm_pool(fleet, http, n_ctx, tmp, opts.vllm_block_size, opts.vllm_cache_tokens)
         for k in range(opts.rounds):
             rounds.append({})
             for order in ORDERS if k % 2 == 0 else ORDERS[::-1]:
