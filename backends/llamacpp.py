@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import re
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 import jinja2
@@ -175,7 +175,7 @@ class LlamaCppBackend:
         call.attempts.append(Attempt(self.name, "local", "ok", watch.elapsed()))
         return ChunkStream(first, chunks, "local")
 
-    async def _bridge(self, call: Call) -> AsyncIterator[Body]:
+    async def _bridge(self, call: Call) -> AsyncGenerator[Body, None]:
         """Run the blocking generator in a thread; hand its chunks to the loop."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()

@@ -34,8 +34,9 @@ from typing import Any, Literal
 
 from backends import gguf
 from backends.prefix import approx_tokens, common_prefix_len, prompt_text
-from policies.errors import PolicyInvalid
-from policies.schema import AliasModel, GGUFScorerBackendSpec, LlamaCppBackendSpec, Policy, ScorerTier
+from policies.errors import ModelNotFound, PolicyInvalid
+from policies.plans import ChainPlan, resolve
+from policies.schema import GGUFScorerBackendSpec, LlamaCppBackendSpec, Policy, ScorerTier
 
 Tokenize = Callable[[str], Sequence[int]]
 
@@ -62,12 +63,13 @@ def tokenizer_for(policy: Policy, model: str, base_dir: Path = Path(".")) -> Tok
     """The tokenizer of ``model`` (a model, an alias: its first target), loaded once per file; None
     when none is known (a semantic or cascade virtual model: the served model is not known yet).
     A ``tokenizer.json`` that cannot be loaded raises :class:`PolicyInvalid` naming the field."""
-    vm = policy.virtual_models.get(model)
-    if isinstance(vm, AliasModel):
-        model = vm.targets[0]
-    spec = policy.models.get(model)
-    if spec is None:
+    try:
+        plan = resolve(policy, model)
+    except ModelNotFound:
         return None
+    if not isinstance(plan, ChainPlan):
+        return None  # decided per request: the served model is not known yet
+    spec = policy.models[plan.chain[0]]
     if (path := spec.tokenizer_file(base_dir)) is not None:
         return _load("json", path, f"models.{model}.tokenizer")
     return _gguf_tokenizer(policy, spec.backend, f"models.{model}.backend")

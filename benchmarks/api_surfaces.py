@@ -1,6 +1,6 @@
 """What `/v1/responses` and `/v1/messages` add on top of chat completions, in one run.
 
-The tiny upstream of `triage bench overhead` (eval.bench.upstream) and triage in front of it
+The tiny upstream of `python -m benchmarks overhead` (benchmarks.upstream) and triage in front of it
 (logging at warning), both their own processes. Sequential requests (concurrency 1), in rounds
 whose endpoint order rotates so the machine's noise falls on all alike: the upstream's own chat
 (direct), triage's chat completions, Responses and Messages, each the same one-turn prompt and
@@ -24,7 +24,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from eval.bench.procs import Fleet
+from benchmarks.procs import Fleet
 
 PROMPT = "Say hi."
 BODIES = {

@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from classifiers.encoder import Encoder, EncoderSettings
-from classifiers.export import ensure_exported
-from classifiers.quality_training import fit_quality
-from classifiers.router_training import labels_for
 from classifiers.service import data_dir
-from classifiers.train_all import embedding_cache
+from classifiers.training.export import ensure_exported
+from classifiers.training.quality_training import fit_quality
+from classifiers.training.router_training import labels_for
+from classifiers.training.train_all import embedding_cache
 from gateway.encoding import quality_route
 from policies import loader
 from policies.routed import candidate_costs, prompt_tokens

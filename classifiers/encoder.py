@@ -36,7 +36,7 @@ run in a batch depends slightly on the other rows and on their padding (cosine t
 prompt alone 0.97-0.99): a decision would move with concurrent traffic. ``rows="apart"`` (the
 default for int8, ``rows="auto"``) runs every row of a call as its own forward, unpadded, so a
 prompt's embedding is the same whatever arrives with it. That costs about a fifth of the
-micro-batched throughput on equal 32-token prompts (``triage bench encoder``: 100 against 130
+micro-batched throughput on equal 32-token prompts (``python -m benchmarks encoder``: 100 against 130
 decisions/s on one core); ``rows="together"`` (the default for fp32, whose rows do not depend on
 each other: differences ~1e-7) runs one padded forward.
 """
@@ -269,7 +269,7 @@ class Encoder:
 def _open(model: Path, settings: EncoderSettings, optimized_to: Path | None = None) -> ort.InferenceSession:
     """A session on ``model`` (``optimized_to``: write the graph it runs there). On the CPU
     provider ONNX Runtime's own SkipLayerNormFusion is off unless ``skip_layer_norm``: its fused
-    kernel is slower here than the Add and LayerNormalization it replaces (``triage bench
+    kernel is slower here than the Add and LayerNormalization it replaces (``python -m benchmarks
     encoder``, contestant ``onnx-int8-sln``; the export does not fuse them either)."""
     opts = _session_options(settings)
     if optimized_to is not None:

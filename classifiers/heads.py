@@ -2,7 +2,7 @@
 
 Serving needs only numpy: a head is a weight matrix, a bias, its class names and a temperature,
 saved as ``<name>.npz`` (arrays) + ``<name>.json`` (everything else). Training (scikit-learn's
-logistic regression) lives in :mod:`classifiers.training`; nothing here unpickles anything.
+logistic regression) lives in :mod:`classifiers.training.fit`; nothing here unpickles anything.
 """
 
 from __future__ import annotations

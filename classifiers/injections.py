@@ -10,7 +10,7 @@ never a random generator, so the rows are the same on every machine.
 The negatives are the other heads' own training prompts and the hard negatives below (questions
 about routers and tiers; developers' prompts, written and generated, that use an injection's words
 in their technical sense). The head is measured on probes written apart from these templates
-(``classifiers/data/ood_probe*.jsonl``), never on generated rows.
+(``benchmarks/probes/ood_probe*.jsonl``), never on generated rows.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ model is in effect P(yes | question).
 
 Serving needs only numpy: one weight vector per question type and the names of the feature
 blocks, saved as ``options.npz`` (arrays) + ``options.json`` (everything else). Fitting lives in
-:mod:`classifiers.options_training`.
+:mod:`classifiers.training.options_training`.
 """
 
 from __future__ import annotations
@@ -139,7 +139,11 @@ class OptionHead:
 
     def save(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        np.savez(directory / f"{OPTIONS}.npz", **{qtype: w.astype(np.float32) for qtype, w in self.weights.items()})
+        np.savez(
+            directory / f"{OPTIONS}.npz",
+            allow_pickle=True,  # numpy's default, named so that the arrays below are never read as it
+            **{qtype: w.astype(np.float32) for qtype, w in self.weights.items()},
+        )
         doc = {
             "format": FORMAT,
             "features": list(self.features),

@@ -1,5 +1,5 @@
 """Quality heads: per candidate model, the probability that it answers a prompt right, read from
-the prompt's embedding. Serving needs only numpy; training is :mod:`classifiers.quality_training`.
+the prompt's embedding. Serving needs only numpy; training is :mod:`classifiers.training.quality_training`.
 
 Two kinds, chosen by measurement on dev rows (docs/router.md):
 
@@ -104,6 +104,7 @@ class QualityHead:
             directory / f"{self.name}.npz",
             scale=self.scale,
             shift=self.shift,
+            allow_pickle=True,  # numpy's default, named so that the arrays below are never read as it
             **{k: v.astype(np.float32) for k, v in self.arrays.items()},
         )
         doc = {

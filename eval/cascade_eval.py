@@ -22,7 +22,7 @@ import numpy as np
 
 from classifiers.calibration import auroc, ece, fit_temperature
 from classifiers.confidence import ConfidenceModel
-from classifiers.confidence_training import fit_confidence
+from classifiers.training.confidence_training import fit_confidence
 from eval.sweep import Curve, curve
 from eval.tier_outputs import Row
 from policies.answers import same_number
@@ -320,7 +320,8 @@ def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[
         _measure_gate(report, tiers, i, rows)
     gates = [t.gate() for t in tiers]
     by_name = {t.name: t for t in tiers}
-    wins, answered_by, failed, cost = 0, defaultdict(int), 0, 0.0
+    wins, failed, cost = 0, 0, 0.0
+    answered_by: defaultdict[str, int] = defaultdict(int)
     categories: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
     for r in rows:
         asked: list[str] = []
@@ -395,7 +396,7 @@ def _measure_tier(report: SetReport, t: TierSpec, rows: Sequence[Row]) -> None:
 
 def _gate_points(tiers: Sequence[TierSpec], i: int, rows: Sequence[Row]) -> list[tuple[str, float, float | None, bool]]:
     """Per row tier i answered: (type, its own confidence, its judge's P(right) or None, right)."""
-    out = []
+    out: list[tuple[str, float, float | None, bool]] = []
     for r in rows:
         if not _judgeable(tiers[i], r) or (rd := tiers[i].reading(r)) is None:
             continue

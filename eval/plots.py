@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -13,7 +14,7 @@ from eval.tier_outputs import Row
 from policies.cascade import read
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
+def _pyplot() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display

@@ -10,14 +10,15 @@ to that baseline; with task-disjoint folds it is an oracle of the task).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from classifiers.model_labels import LabelSet, folds, group_folds
-from classifiers.quality_training import fit_quality, quality_ece
-from classifiers.router_training import fit_router, labels_for
+from classifiers.training.model_labels import LabelSet, folds, group_folds
+from classifiers.training.quality_training import fit_quality, quality_ece
+from classifiers.training.router_training import fit_router, labels_for
 from eval.router_eval import RouterReport, evaluate
 from policies.routed import candidate_costs, candidate_label, prompt_tokens
 from policies.routed import prune as pruned
@@ -45,8 +46,8 @@ def run(
     policy: Policy,
     name: str,
     vm: RoutedModel,
-    data_dir,
-    embed: Embed,  # type: ignore[no-untyped-def]
+    data_dir: Path,
+    embed: Embed,
     cv_by: str = "row",
 ) -> RouterRun:
     labels = labels_for(vm, data_dir)
@@ -80,7 +81,7 @@ def out_of_fold(
     x: np.ndarray,
     costs: np.ndarray,
     fold: np.ndarray,
-    learners: list[str] | None,
+    learners: Sequence[str] | None,
 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Each fold's rows predicted by heads fitted on the other folds: P(right), the same pruned as
     the served router prunes (:func:`policies.routed.prune`), and each fold's learner."""

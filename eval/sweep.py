@@ -16,13 +16,13 @@ the last tier). Each ``s`` gives a point: the share of questions escalated past 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from eval.tier_outputs import Row
-from policies.cascade import CascadeExhausted, Gate, drive, run
+from policies.cascade import Ask, CascadeExhausted, Gate, TierAnswer, drive, run
 
 STEPS = tuple(round(x, 3) for x in (*np.linspace(0.0, 1.0, 41), 1.001))
 
@@ -37,7 +37,12 @@ class Curve:
     share_for_80: float | None = None
 
 
-def curve(gates: Sequence[Gate], outputs: Sequence[dict], rows: Sequence[Row], right) -> Curve:  # type: ignore[type-arg]
+def curve(
+    gates: Sequence[Gate],
+    outputs: Sequence[Mapping[str, TierAnswer]],
+    rows: Sequence[Row],
+    right: Callable[[Row, str], bool],
+) -> Curve:
     """The swept curve of ``gates`` (their thresholds replaced) over ``rows``; ``outputs[i]`` maps a
     row id to tier i's answer, ``right(row, answer)`` says whether an answer is right."""
     if len(gates) < 2 or not rows:
@@ -49,11 +54,12 @@ def curve(gates: Sequence[Gate], outputs: Sequence[dict], rows: Sequence[Row], r
         ] + [gates[-1]]
         wins, past = 0, 0
         for r in rows:
+
+            def answer_for(ask: Ask, r: Row = r) -> TierAnswer:
+                return outputs[_index(gates, ask.tier)][r.id]
+
             try:
-                d = drive(
-                    run(r.question, swept, embedding=r.embedding),
-                    lambda ask, r=r: outputs[_index(gates, ask.tier)][r.id],
-                )
+                d = drive(run(r.question, swept, embedding=r.embedding), answer_for)
             except CascadeExhausted:
                 past += 1
                 continue

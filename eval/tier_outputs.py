@@ -36,7 +36,7 @@ def read_jsonl(path: Path, problems: list[str] | None = None) -> Iterator[tuple[
     """Objects with their line numbers. A line that is not a JSON object is skipped; with
     ``problems`` given it is reported there as ``file:line: reason``, else it raises."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
+    with opener(path, "rt", encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -97,7 +97,8 @@ def typed_rows(path: Path, split: str, cap: int | None = None, problems: list[st
             continue
         row, why = _typed(doc)
         if row is not None and row.id in seen:
-            row, why = None, f"duplicate id {row.id!r}"
+            why = f"duplicate id {row.id!r}"
+            row = None
         if row is None:
             if problems is not None:
                 problems.append(f"{path.name}:{n}: {why}")

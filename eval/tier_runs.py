@@ -62,7 +62,7 @@ def encoder(policy: Policy, policy_dir: Path, clf: Classifier | None = None) -> 
 def scorer(policy: Policy, tier: ScorerTier) -> Compute:
     from backends import gguf
     from backends.lettered import ChatScorer, LetteredInputError
-    from backends.logprob import PromptTooLong
+    from backends.logprob import OptionScores, PromptTooLong
     from policies.prompts import scorer_prompt
 
     spec = policy.backends[tier.backend]
@@ -72,6 +72,7 @@ def scorer(policy: Policy, tier: ScorerTier) -> Compute:
     def compute(row: Row) -> TierAnswer:
         if row.question.numeric:
             return TierAnswer(skipped=True, error="a numeric answer needs generation")
+        got: OptionScores
         try:
             if tier.mode == "lettered":
                 got = engine.score_question(row.question)

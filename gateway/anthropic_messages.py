@@ -85,7 +85,8 @@ def _text_of(blocks: Any, where: str) -> str:
 
 
 def _image(block: Body, where: str) -> Body:
-    source = block.get("source") if isinstance(block.get("source"), dict) else {}
+    given = block.get("source")
+    source: Body = given if isinstance(given, dict) else {}
     if source.get("type") == "base64" and isinstance(source.get("data"), str):
         url = f"data:{source.get('media_type', 'image/png')};base64,{source['data']}"
     elif source.get("type") == "url" and isinstance(source.get("url"), str):
@@ -274,7 +275,7 @@ class StreamTranslator:
     finish_reason: str | None = None
 
     def start(self) -> bytes:
-        message = {
+        message: Body = {
             "id": self.message_id,
             "type": "message",
             "role": "assistant",

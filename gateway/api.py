@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
@@ -28,13 +28,12 @@ from policies.errors import (
     ClientGone,
     InvalidRequest,
     ModelNotFound,
-    NotFound,
     PayloadTooLarge,
     RequestTimeout,
     TriageError,
     Unauthorized,
 )
-from policies.routing import public_models
+from policies.plans import public_models
 from policies.semantic import Route
 
 router = APIRouter()
@@ -241,21 +240,18 @@ async def _decide(request: Request, batch: bool) -> Response:
     )
     try:
         _authorize(request, ex)
-        spec = ex.rt.policy.cascade
-        if spec is None:
-            raise NotFound("this policy has no cascade section: /v1/decide is not served")
+        spec = decide.served_cascade(ex.rt)
         body = await read_body(request, ex.rt.policy.limits.max_body_bytes)
         ex.take_slot()  # only once the body is in: a slow sender holds no slot
         raw = parse_any_json(body)
-        tasks = set(ex.rt.policy.classifier.tasks) if ex.rt.policy.classifier is not None else set()
         if not batch:
-            q, overrides = decide.parse(raw, spec, tasks)
+            q, overrides = decide.parse_one(ex.rt, raw)
             ex.prompt = q.question
             decision = await _unless_gone(request, decide.decide(ex.rt, q, overrides, ex.request_id, ex.attempts))
             ex.decision, ex.served = decision, decision.tier
             await ex.finish(200)
             return _json(decide.body(decision, ex.request_id), headers=decision_headers(ex.request_id, decision))
-        answers = await _unless_gone(request, _decide_batch(ex, raw, spec, tasks))
+        answers = await _unless_gone(request, _decide_batch(ex, raw, spec, decide.known_tasks(ex.rt)))
     except TriageError as exc:
         await ex.finish(exc.status, exc)
         return error_response(exc)
@@ -296,7 +292,7 @@ async def decide_batch(request: Request) -> Response:
     return await _decide(request, batch=True)
 
 
-async def _sse(ex: Exchange, served: Served) -> AsyncIterator[bytes]:
+async def _sse(ex: Exchange, served: Served) -> AsyncGenerator[bytes, None]:
     """Relay chunks; a failure after the stream started becomes an SSE error event, then [DONE]."""
     assert served.stream is not None
     status, error = 499, None  # until the upstream finishes, a stop is the client going away
@@ -322,7 +318,7 @@ class _SSEResponse(StreamingResponse):
     client left before the first byte (then the relay generator never ran)."""
 
     def __init__(
-        self, ex: Exchange, served: Served, headers: dict[str, str], events: AsyncIterator[bytes] | None = None
+        self, ex: Exchange, served: Served, headers: dict[str, str], events: AsyncGenerator[bytes, None] | None = None
     ) -> None:
         body = events if events is not None else _sse(ex, served)  # chat's chunks, or another API's events
         super().__init__(body, media_type="text/event-stream", headers={**_SSE_HEADERS, **headers})
@@ -332,7 +328,8 @@ class _SSEResponse(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self.body_iterator.aclose()  # type: ignore[union-attr]
+            assert isinstance(self.body_iterator, AsyncGenerator)  # the generator given: Starlette keeps it as is
+            await self.body_iterator.aclose()
             assert self._served.stream is not None
             await self._served.stream.aclose()
             await self._ex.finish(499)  # a no-op when the relay already finished
@@ -410,7 +407,7 @@ class Translator(Protocol):
     def fail(self, exc: TriageError) -> bytes: ...
 
 
-async def _translated(ex: Exchange, served: Served, translator: Translator) -> AsyncIterator[bytes]:
+async def _translated(ex: Exchange, served: Served, translator: Translator) -> AsyncGenerator[bytes, None]:
     """Another API's event stream over a chat stream: a failure after the start is that API's
     error event; the exchange finishes however the stream ends."""
     assert served.stream is not None
@@ -501,7 +498,7 @@ async def completions(request: Request) -> Response:
 
 
 # The hot paths are plain Starlette routes: they read the raw body themselves, so FastAPI's
-# dependency solving would only add time (measured by `triage bench overhead`).
+# dependency solving would only add time (measured by `python -m benchmarks overhead`).
 HOT_ROUTES = [
     HTTPRoute("/v1/chat/completions", chat_completions, methods=["POST"]),
     HTTPRoute("/v1/completions", completions, methods=["POST"]),

@@ -18,12 +18,13 @@ from typing import Any, TypeVar
 import orjson
 import structlog
 
+from backends.base import Kind
 from gateway import decide, pipeline
 from gateway.batch_store import BatchStore, Pending, new_id
 from gateway.runtime import RuntimeHolder
 from gateway.schemas import MAX_DEPTH, check_depth
 from policies.errors import InvalidRequest, PolicyInvalid, TriageError
-from policies.routing import public_models
+from policies.plans import public_models
 from policies.schema import Policy
 
 log = structlog.get_logger("triage.batches")
@@ -361,13 +362,9 @@ async def serve(
     attempts: list[Any] = []
     try:
         if endpoint == "/v1/decide":
-            spec = rt.policy.cascade
-            if spec is None:
-                raise InvalidRequest("this policy has no cascade: /v1/decide is not served")
-            tasks = set(rt.policy.classifier.tasks) if rt.policy.classifier is not None else set()
-            q, overrides = decide.parse(body, spec, tasks)
+            q, overrides = decide.parse_one(rt, body)  # the route's checks and statuses
             return 200, decide.body(await decide.decide(rt, q, overrides, request_id, attempts), request_id)
-        kind = "chat" if endpoint == "/v1/chat/completions" else "completion"
+        kind: Kind = "chat" if endpoint == "/v1/chat/completions" else "completion"
         out = await pipeline.run(rt, kind, {**body, "stream": False}, request_id, attempts, affinity)
         if out.typed is not None:
             return 200, out.typed

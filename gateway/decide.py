@@ -49,6 +49,22 @@ class DecideRequest(_Closed):
     policy_overrides: Overrides | None = None
 
 
+def served_cascade(rt: Runtime) -> Cascade:
+    """The policy's cascade; every door to a decision (the routes, a batch's line) answers 404 without one."""
+    if rt.policy.cascade is None:
+        raise NotFound("this policy has no cascade section: /v1/decide is not served")
+    return rt.policy.cascade
+
+
+def known_tasks(rt: Runtime) -> set[str]:
+    return set(rt.policy.classifier.tasks) if rt.policy.classifier is not None else set()
+
+
+def parse_one(rt: Runtime, body: Any) -> tuple[Question, Overrides | None]:
+    """One ``/v1/decide`` body read against the served policy (404 without a cascade, 400 when bad)."""
+    return parse(body, served_cascade(rt), known_tasks(rt))
+
+
 def parse(body: Any, spec: Cascade, tasks: set[str]) -> tuple[Question, Overrides | None]:
     try:
         req = DecideRequest.model_validate(body)
@@ -85,6 +101,11 @@ def question(req: DecideRequest, spec: Cascade, tasks: set[str]) -> Question:
     return Question(req.type, req.question, options, req.context, req.task, scale)
 
 
+def _by_type(*parts: Mapping[QuestionType, float]) -> dict[str, float]:
+    """Numbers per question type as a gate takes them (str keys), a later part's winning."""
+    return {k: v for part in parts for k, v in part.items()}
+
+
 def gates(spec: Cascade, overrides: Overrides | None, judges: Mapping[str, Judge] | None = None) -> list[Gate]:
     extra = (overrides.thresholds if overrides is not None else None) or {}
     names = {t.name for t in spec.tiers}
@@ -98,9 +119,9 @@ def gates(spec: Cascade, overrides: Overrides | None, judges: Mapping[str, Judge
         Gate(
             t.name,
             t.type,
-            {**t.thresholds, **extra.get(t.name, {})},
+            _by_type(t.thresholds, extra.get(t.name, {})),
             t.task_thresholds,
-            t.temperature,
+            _by_type(t.temperature),
             (judges or {}).get(t.name),
             t.task_temperature,
         )
@@ -111,9 +132,7 @@ def gates(spec: Cascade, overrides: Overrides | None, judges: Mapping[str, Judge
 async def decide(
     rt: Runtime, q: Question, overrides: Overrides | None, request_id: str, attempts: list[Attempt]
 ) -> Decision:
-    spec = rt.policy.cascade
-    if spec is None:
-        raise NotFound("this policy has no cascade: /v1/decide is not served")
+    spec = served_cascade(rt)
     by_name = {t.name: t for t in spec.tiers}
     chosen = gates(spec, overrides, rt.judges)
     if rt.budget is not None and overrides is None:  # a request's own thresholds are its own

@@ -6,6 +6,7 @@ given up (an upstream error or timeout). A request the upstream rejected (4xx) i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -14,8 +15,6 @@ from backends.base import Attempt, Body, Call, ChunkStream, Completion, Kind
 from gateway.runtime import Runtime
 from policies import reasoning
 from policies.errors import UpstreamError
-from policies.routing import candidates
-from policies.schema import RoutedModel, SemanticModel
 from policies.semantic import Route
 
 log = structlog.get_logger("triage.dispatch")
@@ -32,32 +31,18 @@ class Served:
     reasoning_switch: str | None = None
 
 
-async def decide_route(rt: Runtime, kind: Kind, body: Body) -> Route | None:
-    """The encoder's route when the request names a semantic or routed virtual model, else None."""
-    vm = rt.policy.virtual_models.get(body["model"])
-    if not isinstance(vm, SemanticModel | RoutedModel):
-        return None
-    assert rt.encoding is not None, "a semantic or routed model without a classifier fails validation"
-    if isinstance(vm, RoutedModel):
-        return await rt.encoding.route_quality(rt.policy, vm, rt.quality[body["model"]], kind, body)
-    router = vm.reasoning.router  # `reasoning: {mode: router}`: that routed model switches reasoning
-    if router is None:
-        return await rt.encoding.route(vm, kind, body)
-    reasoning_router = rt.policy.virtual_models[router]
-    assert isinstance(reasoning_router, RoutedModel), "validated: mode router names a routed model"
-    return await rt.encoding.route(vm, kind, body, (rt.policy, reasoning_router, rt.quality[router]))
-
-
 async def dispatch(
     rt: Runtime,
     kind: Kind,
     body: Body,
     request_id: str,
     attempts: list[Attempt],
+    chain: Sequence[str],
     route: Route | None = None,
     affinity: str | None = None,
 ) -> Served:
-    chain = candidates(rt.policy, route.model if route is not None else body["model"])
+    """The first model of ``chain`` that answers; ``route``, when the encoder chose the chain's head,
+    switches reasoning per candidate and is kept in what is served."""
     last: UpstreamError | None = None
     for name in chain:
         spec = rt.policy.models[name]
@@ -93,6 +78,6 @@ async def dispatch(
     raise last
 
 
-def _after(chain: list[str], name: str) -> str | None:
+def _after(chain: Sequence[str], name: str) -> str | None:
     i = chain.index(name)
     return chain[i + 1] if i + 1 < len(chain) else None

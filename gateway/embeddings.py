@@ -29,7 +29,7 @@ from gateway.exchange import Exchange
 from gateway.runtime import Runtime
 from gateway.schemas import check, parse_json
 from policies.errors import InvalidRequest, ModelNotFound
-from policies.routing import candidates, public_models
+from policies.plans import public_models, resolve
 from policies.schema import ClassifierSpec
 
 MAX_INPUTS = 2048  # OpenAI's limit per request
@@ -61,17 +61,18 @@ def _texts(req: EmbeddingsRequest) -> list[str]:
         given = [given]
     if not given:
         raise InvalidRequest("'input' is empty: send a string or a list of strings", param="input")
-    if not all(isinstance(t, str) for t in given):
+    texts = [t for t in given if isinstance(t, str)]
+    if len(texts) != len(given):
         raise InvalidRequest(
             "this model takes text: 'input' as token ids is not supported (its tokenizer is not the client's)",
             param="input",
         )
-    if len(given) > MAX_INPUTS:
-        raise InvalidRequest(f"at most {MAX_INPUTS} inputs per request, not {len(given)}", param="input")
-    for i, t in enumerate(given):
+    if len(texts) > MAX_INPUTS:
+        raise InvalidRequest(f"at most {MAX_INPUTS} inputs per request, not {len(texts)}", param="input")
+    for i, t in enumerate(texts):
         if not t.strip():
             raise InvalidRequest(f"input {i} is empty", param="input")
-    return given  # type: ignore[return-value]
+    return texts
 
 
 def _encoded(vector: np.ndarray, fmt: str) -> list[float] | str:
@@ -84,13 +85,14 @@ def _engine_models(rt: Runtime, name: str) -> list[str]:
     """The policy models down ``name``'s chain whose backends have an embeddings API."""
     if name not in public_models(rt.policy):
         return []
-    chain = candidates(rt.policy, name)
+    chain = resolve(rt.policy, name).chain
     return [m for m in chain if rt.backends[rt.policy.models[m].backend].capabilities.embeddings]
 
 
 async def _proxied(ex: Exchange, body: dict[str, Any]) -> dict[str, Any]:
     """A policy model's embeddings, from its engine (``/v1/embeddings`` passed through)."""
-    served = await dispatch(ex.rt, "embedding", body, ex.request_id, ex.attempts)
+    chain = resolve(ex.rt.policy, body["model"]).chain  # a backend without an embeddings API is skipped
+    served = await dispatch(ex.rt, "embedding", body, ex.request_id, ex.attempts, chain)
     assert served.completion is not None
     out = served.completion.body
     out["model"] = served.model

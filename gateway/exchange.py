@@ -18,7 +18,7 @@ from gateway.metrics import Metrics
 from gateway.runtime import Runtime, RuntimeHolder
 from policies.cascade import Decision
 from policies.errors import RateLimited, TriageError
-from policies.routing import public_models
+from policies.plans import public_models
 from policies.semantic import Route
 
 log = structlog.get_logger("triage.request")
@@ -89,8 +89,8 @@ class Exchange:
 
     def _report(self, status: int, error: TriageError | None) -> None:
         latency = self.watch.elapsed()
-        known = self.model is not None and self.model in public_models(self.rt.policy)
-        model = self.served or (self.model if known else "-")  # no label per unknown name sent
+        known = self.model if self.model is not None and self.model in public_models(self.rt.policy) else None
+        model = self.served or (known if known is not None else "-")  # no label per unknown name sent
         self.metrics.observe(self.endpoint, model, status, latency, self.attempts, self.usage)
         if error is not None:
             self.metrics.errors.labels(error.type, str(status)).inc()

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
-from pydantic.json_schema import models_json_schema
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from gateway.anthropic_messages import MessagesRequest
 from gateway.decide import DecideRequest
@@ -346,7 +346,9 @@ def document_bytes(title: str, version: str, keys: bool, public_metrics: bool) -
 def document(title: str, version: str, keys: bool, public_metrics: bool = False) -> dict[str, Any]:
     models = {m for op in OPERATIONS for m in (op.request, op.response, op.error_body) if isinstance(m, type)}
     models |= {ErrorBody}
-    modes = [(m, "validation" if m in {op.request for op in OPERATIONS} else "serialization") for m in models]
+    modes: list[tuple[type[BaseModel], JsonSchemaMode]] = [
+        (m, "validation" if m in {op.request for op in OPERATIONS} else "serialization") for m in models
+    ]
     _, schemas = models_json_schema(
         sorted(modes, key=lambda x: x[0].__name__), ref_template="#/components/schemas/{model}"
     )

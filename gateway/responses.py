@@ -299,7 +299,8 @@ def from_chat(req: Body, response_id: str, completion: Body) -> tuple[Body, Body
     """The response object for a chat completion, and the assistant turn it adds (for the store)."""
     choice = (completion.get("choices") or [{}])[0]
     message = choice.get("message") or {}
-    out = shell(req, response_id, completion.get("model", req.get("model", "")), "completed")
+    requested: str = req.get("model", "")
+    out = shell(req, response_id, completion.get("model", requested), "completed")
     items: list[Body] = []
     if message.get("content"):
         items.append(_message_item(message["content"], new_id("msg")))

@@ -21,6 +21,7 @@ from gateway.runtime import Runtime
 from policies.answers import assumed_scores, extract_number, label_in_text, label_logprobs
 from policies.cascade import Ask, Gate, Question, TierAnswer
 from policies.errors import InvalidRequest, TriageError, UpstreamRejected
+from policies.plans import TypedPlan, resolve
 from policies.prompts import model_body, scorer_prompt
 from policies.tiers import EncoderTier, ModelTier, ScorerTier, Tier
 
@@ -117,19 +118,20 @@ async def _scorer(rt: Runtime, tier: ScorerTier, q: Question) -> TierAnswer | st
 async def _model(
     rt: Runtime, tier: ModelTier, q: Question, request_id: str, attempts: list[Attempt]
 ) -> TierAnswer | str:
-    from gateway.dispatch import decide_route, dispatch  # the tier model's chain, with its fallbacks
+    from gateway import pipeline  # the tier model's plan: its chain, or the learned router's pick
 
     body, labels = model_body(tier, q)
-    route = await decide_route(rt, "chat", body)  # a routed tier: the learned router picks the model
+    plan = resolve(rt.policy, body["model"])
+    assert not isinstance(plan, TypedPlan), "validated: a model tier names no cascade model"
     try:
-        served = await dispatch(rt, "chat", body, request_id, attempts, route)
+        served = await pipeline.serve(rt, plan, "chat", body, request_id, attempts)
     except (InvalidRequest, UpstreamRejected):
         if not body.get("logprobs"):
             raise
         # an engine that refuses logprobs (llama-cpp-python without logits_all): ask again without,
         # and the answer counts with the tier's assumed confidence
         body = {k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")}
-        served = await dispatch(rt, "chat", body, request_id, attempts, route)
+        served = await pipeline.serve(rt, plan, "chat", body, request_id, attempts)
     assert served.completion is not None
     shown = rt.policy.logging.log_prompts  # model output in an error message only where prompts may be logged
     return replace(_read_model(tier, q, served.completion.body, labels, shown), model=served.model)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 _NUMBER = re.compile(r"-?\$?\s?\d[\d,]*(?:\.\d+)?|-?\$?\s?\.\d+")
 _MARKER = re.compile(r"(?:####|answer is|answer:)", re.IGNORECASE)
@@ -89,7 +89,10 @@ def label_logprobs(content: Sequence[Mapping[str, object]], labels: Sequence[str
         if not isinstance(token, str) or not _norm(token, True):
             continue
         mass = [0.0] * len(labels)
-        for alt in position.get("top_logprobs") or [{"token": token, "logprob": position.get("logprob")}]:
+        alts = position.get("top_logprobs") or [{"token": token, "logprob": position.get("logprob")}]
+        if not isinstance(alts, Iterable):  # malformed: no alternatives to read
+            alts = ()
+        for alt in alts:
             if not isinstance(alt, Mapping):
                 continue
             key, lp = _norm(str(alt.get("token", "")), case_sensitive), alt.get("logprob")

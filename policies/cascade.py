@@ -64,7 +64,8 @@ class Signals:
 class Judge(Protocol):
     """A learned gate (``classifiers.confidence.ConfidenceModel``): P(the tier's answer is right)."""
 
-    uses_embedding: bool
+    @property
+    def uses_embedding(self) -> bool: ...
 
     def p_right(self, s: Signals) -> float: ...
 
@@ -170,7 +171,7 @@ class CascadeExhausted(UpstreamError):
 
     def body(self) -> dict[str, object]:
         body = super().body()
-        body["error"]["trace"] = [s.as_dict() for s in self.trace]  # type: ignore[index]
+        body["error"]["trace"] = [s.as_dict() for s in self.trace]
         return body
 
 

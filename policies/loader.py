@@ -122,7 +122,7 @@ def _labels_problems(policy: Policy, base_dir: Path) -> list[tuple[Loc, str]]:
 
 def _first_row_columns(path: Path) -> tuple[str, ...]:
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
+    with opener(path, "rt", encoding="utf-8") as f:
         first = json.loads(f.readline() or "{}")
     return tuple(sorted(first.get("correct") or first.get("score") or {}))
 

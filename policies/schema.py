@@ -312,6 +312,13 @@ class RoutedCandidate(Strict):
         return self.labels_as or self.model
 
 
+Learner = Literal["linear", "mf", "knn", "centroid"]
+
+
+def _all_learners() -> list[Learner]:
+    return ["linear", "mf", "knn", "centroid"]
+
+
 class RoutedModel(Strict):
     """A virtual model routed by predicted quality and cost (the learned router): per request, the
     quality heads predict P(right) for every candidate, and ``rule`` picks one with ``knob``
@@ -331,8 +338,8 @@ class RoutedModel(Strict):
     prune_dominated: bool = Field(
         True, description="never choose a candidate that another one beat on the dev rows at no more cost"
     )
-    learners: list[Literal["linear", "mf", "knn", "centroid"]] = Field(
-        default_factory=lambda: ["linear", "mf", "knn", "centroid"],
+    learners: list[Learner] = Field(
+        default_factory=_all_learners,
         description="learners `triage train` tries on dev rows (centroid where the labels have categories)",
     )
     description: str = ""
@@ -379,11 +386,15 @@ class TaskHead(Strict):
 BuiltinHead = Literal["question_type", "category", "reasoning", "options", "injection"]
 
 
+def _default_heads() -> list[BuiltinHead]:
+    return ["question_type", "category", "reasoning"]
+
+
 class ClassifierSpec(Strict):
     data_dir: str = Field("../shared/data", description="labeled data, relative to the policy file")
     artifacts: str = Field("artifacts/heads", description="trained heads, relative to the policy file")
     encoder: EncoderConfig = EncoderConfig()
-    heads: list[BuiltinHead] = Field(default_factory=lambda: ["question_type", "category", "reasoning"])
+    heads: list[BuiltinHead] = Field(default_factory=_default_heads)
     tasks: dict[str, TaskHead] = Field(default_factory=dict)
 
     @field_validator("tasks")
@@ -489,8 +500,8 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
         if name in models:
             problems.append((("virtual_models", name), f"'{name}' is also a model name"))
         if isinstance(vm, CascadeModel):
-            target = policy.virtual_models.get(vm.open)
-            if vm.open not in models and not isinstance(target, AliasModel | SemanticModel | RoutedModel):
+            opened = policy.virtual_models.get(vm.open)
+            if vm.open not in models and not isinstance(opened, AliasModel | SemanticModel | RoutedModel):
                 problems.append(
                     (
                         ("virtual_models", name, "open"),
@@ -527,9 +538,9 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
             problems.append((("access", "operator_keys", i), f"key '{name}' is not defined in keys"))
     if policy.fallback_model is not None and policy.fallback_model not in models:
         problems.append((("fallback_model",), f"model '{policy.fallback_model}' is not defined"))
-    names = [k.name for k in policy.keys]
+    listed = [k.name for k in policy.keys]
     for i, key in enumerate(policy.keys):
-        if names.index(key.name) != i:
+        if listed.index(key.name) != i:
             problems.append((("keys", i, "name"), f"key name '{key.name}' is used twice"))
     return problems
 

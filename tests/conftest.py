@@ -20,7 +20,7 @@ import pytest
 import uvicorn
 
 from backends.gguf import smollm2_path
-from eval.bench import vllm as vllm_engine
+from benchmarks import vllm as vllm_engine
 from gateway.app import create_app
 from gateway.settings import Settings
 
@@ -248,8 +248,8 @@ HEADS = ["question_type", "category", "reasoning", "injection"]
 def trained_heads(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The encoder's heads (``HEADS``) trained on a small seeded sample of the shared data, once per
     run, for every test that serves the encoder tier (policies: ``data_dir`` SHARED_DATA, these heads)."""
-    from classifiers.export import ensure_exported
-    from classifiers.train_all import train
+    from classifiers.training.export import ensure_exported
+    from classifiers.training.train_all import train
     from policies.schema import ClassifierSpec
 
     ensure_exported()

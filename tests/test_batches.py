@@ -122,6 +122,47 @@ def test_bad_requests_to_the_batch_api(gateway: Callable[..., Gateway], tmp_path
         assert http.get("/health").status_code == 200
 
 
+BAD_DECIDES = [
+    {},  # no question
+    {"question": "x", "type": "sideways"},
+    {"question": "x", "type": "choice", "options": ["only one"]},
+    {"question": "x", "type": "score"},  # a score without a scale
+    {"question": "x", "type": "yes_no", "task": "no-such-task"},
+    {"question": "Is it?", "type": "yes_no"},  # good: answered by the cascade, or a 404 without one
+]
+
+
+@pytest.mark.parametrize("with_cascade", [True, False])
+def test_a_decide_line_answers_as_the_route_does(
+    gateway: Callable[..., Gateway], tmp_path: Path, with_cascade: bool
+) -> None:
+    cascade = "cascade: {tiers: [{name: pool, type: model, model: m}]}\n" if with_cascade else ""
+    gw = gateway(f"""version: 1
+backends: {{say: {{type: scripted, text: "yes"}}}}
+models: {{m: {{backend: say}}}}
+batches: {{dir: "{tmp_path / "batches"}"}}
+{cascade}""")
+    with gw.http() as http:
+        routed = [http.post("/v1/decide", json=body) for body in BAD_DECIDES]
+    client = gw.client()
+    data = "\n".join(
+        json.dumps({"custom_id": f"d{i}", "method": "POST", "url": "/v1/decide", "body": body})
+        for i, body in enumerate(BAD_DECIDES)
+    )
+    f = client.files.create(file=("in.jsonl", io.BytesIO(data.encode())), purpose="batch")
+    batch = wait_batch(
+        client, client.batches.create(input_file_id=f.id, endpoint="/v1/decide", completion_window="24h").id
+    )
+    lines = [o for f in (batch.output_file_id, batch.error_file_id) if f is not None for o in jsonl(client, f)]
+    by_id = {o["custom_id"]: o["response"] for o in lines}
+    for i, r in enumerate(routed):
+        line_ = by_id[f"d{i}"]
+        assert line_["status_code"] == r.status_code, (BAD_DECIDES[i], line_, r.text)
+        if r.status_code != 200:
+            assert line_["body"]["error"]["code"] == r.json()["error"]["code"]
+    assert [r.status_code for r in routed][-1] == (200 if with_cascade else 404)
+
+
 def test_cancel_stops_new_requests(gateway: Callable[..., Gateway], tmp_path: Path) -> None:
     gw = gateway(f"""version: 1
 backends: {{slow: {{type: scripted, text: ok, latency_s: 0.3}}}}

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from classifiers.confidence import ConfidenceModel, confidence_name
-from classifiers.confidence_training import fit_confidence
+from classifiers.training.confidence_training import fit_confidence
 from eval import cascade_eval
 from eval.tier_outputs import Row
 from policies.cascade import Gate, Question, Signals, TierAnswer, drive, run

@@ -15,8 +15,8 @@ import openai
 import pytest
 import structlog
 
-from classifiers.export import ensure_exported
-from classifiers.train_all import train
+from classifiers.training.export import ensure_exported
+from classifiers.training.train_all import train
 from policies import loader
 from tests.conftest import SHARED_DATA, Gateway, LlamaServer, free_port
 

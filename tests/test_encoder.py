@@ -18,7 +18,7 @@ import pytest
 from classifiers.artifacts import Artifacts, ExportSettings, locate, source_dir, source_hash
 from classifiers.batching import MicroBatcher
 from classifiers.encoder import Encoder, EncoderSettings
-from classifiers.export import ensure_exported
+from classifiers.training.export import ensure_exported
 from policies.errors import InvalidRequest, NotReady
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -125,7 +125,7 @@ def test_the_export_fuses_attention_but_not_skip_layer_norm(exported: Artifacts,
     dumped = tmp_path / "optimized.onnx"
     _open(exported.model("int8"), EncoderSettings(), optimized_to=dumped)
     assert "SkipLayerNormalization" not in {n.op_type for n in onnx.load(str(dumped)).graph.node}
-    fused = tmp_path / "fused.onnx"  # what `triage bench encoder` times against it
+    fused = tmp_path / "fused.onnx"  # what `python -m benchmarks encoder` times against it
     _open(exported.model("int8"), EncoderSettings(skip_layer_norm=True), optimized_to=fused)
     assert "SkipLayerNormalization" in {n.op_type for n in onnx.load(str(fused)).graph.node}
 
@@ -170,14 +170,14 @@ def test_fewer_layers_are_an_export_of_their_own(exported: Artifacts, cache_root
 
 
 def test_missing_export_names_the_command(tmp_path: Path) -> None:
-    with pytest.raises(NotReady, match=r"python -m classifiers\.export"):
+    with pytest.raises(NotReady, match=r"python -m classifiers\.training\.export"):
         Encoder.load(cache_root=tmp_path)
 
 
 def test_serving_never_imports_torch(exported: Artifacts, cache_root: Path) -> None:
     code = (
         "import sys; from pathlib import Path; from classifiers.encoder import Encoder\n"
-        "import classifiers.batching, classifiers.export\n"
+        "import classifiers.batching, classifiers.training.export\n"
         f"e = Encoder.load(cache_root=Path({str(cache_root)!r}))\n"
         "assert e.embed_one('hello').shape == (384,)\n"
         "bad = [m for m in ('torch', 'transformers', 'sentence_transformers') if m in sys.modules]\n"
@@ -319,11 +319,11 @@ def test_micro_batcher_settings_are_checked() -> None:
 
 
 def test_the_bench_floor_is_the_exports_own_products(exported: Artifacts, tmp_path: Path) -> None:
-    """`triage bench encoder`'s floor row runs every projection of the export (4 per layer, its own
+    """`python -m benchmarks encoder`'s floor row runs every projection of the export (4 per layer, its own
     weights) and nothing else; in fp32 the chain computes exactly those products."""
     import onnxruntime as ort
 
-    from eval.bench.encoder_floor import chain_model, floor_contestant, layer_weights
+    from benchmarks.encoder_floor import chain_model, floor_contestant, layer_weights
 
     weights = layer_weights(exported.model("fp32"))
     assert [w.shape for w in weights[:4]] == [(384, 1152), (384, 384), (384, 1536), (1536, 384)]

@@ -11,11 +11,11 @@ import pytest
 
 from classifiers import injections
 from classifiers.encoder import Encoder, EncoderSettings, Reading
-from classifiers.export import ensure_exported
 from classifiers.guard import Familiarity, Reference, injection_prediction, router_probability
 from classifiers.heads import LinearHead
 from classifiers.language import detect
-from classifiers.train_all import EmbeddingCache
+from classifiers.training.export import ensure_exported
+from classifiers.training.train_all import EmbeddingCache
 from policies.errors import NotReady
 
 
@@ -151,7 +151,7 @@ def test_familiarity_needs_both_checks(tmp_path: Path) -> None:
 
 
 def test_the_similarity_sample_keeps_an_equal_share_of_every_label() -> None:
-    from classifiers.guard_training import reference_sample
+    from classifiers.training.guard_training import reference_sample
 
     labels = ["choice"] * 3000 + ["open"] * 120 + ["yes_no"] * 900
     x = np.arange(len(labels), dtype=np.float32)[:, None]

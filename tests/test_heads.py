@@ -9,8 +9,8 @@ import pytest
 
 from classifiers.calibration import auroc, ece, fit_temperature
 from classifiers.heads import LinearHead
-from classifiers.train_all import fit_oos_threshold
-from classifiers.training import fit_head, held_back
+from classifiers.training.fit import fit_head, held_back
+from classifiers.training.train_all import fit_oos_threshold
 from policies.errors import NotReady
 
 
@@ -116,7 +116,7 @@ def test_shaped_rows_are_the_mmlu_pro_rows_the_cap_left_out(shared_data: Path) -
 
 def test_measure_by_source_splits_accuracy_and_answers() -> None:
     from classifiers.datasets import source_of
-    from classifiers.train_all import measure
+    from classifiers.training.train_all import measure
 
     x, labels = blobs(400, 3, seed=2)
     head, _ = fit_head("question_type", x, labels, [f"r{i}" for i in range(400)])

@@ -14,11 +14,11 @@ import pytest
 from backends.gguf import cache_dir
 from classifiers.artifacts import locate
 from classifiers.encoder import Encoder, EncoderSettings
-from classifiers.export import ensure_exported
 from classifiers.options import DEFAULT_FEATURES, OPTIONS, OptionHead, feature_width, pair_features, question_text
-from classifiers.options_training import MEASURE_SETS, C, embed_items, fit_type, load_items, measure_set
 from classifiers.service import Classifier
-from classifiers.train_all import EmbeddingCache, TrainReport, train
+from classifiers.training.export import ensure_exported
+from classifiers.training.options_training import MEASURE_SETS, C, embed_items, fit_type, load_items, measure_set
+from classifiers.training.train_all import EmbeddingCache, TrainReport, train
 from policies import loader
 from policies.errors import NotReady
 from tests.conftest import SHARED_DATA

@@ -11,7 +11,7 @@ import pytest
 
 from policies import loader
 from policies.errors import PolicyInvalid
-from policies.routing import candidates
+from policies.plans import resolve
 
 EXAMPLES = sorted(Path(str(files("policies").joinpath("examples"))).glob("*.yaml"))
 
@@ -25,7 +25,7 @@ def test_every_example_policy_validates(path: Path) -> None:
     policy = loader.load(path)
     assert policy.version == 1
     for name in policy.models:
-        assert candidates(policy, name)[0] == name
+        assert resolve(policy, name).chain[0] == name
 
 
 def problems(text: str) -> list[str]:
@@ -164,9 +164,9 @@ virtual_models:
   auto: {type: alias, targets: [big, small]}
 fallback_model: small
 """)
-    assert candidates(policy, "big") == ["big", "mid", "small"]
-    assert candidates(policy, "auto") == ["big", "mid", "small"]
-    assert candidates(policy, "mid") == ["mid", "small"]
+    assert resolve(policy, "big").chain == ("big", "mid", "small")
+    assert resolve(policy, "auto").chain == ("big", "mid", "small")
+    assert resolve(policy, "mid").chain == ("mid", "small")
 
 
 def test_validate_cli_prints_problems_and_exits_nonzero(tmp_path: Path) -> None:

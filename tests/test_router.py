@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from classifiers.quality import QualityHead
-from classifiers.quality_training import fit_quality
+from classifiers.training.quality_training import fit_quality
 from eval.router_eval import evaluate, routellm_measures
 from policies import loader
 from policies.errors import PolicyInvalid
@@ -127,7 +127,7 @@ def test_the_learner_with_the_best_held_back_score_wins() -> None:
 
 
 def test_routing_value_of_a_blind_and_of_a_perfect_router() -> None:
-    from classifiers.quality_training import routing_value
+    from classifiers.training.quality_training import routing_value
 
     q, y, cost = synthetic(3000, seed=13)
     rng = np.random.default_rng(1)

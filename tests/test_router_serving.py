@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from classifiers.calibration import auroc
-from classifiers.router_training import LabelsProblem, labels_for, train_router
-from classifiers.train_all import embedding_cache
+from classifiers.training.router_training import LabelsProblem, labels_for, train_router
+from classifiers.training.train_all import embedding_cache
 from gateway.cli import app as cli
 from policies import loader
 from policies.routed import candidate_costs

@@ -18,7 +18,7 @@ import orjson
 import pytest
 import structlog
 
-from classifiers.export import ensure_exported
+from classifiers.training.export import ensure_exported
 from gateway import runtime
 from policies import loader
 from policies.errors import PolicyInvalid

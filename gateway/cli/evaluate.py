@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -14,6 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gateway.cli.policy_arg import load_or_exit
+
+T = TypeVar("T")
 
 _Policy = Annotated[Path, typer.Option(help="Policy YAML with a `cascade` section.")]
 _Data = Annotated[list[Path] | None, typer.Option(help="Typed JSONL files (dev rows fit, test rows report).")]
@@ -142,6 +145,7 @@ def fit_gates(console: Console, policy: Path, data: list[Path], dev_cap: int, ou
     from gateway.runtime import judges_dir
 
     pol = load_or_exit(policy, "cascade")
+    assert pol.cascade is not None  # load_or_exit: the policy has one
     tiers = pol.cascade.tiers
     learned = [i for i, t in enumerate(tiers) if t.gate == "learned"]
     if not learned:
@@ -203,7 +207,7 @@ def _need_data(data: list[Path] | None, tasks: list[str] | None = None) -> list[
     return data or []
 
 
-def _parsed(fn, flag: str):  # type: ignore[no-untyped-def]
+def _parsed(fn: Callable[[], T], flag: str) -> T:
     try:
         return fn()
     except ValueError as exc:

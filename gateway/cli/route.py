@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict
 from importlib.resources import files
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -15,6 +15,9 @@ from policies import loader
 from policies.errors import NotReady, PolicyInvalid
 from policies.schema import Policy, RoutedModel, SemanticModel
 from policies.semantic import decide, label_problems
+
+if TYPE_CHECKING:
+    from classifiers.service import Classifier
 
 DEFAULT_POLICY = "routed.yaml"  # the example whose semantic model routes by the heads
 
@@ -63,7 +66,7 @@ def route(
         raise typer.Exit(2) from None
     clf.classify(prompt)  # warm-up: the first run pays for ONNX Runtime's allocations
     out = clf.classify(prompt)
-    doc = {
+    doc: dict[str, Any] = {
         "heads": {
             name: {
                 "label": p.label,
@@ -127,7 +130,7 @@ def route(
     )
 
 
-def _routed(pol: Policy, policy: Path, name: str, vm: RoutedModel, clf, prompt: str) -> dict:  # type: ignore[no-untyped-def]
+def _routed(pol: Policy, policy: Path, name: str, vm: RoutedModel, clf: Classifier, prompt: str) -> dict[str, Any]:
     """A routed model's decision for the prompt: every candidate's P(right) and expected cost."""
     import time
 

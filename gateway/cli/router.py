@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import typer
@@ -14,6 +15,10 @@ from rich.table import Table
 
 from gateway.cli.policy_arg import load_or_exit
 from policies.schema import Policy, RoutedModel
+
+if TYPE_CHECKING:
+    from classifiers.training.train_all import EmbeddingCache
+    from eval.router_run import RouterRun
 
 
 def _routed(policy: Path, name: str) -> tuple[Policy, RoutedModel]:
@@ -26,10 +31,10 @@ def _routed(policy: Path, name: str) -> tuple[Policy, RoutedModel]:
     return pol, vm
 
 
-def _embedder(pol: Policy, threads: int = 2):  # type: ignore[no-untyped-def]
+def _embedder(pol: Policy, threads: int = 2) -> EmbeddingCache:
     from classifiers.artifacts import ExportSettings
-    from classifiers.export import ensure_exported
-    from classifiers.train_all import embedding_cache
+    from classifiers.training.export import ensure_exported
+    from classifiers.training.train_all import embedding_cache
 
     assert pol.classifier is not None
     ensure_exported(settings=ExportSettings(layers=pol.classifier.encoder.layers))
@@ -86,7 +91,7 @@ def _gates(spec: str | None) -> dict[str, float]:
     return out
 
 
-def _print(console: Console, result) -> None:  # type: ignore[no-untyped-def]
+def _print(console: Console, result: RouterRun) -> None:
     r = result.report
     console.print(
         f"router {r.name} on {r.rows} test rows ({result.protocol}); learner {result.learner}; "
@@ -122,9 +127,9 @@ def _print(console: Console, result) -> None:  # type: ignore[no-untyped-def]
 
 def calibrate_router(policy: Path, name: str, target: str, patch: Path) -> None:
     """Fit the knob on out-of-fold predictions of dev rows, check it on test rows, write the patch."""
-    from classifiers.model_labels import folds
-    from classifiers.router_training import fit_router, labels_for
     from classifiers.service import data_dir
+    from classifiers.training.model_labels import folds
+    from classifiers.training.router_training import fit_router, labels_for
     from eval.router_run import FOLDS, input_tokens, out_of_fold
     from policies.routed import Target, candidate_costs, fit_knob, outcome, prune
 

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from classifiers.router_training import RouterResult
+from classifiers.training.router_training import RouterResult
 from gateway.cli.policy_arg import load_or_exit
 from policies.schema import Policy, RoutedModel
 
@@ -52,9 +52,9 @@ def train(
     heads of every routed virtual model (the learned router); then the confidence model of every
     cascade tier with `gate: learned` (it needs the tiers' answers on dev rows: the local models run)."""
     from classifiers.artifacts import ExportSettings
-    from classifiers.export import ensure_exported
-    from classifiers.train_all import train as run
-    from classifiers.train_all import train_quality
+    from classifiers.training.export import ensure_exported
+    from classifiers.training.train_all import train as run
+    from classifiers.training.train_all import train_quality
 
     console = Console(highlight=False)
     pol = load_or_exit(policy)

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from classifiers import model_labels
 from classifiers.calibration import auroc
-from classifiers.model_labels import LabelSet
 from classifiers.quality import QualityHead, quality_head_name
-from classifiers.quality_training import Candidate, QualityFit, fit_quality, quality_ece
+from classifiers.training import model_labels
+from classifiers.training.model_labels import LabelSet
+from classifiers.training.quality_training import Candidate, QualityFit, fit_quality, quality_ece
 from policies.routed import candidate_costs, prompt_tokens
 from policies.schema import Policy, RoutedModel
 

@@ -23,6 +23,7 @@ import aiohttp
 
 HOST = "127.0.0.1"
 # proxies and network fetches off for every child: all traffic stays on loopback
+CHECKOUT = Path(__file__).resolve().parents[1]
 _SCRUB = (
     "HTTP_PROXY",
     "HTTPS_PROXY",
@@ -61,6 +62,8 @@ def free_port() -> int:
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
     env.update(NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    # `python -m benchmarks.upstream` from any working folder: the checkout (benchmarks/ is not installed)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(CHECKOUT), env.get("PYTHONPATH", "")) if p)
     env.update(extra or {})
     return env
 
@@ -165,7 +168,7 @@ class Fleet:
         return self.add(
             Proc(
                 "upstream",
-                [sys.executable, "-m", "eval.bench.upstream", "--port", str(port)],
+                [sys.executable, "-m", "benchmarks.upstream", "--port", str(port)],
                 port,
                 "/v1/models",
                 self.workdir / "upstream.log",

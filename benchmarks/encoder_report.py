@@ -8,9 +8,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from eval.bench.encoder_backends import ONNX_FP32, ONNX_INT8, ONNX_INT8_SLN, ONNX_INT8_TOGETHER, PYTORCH
-from eval.bench.encoder_floor import INT8_FLOOR
-from eval.bench.report import goals_table
+from benchmarks.encoder_backends import ONNX_FP32, ONNX_INT8, ONNX_INT8_SLN, ONNX_INT8_TOGETHER, PYTORCH
+from benchmarks.encoder_floor import INT8_FLOOR
+from benchmarks.report import goals_table
 
 # the goals
 P50_32_MAX_MS = 3.0

@@ -1,4 +1,4 @@
-"""``triage bench prefix``: arrival order against sorted against grouped, on real engines, in one run.
+"""``python -m benchmarks prefix``: arrival order against sorted against grouped, on real engines, in one run.
 
 The batch is BIG-Bench-Hard few-shot prompts (27 templates), shuffled with a fixed seed: that is
 the arrival order. SORTED is a plain lexicographic sort of the prompt texts; GROUPED is
@@ -50,13 +50,13 @@ from rich.table import Table
 from backends import tokens as tokens_mod
 from backends.gguf import smollm2_path
 from backends.prefix import Group, Item, approx_tokens, flatten, ideal_reuse, plan, reuse_in_order
-from eval.bench import meters, report
-from eval.bench import vllm as vllm_engine
-from eval.bench.overhead import machine
-from eval.bench.procs import HOST, Fleet, Proc, StartFailed, child_env, free_port
-from eval.bench.report import goals_table
+from benchmarks import meters, report
+from benchmarks import vllm as vllm_engine
+from benchmarks.overhead import machine
+from benchmarks.procs import HOST, Fleet, Proc, StartFailed, child_env, free_port
+from benchmarks.report import goals_table
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "prefix" / "bbh_fewshot_direct.jsonl.gz"
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "prefix" / "bbh_fewshot_direct.jsonl.gz"
 ORDERS = ("arrival", "sorted", "grouped")
 ENGINES = ("server", "scorer")  # the default set
 ALL_ENGINES = (*ENGINES, "vllm")
@@ -514,7 +514,7 @@ def render(console: Console, res: dict[str, Any]) -> None:
     m, b = res["machine"], res["batch"]
     console.print()
     console.print(
-        f"[bold]triage bench prefix[/]  {m['date']}  {m['platform']}  {m['nproc']} CPUs, load average "
+        f"[bold]python -m benchmarks prefix[/]  {m['date']}  {m['platform']}  {m['nproc']} CPUs, load average "
         f"before the run {m['load_avg'][0]}; {b['n']} prompts, {b['templates']} templates, "
         f"{b['prompt_tokens']:,} prompt tokens (longest {b['max_prompt_tokens']}), n_ctx {b['n_ctx']}, "
         f"{res['settings']['n_threads']} engine thread(s)"

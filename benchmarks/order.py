@@ -1,4 +1,4 @@
-"""``triage bench order``: does BatchLLM's decode-first order help here? One batch through the Batch
+"""``python -m benchmarks order``: does BatchLLM's decode-first order help here? One batch through the Batch
 API, planned with ``batches.order: decode_ratio`` and with ``none``, in one run.
 
 Two real llama.cpp servers (``python -m llama_cpp.server``, SmolLM2-135M, one slot each, one thread)
@@ -36,10 +36,11 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from eval.bench import meters, prefix, report
-from eval.bench.affinity import MODEL, reset_caches, start_gateway, start_pool, vllm_evaluated, vllm_pool
-from eval.bench.overhead import machine
-from eval.bench.procs import Fleet, Proc
+from benchmarks import meters, report
+from benchmarks import prefix_bench as prefix
+from benchmarks.affinity import MODEL, reset_caches, start_gateway, start_pool, vllm_evaluated, vllm_pool
+from benchmarks.overhead import machine
+from benchmarks.procs import Fleet, Proc
 
 ORDERS = ("decode_ratio", "none")
 
@@ -248,7 +249,7 @@ def render(console: Console, res: dict[str, Any]) -> None:
     m, b, s = res["machine"], res["batch"], res["settings"]
     console.print()
     console.print(
-        f"[bold]triage bench order[/]  {m['date']}  {m['platform']}  {m['nproc']} CPUs; {b['n']} prompts, "
+        f"[bold]python -m benchmarks order[/]  {m['date']}  {m['platform']}  {m['nproc']} CPUs; {b['n']} prompts, "
         f"{b['templates']} templates, max_tokens from {tuple(s['decode'])} "
         f"({b['max_tokens_asked']:,} all told), "
         f"batches.concurrency {s['concurrency']}, two "

@@ -30,24 +30,18 @@ from classifiers.guard import (
 )
 from classifiers.heads import LinearHead
 from classifiers.language import foreign_language
-from classifiers.training import fit_head, held_back
+from classifiers.training.fit import fit_head, held_back
 from policies.semantic import INJECTION, ROUTER
 
 if TYPE_CHECKING:
-    from classifiers.train_all import EmbeddingCache
+    from classifiers.training.train_all import EmbeddingCache
 
 POSITIVES = 3000
 NEGATIVE_SEGMENTS = 20_000
 WRAP_MAX_WORDS = 40  # ordinary prompts an injection may be wrapped around
-PROBES = (
-    "ood_probe.jsonl",
-    "ood_probe_v2.jsonl",
-    "ood_probe_v3.jsonl",
-    "ood_probe_v4.jsonl",
-    "ood_probe_v5.jsonl",
-    "ood_probe_v6.jsonl",
-    "ood_probe_v7.jsonl",
-)
+# The guard's probe sets (written by hand, kept beside the benchmarks, outside the wheel): every
+# ``ood_probe*.jsonl`` there, measured after training when the checkout has them.
+PROBE_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "probes"
 MIN_CONFIDENCE = 0.5  # a semantic model with this min_confidence escalates a less sure category
 
 
@@ -70,7 +64,8 @@ def fit_injection(
     wrap = [t for t, held in zip(negatives.texts, calib, strict=False) if not held and len(t.split()) <= WRAP_MAX_WORDS]
     positives = injections.generate(POSITIVES if limit is None else min(POSITIVES, 4 * limit), wrap)
     r_neg, r_pos = cache.read(neg.texts), cache.read(positives.texts)
-    seg_x, seg_ids = [], []
+    seg_x: list[np.ndarray] = []
+    seg_ids: list[str] = []
     for reading, id_, held in zip(r_neg, neg.ids, calib, strict=True):
         if not held:
             seg_x.extend(reading.segments)
@@ -110,12 +105,12 @@ def reference_sample(x: np.ndarray, labels: Sequence[str], total: int = REFERENC
     row of a label with fewer), each share spread evenly over the label's rows in their order. A
     uniform sample kept a label in proportion to its rows: the question type's few open prompts, the
     only ones about code and operations, were thinned like its thousands of typed questions."""
-    labels = np.asarray(labels)
-    kinds = sorted(set(labels.tolist()))
+    label_array = np.asarray(labels)
+    kinds = sorted(set(label_array.tolist()))
     share = max(1, -(-total // max(1, len(kinds))))
     keep = []
     for kind in kinds:
-        idx = np.flatnonzero(labels == kind)
+        idx = np.flatnonzero(label_array == kind)
         keep.extend(idx[np.unique(np.linspace(0, len(idx) - 1, min(share, len(idx))).round().astype(int))].tolist())
     return x[sorted(keep)]
 
@@ -153,11 +148,8 @@ def probe(
 ) -> list[ProbeResult]:
     """The guard on each probe file, kind by kind, and on ``ordinary`` prompts (the shared data's
     test rows, kind ``ordinary``: every flag a false one)."""
-    sets = [
-        (name, list(datasets.read_jsonl(Path(__file__).parent / "data" / name)))
-        for name in PROBES
-        if (Path(__file__).parent / "data" / name).is_file()
-    ]
+    files = sorted(PROBE_DIR.glob("ood_probe*.jsonl")) if PROBE_DIR.is_dir() else []
+    sets = [(f.name, list(datasets.read_jsonl(f))) for f in files]
     sets.append(("shared test rows", [{"text": t, "kind": "ordinary"} for t in ordinary.texts]))
     out = []
     for name, rows in sets:

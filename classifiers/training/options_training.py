@@ -24,7 +24,7 @@ from classifiers import datasets
 from classifiers.calibration import ece, fit_temperature
 from classifiers.heads import softmax
 from classifiers.options import DEFAULT_FEATURES, OptionHead, pair_features, question_text
-from classifiers.training import FitReport, held_back
+from classifiers.training.fit import FitReport, held_back
 
 QUESTION_TYPES = ("choice", "yes_no")
 FIT_SETS = {"choice": ("mmlu_pro",), "yes_no": ("boolq", "strategyqa")}  # the typed sets with dev rows

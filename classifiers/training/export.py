@@ -2,7 +2,7 @@
 
 Needs the export extras (torch, transformers, onnx); they are imported inside the functions, so
 importing this module stays cheap and serving never imports torch. Run it ahead of serving with
-``python -m classifiers.export`` (prints the export directory).
+``python -m classifiers.training.export`` (prints the export directory).
 
 Steps, in a temporary directory renamed into place at the end (so a crashed or concurrent export
 never leaves a half-written cache entry):
@@ -192,7 +192,7 @@ def _torch_export(torch: Any, model: Any, path: Path, opset: int) -> None:
 
 def _fuse(src: Path, dst: Path, *, num_heads: int, hidden_size: int) -> None:
     """ONNX Runtime's BERT fusions but SkipLayerNormalization: on CPU here its kernel is slower
-    than the Add and LayerNormalization it fuses (``triage bench encoder``, ``onnx-int8-sln``; the
+    than the Add and LayerNormalization it fuses (``python -m benchmarks encoder``, ``onnx-int8-sln``; the
     encoder turns the same fusion off in its sessions)."""
     from onnxruntime.transformers import optimizer
     from onnxruntime.transformers.fusion_options import FusionOptions
@@ -262,7 +262,9 @@ def _version(dist: str) -> str | None:
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m classifiers.export", description="Export the encoder to ONNX.")
+    parser = argparse.ArgumentParser(
+        prog="python -m classifiers.training.export", description="Export the encoder to ONNX."
+    )
     parser.add_argument("--layers", type=int, default=ExportSettings().layers, help="keep the first N layers")
     args = parser.parse_args(argv)
     art, built = ensure_exported(settings=ExportSettings(layers=args.layers))

@@ -6,7 +6,7 @@ dequantizes the GGUF's tensors; the model is rebuilt from its config without the
 chat template beside it. The folder records the GGUF's SHA-256 (``source.sha256``): a second run
 on the same file does nothing, a changed file is converted again.
 
-    .venv-vllm/bin/python eval/bench/vllm_convert.py MODEL.gguf OUT_DIR
+    .venv-vllm/bin/python benchmarks/vllm_convert.py MODEL.gguf OUT_DIR
 
 This file imports nothing of triage: it runs under vLLM's interpreter, not the gateway's.
 """

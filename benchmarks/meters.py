@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from eval.bench.procs import Proc
+from benchmarks.procs import Proc
 
 
 def cpu_s(pid: int) -> float:

@@ -1,4 +1,4 @@
-"""``triage bench encoder``: the encoder's latency and throughput, ONNX int8 / fp32 against PyTorch.
+"""``python -m benchmarks encoder``: the encoder's latency and throughput, ONNX int8 / fp32 against PyTorch.
 
 The contestants (ONNX int8 with each row its own forward, the default; int8 with a batch's rows in
 one padded forward; int8 with ONNX Runtime's SkipLayerNormalization fusion, which the encoder turns
@@ -7,7 +7,7 @@ interleaved rounds whose contestant order rotates, so that machine noise falls o
 1. latency one prompt at a time, intra-op threads 1, for prompts of 16, 32, 128 and 512 tokens
    ([CLS]/[SEP] included; 512 is over the model's 256 and is truncated: head + tail for ONNX,
    head only for sentence-transformers), with the floor of this CPU beside them: the int8 export's
-   matrix products alone (:mod:`eval.bench.encoder_floor`);
+   matrix products alone (:mod:`benchmarks.encoder_floor`);
 2. latency micro-batched: ``concurrency`` clients in a closed loop through the
    :class:`~classifiers.batching.MicroBatcher` (submit-to-result per request), threads 1;
 3. decisions per second, micro-batched, at ``throughput_tokens`` tokens: on one core (intra-op
@@ -32,12 +32,8 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from classifiers.artifacts import ExportSettings
-from classifiers.batching import MicroBatcher
-from classifiers.encoder import Encoder, EncoderSettings
-from classifiers.export import ensure_exported
-from eval.bench import report
-from eval.bench.encoder_backends import (
+from benchmarks import report
+from benchmarks.encoder_backends import (
     ONNX_FP32,
     ONNX_INT8,
     ONNX_INT8_SLN,
@@ -52,8 +48,12 @@ from eval.bench.encoder_backends import (
     torch_kept_tokens,
     torch_version,
 )
-from eval.bench.encoder_floor import floor_contestant
-from eval.bench.encoder_report import FEWER_LAYERS, goals, render
+from benchmarks.encoder_floor import floor_contestant
+from benchmarks.encoder_report import FEWER_LAYERS, goals, render
+from classifiers.artifacts import ExportSettings
+from classifiers.batching import MicroBatcher
+from classifiers.encoder import Encoder, EncoderSettings
+from classifiers.training.export import ensure_exported
 
 PROMPTS_PER_LENGTH = 8
 

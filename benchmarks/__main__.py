@@ -1,4 +1,5 @@
-"""``triage bench ...``: benchmarks that print ratios against a baseline run in the same process."""
+"""``python -m benchmarks ...`` (from a checkout): benchmarks that print ratios against a baseline run
+in the same process."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
+app = typer.Typer(name="benchmarks", help="Benchmarks.", no_args_is_help=True, add_completion=False)
 
 
 @app.command("overhead")
@@ -27,7 +28,7 @@ def overhead(
     out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-overhead.json"),
 ) -> None:
     """Added latency and throughput: direct vs triage vs LiteLLM proxy, one fast upstream."""
-    from eval.bench.overhead import run
+    from benchmarks.overhead import run
 
     run(
         requests=requests,
@@ -63,7 +64,7 @@ def encoder(
     out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-encoder.json"),
 ) -> None:
     """Encoder latency and decisions/s: ONNX int8 and fp32 against sentence-transformers, in one run."""
-    from eval.bench.encoder import run
+    from benchmarks.encoder_bench import run
 
     run(
         rounds=rounds,
@@ -88,7 +89,7 @@ def guard(
     out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-guard.json"),
 ) -> None:
     """The guard's cost: Encoder.read (with sentences and foreign share) against Encoder.embed."""
-    from eval.bench.guard import run
+    from benchmarks.guard_bench import run
 
     run(prompts=prompts, rounds=rounds, batch=batch, out=out)
 
@@ -129,7 +130,7 @@ def prefix(
     out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-prefix.json"),
 ) -> None:
     """Prefix-sorted dispatch: arrival vs sorted vs grouped order, llama.cpp server and local scorer."""
-    from eval.bench.prefix import DATA, ENGINES, run
+    from benchmarks.prefix_bench import DATA, ENGINES, run
 
     run(
         data=data or DATA,
@@ -166,8 +167,8 @@ def order(
     out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-order.json"),
 ) -> None:
     """BatchLLM's decode-first order against token order: one batch through the Batch API, two llama.cpp replicas."""
-    from eval.bench.order import run
-    from eval.bench.prefix import DATA
+    from benchmarks.order import run
+    from benchmarks.prefix_bench import DATA
 
     run(
         data=data or DATA,
@@ -215,7 +216,7 @@ def affinity(
 ) -> None:
     """Online requests by prefix: two llama.cpp (or vLLM) replicas behind triage, round robin vs prefix
     affinity vs the admission window, in one run."""
-    from eval.bench.affinity import DATA, MODES, run
+    from benchmarks.affinity import DATA, MODES, run
 
     modes = tuple(m for m in MODES if m in set(mode or MODES) | {"round_robin"})
     run(
@@ -234,3 +235,7 @@ def affinity(
         vllm_cache_tokens=vllm_cache_tokens,
         out=out,
     )
+
+
+if __name__ == "__main__":
+    app()

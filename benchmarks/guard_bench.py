@@ -1,4 +1,4 @@
-"""``triage bench guard``: what the guard adds to the encoder's work per prompt.
+"""``python -m benchmarks guard``: what the guard adds to the encoder's work per prompt.
 
 The gateway reads a prompt with :meth:`Encoder.read` (the embedding, plus every sentence's
 embedding pooled from the token output of the same forward, plus the share of foreign word
@@ -23,14 +23,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks import report
+from benchmarks.overhead import machine
 from classifiers import datasets
 from classifiers.encoder import Encoder, EncoderSettings
-from classifiers.export import ensure_exported
 from classifiers.language import detect
-from eval.bench import report
-from eval.bench.overhead import machine
+from classifiers.training.export import ensure_exported
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
 same reply as SSE when the body asks for ``stream: true``; ``GET /v1/models`` lists one model.
 Responses are prebuilt bytes, so the upstream is never the bottleneck of a gateway benchmark.
 
-Run it as its own process: ``python -m eval.bench.upstream --port 9000``.
+Run it as its own process: ``python -m benchmarks.upstream --port 9000``.
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from classifiers.calibration import auroc, ece
-from classifiers.quality import QualityHead, centroid_proba, knn_proba, logit, sigmoid
-from classifiers.training import held_back
+from classifiers.quality import Kind, QualityHead, centroid_proba, knn_proba, logit, sigmoid
+from classifiers.training.fit import held_back
 from policies.routed import knob_grid, outcome, prune
 
 LINEAR_C = (0.05, 0.2, 1.0)
@@ -265,13 +265,18 @@ def fit_quality(
         k = int(float(best.setting)) if best.learner == "knn" else 0
         temperature = float(best.setting) if best.learner == "centroid" else 0.0
         arrays = _fit(best.learner, float(best.setting), x[~calib], y[~calib], calib_cats)
-    kind = best.learner if best.learner in ("blend", "knn", "centroid") else "linear"
+    kind: Kind
+    match best.learner:
+        case "blend" | "knn" | "centroid":
+            kind = best.learner
+        case _:
+            kind = "linear"
     head = QualityHead(
         name,
         tuple(models),
         kind,
         arrays,
-        np.ones(len(models), np.float32),  # type: ignore[arg-type]
+        np.ones(len(models), np.float32),
         np.zeros(len(models), np.float32),
         k,
         KNN_PRIOR if k else 0.0,
@@ -292,7 +297,7 @@ def fit_quality(
         tuple(models),
         kind,
         arrays,
-        scale.astype(np.float32),  # type: ignore[arg-type]
+        scale.astype(np.float32),
         shift.astype(np.float32),
         k,
         head.prior,
