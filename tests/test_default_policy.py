@@ -20,6 +20,16 @@ DEFAULT = Path(
     or Path(__file__).resolve().parents[1] / "policies" / "examples" / "default.yaml"
 )
 
+
+def default_text() -> str:
+    """The default policy's text, its relative paths (the shipped heads) made absolute: the tests
+    write it into a folder of their own."""
+    text = DEFAULT.read_text()
+    return text.replace("artifacts: heads ", f"artifacts: {DEFAULT.parent / 'heads'} ").replace(
+        "data_dir: ../../../shared/data ", f"data_dir: {DEFAULT.parent / '../../../shared/data'} "
+    )
+
+
 EASY: list[tuple[dict, str]] = [
     (
         {"question": "Which planet is known as the red planet?", "options": ["Venus", "Mars", "Jupiter", "Saturn"]},
@@ -106,7 +116,7 @@ def answers(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, dict, f
 
     runner = GatewayRunner(tmp_path_factory.mktemp("default"))
     try:
-        gw = runner.start(DEFAULT.read_text())
+        gw = runner.start(default_text())
         got = []
         with gw.http() as http:
             for body, want in EASY:
@@ -137,7 +147,7 @@ def test_the_default_answers_easy_typed_questions(answers: list[tuple[str, dict,
 
 
 def test_the_default_chat_model_answers_a_plain_question(gateway: Callable[..., Gateway]) -> None:
-    gw = gateway(DEFAULT.read_text())
+    gw = gateway(default_text())
     out = gw.client().chat.completions.create(
         model="default",
         messages=[{"role": "user", "content": "What is the capital of France? One word."}],
@@ -145,3 +155,11 @@ def test_the_default_chat_model_answers_a_plain_question(gateway: Callable[..., 
         temperature=0,
     )
     assert "paris" in (out.choices[0].message.content or "").lower()
+    # the encoder tier, on the shipped heads: `routed` reads the prompt and says why
+    raw = gw.client().chat.completions.with_raw_response.create(
+        model="routed", messages=[{"role": "user", "content": "Solve for x: 3x + 7 = 22."}], max_tokens=4
+    )
+    assert raw.headers["x-triage-model"] == "qwen2.5-coder-1.5b"
+    assert raw.headers["x-triage-route"] and raw.headers["x-triage-category"] == "math", dict(raw.headers)
+    vectors = gw.client().embeddings.create(model="all-minilm-l6-v2", input=["a cat", "a dog"])
+    assert len(vectors.data) == 2 and len(vectors.data[0].embedding) == 384

@@ -202,15 +202,16 @@ def test_triage_route_prints_the_decision_and_every_head(heads: Path, tmp_path: 
     assert done.returncode == 0 and json.loads(done.stdout)["decision"]["model"] == "mathbot", done.stderr
 
 
-def test_triage_route_without_a_policy_reads_the_packaged_example() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRIAGE_POLICY"}
-    cmd = [sys.executable, "-m", "gateway.cli", "route", "--json", "What is 2 plus 2?"]
+def test_triage_route_without_a_policy_reads_the_served_default() -> None:
+    """The default policy ships its heads (policies/examples/heads/): no training, no shared data."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRIAGE_POLICY", "TRIAGE_SHARED_DATA")}
+    cmd = [sys.executable, "-m", "gateway.cli", "route", "--json", "Solve for x: 3x + 7 = 22."]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    if done.returncode == 0:  # its heads are trained in this checkout: it answers with them
-        assert json.loads(done.stdout)["decision"]["virtual_model"] == "auto"
-    else:  # else it says what to run, naming the example it read
-        assert done.returncode == 2 and "triage train --policy" in done.stderr, done.stderr
-        assert "routed.yaml" in done.stderr
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["decision"]["virtual_model"] == "routed" and doc["decision"]["model"] == "qwen2.5-coder-1.5b"
+    assert doc["heads"]["category"]["label"] == "math" and doc["familiarity"]["in_distribution"]
+    assert set(doc["heads"]) == {"question_type", "category", "reasoning", "injection", "intents"}
 
 
 RULES = "    rules: [{head: question_type, labels: [choice], min_confidence: 0.9, model: plain, reasoning: off}]\n"

@@ -19,7 +19,7 @@ from policies.semantic import decide, label_problems
 if TYPE_CHECKING:
     from classifiers.service import Classifier
 
-DEFAULT_POLICY = "routed.yaml"  # the example whose semantic model routes by the heads
+DEFAULT_POLICY = "default.yaml"  # the served default: its `routed` model reads the shipped heads
 
 
 def route(
@@ -27,8 +27,8 @@ def route(
     policy: Annotated[
         Path | None,
         typer.Option(
-            help="Policy YAML with a `classifier` section (default: policies/examples/routed.yaml, "
-            "the encoder tier on the local default).",
+            help="Policy YAML with a `classifier` section (default: the served default, "
+            "policies/examples/default.yaml, whose heads ship with it).",
             envvar="TRIAGE_POLICY",
         ),
     ] = None,
