@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("TRIAGE_VLLM_VENV") or ROOT / ".venv-vllm")
 PYTHON = VENV / "bin" / "python"
 MODEL_DIR = VENV / "models" / "smollm2"
