@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test test-fast lint format fuzz bench-overhead models vllm clean
+.PHONY: serve test test-fast lint format fuzz bench-overhead models vllm services clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,7 +23,12 @@ $(STAMP): pyproject.toml Makefile
 serve: $(STAMP)
 	$(BIN)/triage serve
 
-test: $(STAMP) vllm
+# the servers the tests start themselves: Redis (Debian's package), for tests/test_quotas.py
+services:
+	command -v redis-server >/dev/null 2>&1 || { DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; }
+
+test: $(STAMP) vllm services
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
 
 # the pure core and the HTTP edge on scripted backends: no model server, no GGUF, no encoder export

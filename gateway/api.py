@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -16,17 +17,20 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Route as HTTPRoute
 
 from backends.base import Body, Kind
-from gateway import anthropic_messages, decide, embeddings, responses, typed
+from gateway import anthropic_messages, decide, embeddings, quotas, responses, typed
 from gateway import openapi as openapi_doc
 from gateway import pipeline as flow
 from gateway.dispatch import Served
 from gateway.exchange import Exchange
 from gateway.schemas import check, parse_any_json, parse_json
 from gateway.state import GatewayState
+from policies import spend
 from policies.cascade import Decision
 from policies.errors import (
+    BudgetExhausted,
     ClientGone,
     InvalidRequest,
+    KeyRateLimited,
     ModelNotFound,
     PayloadTooLarge,
     RequestTimeout,
@@ -50,6 +54,10 @@ ANTHROPIC_PATHS = frozenset({"/v1/messages"})  # whose errors are in Anthropic's
 def error_response(exc: TriageError, path: str | None = None) -> Response:
     """The error in the API's own shape: OpenAI's, or Anthropic's on its paths."""
     headers = {"Retry-After": "1"} if exc.status == 429 else None
+    if isinstance(exc, KeyRateLimited | BudgetExhausted):
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+        if isinstance(exc, BudgetExhausted):  # the official clients retry a 429 unless told not to
+            headers["x-should-retry"] = "false"
     if exc.status in (408, 413):  # the rest of the body is not read: the connection cannot be reused
         headers = {"Connection": "close"}
     body = anthropic_messages.error_body(exc) if path in ANTHROPIC_PATHS else exc.body()
@@ -142,6 +150,7 @@ def _state(request: Request) -> GatewayState:
 def _authorize(request: Request, ex: Exchange) -> None:
     if not ex.rt.check_key(request.headers.get("authorization")):
         raise Unauthorized("Incorrect or missing API key: send 'Authorization: Bearer <key>'")
+    ex.key = ex.rt.key_name(request.headers.get("authorization"))
 
 
 async def _admitted_body(request: Request, ex: Exchange) -> bytes:
@@ -169,6 +178,7 @@ async def pipeline(request: Request, ex: Exchange, kind: Kind, body: dict[str, A
     # a client that leaves is watched for only where a request can wait in a queue: A/B runs of
     # `bench overhead` hinted at 0.2 ms a request for watching every one (noisy, not settled)
     wait = (lambda work: _unless_gone(request, work)) if ex.rt.admission else None
+    await quotas.admit(ex.rt, ex.key, ex.model)
     out = await flow.run(ex.rt, kind, body, ex.request_id, ex.attempts, wait=wait)
     ex.stream = out.stream
     if out.decision is not None:
@@ -187,6 +197,7 @@ async def pipeline(request: Request, ex: Exchange, kind: Kind, body: dict[str, A
     if served.completion is not None:
         usage = served.completion.body.get("usage")
         ex.usage = usage if isinstance(usage, dict) else None
+        headers["x-triage-cost"] = f"{spend.cost(ex.rt.policy.models[served.model].prices, ex.usage):.8f}"
     return Result(headers, served=served)
 
 
@@ -243,6 +254,7 @@ async def _decide(request: Request, batch: bool) -> Response:
         spec = decide.served_cascade(ex.rt)
         body = await read_body(request, ex.rt.policy.limits.max_body_bytes)
         ex.take_slot()  # only once the body is in: a slow sender holds no slot
+        await quotas.admit(ex.rt, ex.key, None)
         raw = parse_any_json(body)
         if not batch:
             q, overrides = decide.parse_one(ex.rt, raw)
@@ -340,6 +352,7 @@ async def embeddings_route(request: Request) -> Response:
     ex = Exchange.begin(state.holder, state.metrics, state.gate, "embeddings", request.headers.get("x-request-id"))
     try:
         raw = await _admitted_body(request, ex)
+        await quotas.admit(ex.rt, ex.key, None)
         out = await _unless_gone(request, embeddings.answer(ex, raw))
     except TriageError as exc:
         await ex.finish(exc.status, exc)
@@ -438,8 +451,10 @@ async def create_message(request: Request) -> Response:
     ex = Exchange.begin(state.holder, state.metrics, state.gate, "messages", request.headers.get("x-request-id"))
     try:
         key = request.headers.get("x-api-key")
-        if not ex.rt.check_key(request.headers.get("authorization") or (f"Bearer {key}" if key else None)):
+        sent = request.headers.get("authorization") or (f"Bearer {key}" if key else None)
+        if not ex.rt.check_key(sent):
             raise Unauthorized("Incorrect or missing API key: send 'x-api-key: <key>'")
+        ex.key = ex.rt.key_name(sent)
         raw = await read_body(request, ex.rt.policy.limits.max_body_bytes)
         ex.take_slot()  # only once the body is in: a slow sender holds no slot
         req = parse_json(raw)

@@ -14,6 +14,7 @@ from typing import Any
 import structlog
 
 from backends.base import Attempt, Stopwatch
+from gateway import quotas
 from gateway.metrics import Metrics
 from gateway.runtime import Runtime, RuntimeHolder
 from policies.cascade import Decision
@@ -61,6 +62,8 @@ class Exchange:
     prompt: Any = None
     route: Route | None = None
     decision: Decision | None = None
+    key: str | None = None  # the policy key's name (never the key)
+    cost: float | None = None
     _slot: bool = False
     _done: bool = False
 
@@ -83,6 +86,8 @@ class Exchange:
             self.gate.in_flight -= 1
             self.metrics.in_flight.dec()
         try:
+            if status < 400 and self.served is not None:
+                self.cost = await quotas.record(self.rt, self.key, self.served, self.usage)
             self._report(status, error)
         finally:
             await self.holder.release(self.rt)
@@ -114,6 +119,11 @@ class Exchange:
         if self.decision is not None:
             event["decision"] = self._decision_event(self.decision)
             self.metrics.decisions.labels(self.decision.tier, self.decision.qtype).inc()
+        if self.key is not None:
+            event["key"] = self.key
+        if self.cost:
+            event["cost"] = round(self.cost, 8)
+            self.metrics.spend.labels(self.key or "-", model).inc(self.cost)
         if self.usage:
             event["prompt_tokens"] = self.usage.get("prompt_tokens")
             event["completion_tokens"] = self.usage.get("completion_tokens")

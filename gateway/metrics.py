@@ -31,6 +31,9 @@ class Metrics:
             "triage_upstream_attempts", "Tries at upstream replicas", ["backend", "replica", "outcome"], registry=r
         )
         self.tokens = Counter("triage_tokens", "Tokens reported by upstreams", ["model", "kind"], registry=r)
+        self.spend = Counter(
+            "triage_spend", "Cost of served requests at the policy's prices, by key name", ["key", "model"], registry=r
+        )
         self.in_flight = Gauge("triage_in_flight_requests", "Requests being served", registry=r)
         self.reloads = Counter("triage_policy_reloads", "Policy reloads", ["outcome"], registry=r)
         self.decisions = Counter(

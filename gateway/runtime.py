@@ -18,6 +18,7 @@ import structlog
 from backends import registry
 from backends.base import Backend
 from backends.secrets import MissingSecret, resolve
+from gateway.stores import MemoryStore, Store, StoreDown, open_store
 from policies.budget import EscalationBudget
 from policies.errors import NotReady, PolicyInvalid
 from policies.schema import Policy
@@ -43,6 +44,14 @@ class Runtime:
     in_flight: int = 0
     retired: bool = False
     operator_hashes: frozenset[str] = frozenset()  # keys that see every key's files and batches
+    store: Store = field(default_factory=MemoryStore)  # rate windows and spend (policy: state)
+    store_problem: str | None = None  # the store was down at start and the policy allows degraded mode
+    key_names: dict[str, str] = field(default_factory=dict)  # sha256 -> the key's name
+
+    def key_name(self, authorization: str | None) -> str | None:
+        """The name of the policy key sent (never the key); None without keys or a known key."""
+        digest = self.key_digest(authorization)
+        return self.key_names.get(digest) if digest is not None else None
 
     def key_digest(self, authorization: str | None) -> str | None:
         """The sha256 of the bearer key sent, None without one (what check_key compares)."""
@@ -117,6 +126,15 @@ async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path 
     """
     keys = _key_hashes(policy)
     judges = load_judges(policy, base_dir)
+    if previous is not None and previous.policy.state == policy.state:
+        store, problem = previous.store, previous.store_problem
+    else:
+        try:
+            store, problem = await open_store(policy.state)
+        except StoreDown as exc:
+            raise PolicyInvalid([f"state: {exc.message}"]) from None
+        if problem is not None:
+            log.warning("state_store_down", store=policy.state.store, problem=problem, mode="degraded")
     encoding, quality = await _encoding(policy, previous, base_dir)
     backends: dict[str, Backend] = {}
     started: list[Backend] = []
@@ -137,10 +155,24 @@ async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path 
             await backend.close()
         if encoding is not None and (previous is None or encoding is not previous.encoding):
             await encoding.close()
+        if previous is None or store is not previous.store:
+            await store.close()
         raise
     operators = frozenset(digest for name, digest in keys if name in policy.access.operator_keys)
     hashes = frozenset(digest for _, digest in keys)
-    return Runtime(policy, backends, hashes, encoding, quality, _budget(policy), judges, operator_hashes=operators)
+    return Runtime(
+        policy,
+        backends,
+        hashes,
+        encoding,
+        quality,
+        _budget(policy),
+        judges,
+        operator_hashes=operators,
+        store=store,
+        store_problem=problem,
+        key_names=dict((digest, name) for name, digest in keys),
+    )
 
 
 def judges_dir(policy: Policy, base_dir: Path) -> Path | None:
@@ -210,7 +242,7 @@ class RuntimeHolder:
     def __init__(self, runtime: Runtime) -> None:
         self.current = runtime
         self._retired: list[Runtime] = []
-        self._pending: dict[int, Backend | Encoding] = {}  # by id: objects of retired runtimes
+        self._pending: dict[int, Backend | Encoding | Store] = {}  # by id: objects of retired runtimes
 
     def acquire(self) -> Runtime:
         rt = self.current
@@ -226,7 +258,7 @@ class RuntimeHolder:
         old, self.current = self.current, new
         old.retired = True
         self._retired.append(old)
-        for obj in (*old.backends.values(), old.encoding):
+        for obj in (*old.backends.values(), old.encoding, old.store):
             if obj is not None:
                 self._pending[id(obj)] = obj
         await self._collect()
@@ -236,13 +268,14 @@ class RuntimeHolder:
             await backend.close()
         if self.current.encoding is not None:
             await self.current.encoding.close()
+        await self.current.store.close()
 
     async def _collect(self) -> None:
         self._retired = [rt for rt in self._retired if rt.in_flight > 0]
         live = {
             id(obj)
             for rt in (self.current, *self._retired)
-            for obj in (*rt.backends.values(), rt.encoding)
+            for obj in (*rt.backends.values(), rt.encoding, rt.store)
             if obj is not None
         }
         closing = [obj for key, obj in self._pending.items() if key not in live]

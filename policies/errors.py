@@ -91,6 +91,35 @@ class RateLimited(TriageError):
     default_code = "concurrency_limit"
 
 
+class KeyRateLimited(RateLimited):
+    """A key's requests or tokens per minute are used up; ``retry_after`` says when a slot frees."""
+
+    default_code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class BudgetExhausted(TriageError):
+    """A key's budget is spent. 429 with OpenAI's own code for it (``insufficient_quota``): the
+    official clients raise RateLimitError and, told ``x-should-retry: false``, do not retry."""
+
+    status = 429
+    type = "insufficient_quota"
+    default_code = "insufficient_quota"
+
+    def __init__(self, message: str, *, spent: float, budget: float, resets_at: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.spent, self.budget, self.resets_at, self.retry_after = spent, budget, resets_at, retry_after
+
+
+class Forbidden(TriageError):
+    status = 403
+    type = "invalid_request_error"
+    default_code = "model_not_allowed"
+
+
 class NotReady(TriageError):
     status = 503
     type = "server_error"

@@ -438,9 +438,20 @@ class Limits(Strict):
     max_concurrency: int = Field(256, ge=1, description="requests in flight before 429")
 
 
+class KeyLimits(Strict):
+    """A key's share of the fleet, enforced across every gateway that shares the state store."""
+
+    rpm: int | None = Field(None, ge=1, description="requests per minute (a sliding 60 s window)")
+    tpm: int | None = Field(None, ge=1, description="prompt + completion tokens per minute (a sliding 60 s window)")
+    budget_per_day: float | None = Field(None, gt=0, description="spend per UTC day, in the prices' currency")
+    budget_per_month: float | None = Field(None, gt=0, description="spend per UTC calendar month")
+
+
 class ApiKey(Strict):
     name: str
     sha256: str = Field(description="hex sha256 of the key, or env:NAME holding it")
+    models: list[str] | None = Field(None, description="the models and virtual models it may ask for (all: unset)")
+    limits: KeyLimits = KeyLimits()
 
     @field_validator("sha256")
     @classmethod
@@ -457,6 +468,26 @@ class Access(Strict):
         default_factory=list, description="names of keys (in keys) that see every key's files and batches"
     )
     public_metrics: bool = Field(False, description="serve /metrics without a key (for a scraper)")
+
+
+class StateSpec(Strict):
+    """Where what several requests share lives: rate windows, spend, the decision cache."""
+
+    store: Literal["memory", "redis"] = Field(
+        "memory", description="memory: this process only; redis: shared by every gateway pointing at it"
+    )
+    url: str | None = Field(None, description="redis://host:port/db, or env:NAME holding it (store: redis)")
+    prefix: str = Field("triage", pattern=r"^[A-Za-z0-9_.:-]+$", description="the stores' key prefix")
+    timeout_s: float = Field(0.5, gt=0, description="one store call; past it the request gets 503")
+    degraded: bool = Field(
+        False, description="start without the store when it is down (limits fail closed: 503) rather than not start"
+    )
+
+    @model_validator(mode="after")
+    def _url(self) -> StateSpec:
+        if self.store == "redis" and not self.url:
+            raise ValueError("store: redis needs a url (redis://host:port/db or env:NAME)")
+        return self
 
 
 class Logging(Strict):
@@ -477,6 +508,7 @@ class Policy(Strict):
     limits: Limits = Limits()
     keys: list[ApiKey] = Field(default_factory=list)
     access: Access = Access()
+    state: StateSpec = StateSpec()
     logging: Logging = Logging()
 
     def upstream_name(self, model: str) -> str:
@@ -539,9 +571,13 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
     if policy.fallback_model is not None and policy.fallback_model not in models:
         problems.append((("fallback_model",), f"model '{policy.fallback_model}' is not defined"))
     listed = [k.name for k in policy.keys]
+    public = {*models, *policy.virtual_models}
     for i, key in enumerate(policy.keys):
         if listed.index(key.name) != i:
             problems.append((("keys", i, "name"), f"key name '{key.name}' is used twice"))
+        for j, name in enumerate(key.models or []):
+            if name not in public:
+                problems.append((("keys", i, "models", j), f"model '{name}' is not defined"))
     return problems
 
 

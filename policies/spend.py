@@ -1,0 +1,48 @@
+"""What a request cost, and the calendar windows budgets are counted in. Pure: no I/O."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from policies.schema import Prices
+
+
+def cost(prices: Prices, usage: Mapping[str, Any] | None) -> float:
+    """The price of one call: its tokens at the model's prices, plus the per-call price."""
+    prompt, completion = (_count(usage, k) for k in ("prompt_tokens", "completion_tokens"))
+    return prices.per_call + (prompt * prices.input_per_mtok + completion * prices.output_per_mtok) / 1e6
+
+
+def _count(usage: Mapping[str, Any] | None, field: str) -> int:
+    value = (usage or {}).get(field)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def tokens(usage: Mapping[str, Any] | None) -> int:
+    """The tokens a call used, as a key's ``tpm`` counts them."""
+    return _count(usage, "total_tokens") or _count(usage, "prompt_tokens") + _count(usage, "completion_tokens")
+
+
+def day(now: float) -> str:
+    """The UTC day of ``now`` (a Unix time), as budgets count it: ``YYYY-MM-DD``."""
+    return dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%d")
+
+
+def month_days(now: float) -> list[str]:
+    """Every UTC day of ``now``'s month up to its day, oldest first."""
+    today = dt.datetime.fromtimestamp(now, dt.UTC).date()
+    return [today.replace(day=d).isoformat() for d in range(1, today.day + 1)]
+
+
+def resets(now: float, period: str) -> tuple[str, float]:
+    """When a ``day`` or ``month`` budget resets: the ISO time, and the seconds until then."""
+    t = dt.datetime.fromtimestamp(now, dt.UTC)
+    start = t.replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == "day":
+        nxt = start + dt.timedelta(days=1)
+    else:
+        first = start.replace(day=1)
+        nxt = (first + dt.timedelta(days=32)).replace(day=1)
+    return nxt.isoformat().replace("+00:00", "Z"), (nxt - t).total_seconds()
