@@ -197,7 +197,8 @@ async def pipeline(request: Request, ex: Exchange, kind: Kind, body: dict[str, A
     if served.completion is not None:
         usage = served.completion.body.get("usage")
         ex.usage = usage if isinstance(usage, dict) else None
-        headers["x-triage-cost"] = f"{spend.cost(ex.rt.policy.models[served.model].prices, ex.usage):.8f}"
+        ex.cost = spend.cost(ex.rt.policy.models[served.model].prices, ex.usage)
+        headers["x-triage-cost"] = f"{ex.cost:.8f}"
     return Result(headers, served=served)
 
 

@@ -87,7 +87,7 @@ class Exchange:
             self.metrics.in_flight.dec()
         try:
             if status < 400 and self.served is not None:
-                self.cost = await quotas.record(self.rt, self.key, self.served, self.usage)
+                self.cost = await quotas.record(self.rt, self.key, self.served, self.usage, self.cost)
             self._report(status, error)
         finally:
             await self.holder.release(self.rt)

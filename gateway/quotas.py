@@ -81,10 +81,14 @@ async def _budget(rt: Runtime, key: ApiKey, now: float) -> None:
             )
 
 
-async def record(rt: Runtime, name: str | None, model: str | None, usage: Mapping[str, Any] | None) -> float:
-    """Count what a served request used; its cost (0 for a model without prices, or no model)."""
-    spec = rt.policy.models.get(model) if model is not None else None
-    cost = spend.cost(spec.prices, usage) if spec is not None else 0.0
+async def record(
+    rt: Runtime, name: str | None, model: str | None, usage: Mapping[str, Any] | None, cost: float | None = None
+) -> float:
+    """Count what a served request used; its cost (``cost`` when the caller priced it already; 0 for a
+    model without prices, or no model)."""
+    if cost is None:
+        spec = rt.policy.models.get(model) if model is not None else None
+        cost = spend.cost(spec.prices, usage) if spec is not None else 0.0
     key = _key(rt, name)
     if key is None or model is None:
         return cost
