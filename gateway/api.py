@@ -35,7 +35,6 @@ from policies.errors import (
     PayloadTooLarge,
     RequestTimeout,
     TriageError,
-    Unauthorized,
 )
 from policies.plans import public_models
 from policies.semantic import Route
@@ -147,16 +146,14 @@ def _state(request: Request) -> GatewayState:
     return request.app.state.triage
 
 
-def _authorize(request: Request, ex: Exchange) -> None:
-    if not ex.rt.check_key(request.headers.get("authorization")):
-        raise Unauthorized("Incorrect or missing API key: send 'Authorization: Bearer <key>'")
-    ex.key = ex.rt.key_name(request.headers.get("authorization"))
+async def _authorize(request: Request, ex: Exchange) -> None:
+    ex.key = await ex.rt.authenticate(request.headers.get("authorization"))
 
 
 async def _admitted_body(request: Request, ex: Exchange) -> bytes:
     """The key checked, the body read, then a slot taken (only once the body is in: a slow
     sender holds no slot)."""
-    _authorize(request, ex)
+    await _authorize(request, ex)
     raw = await read_body(request, ex.rt.policy.limits.max_body_bytes)
     ex.take_slot()
     return raw
@@ -251,7 +248,7 @@ async def _decide(request: Request, batch: bool) -> Response:
         request.headers.get("x-request-id"),
     )
     try:
-        _authorize(request, ex)
+        await _authorize(request, ex)
         spec = decide.served_cascade(ex.rt)
         body = await read_body(request, ex.rt.policy.limits.max_body_bytes)
         ex.take_slot()  # only once the body is in: a slow sender holds no slot
@@ -453,9 +450,7 @@ async def create_message(request: Request) -> Response:
     try:
         key = request.headers.get("x-api-key")
         sent = request.headers.get("authorization") or (f"Bearer {key}" if key else None)
-        if not ex.rt.check_key(sent):
-            raise Unauthorized("Incorrect or missing API key: send 'x-api-key: <key>'")
-        ex.key = ex.rt.key_name(sent)
+        ex.key = await ex.rt.authenticate(sent, send="x-api-key: <key>")
         raw = await read_body(request, ex.rt.policy.limits.max_body_bytes)
         ex.take_slot()  # only once the body is in: a slow sender holds no slot
         req = parse_json(raw)
@@ -493,10 +488,9 @@ async def delete_response(request: Request) -> Response:
 async def _stored(request: Request, action: str) -> Response:
     state = _state(request)
     rt = state.holder.current
-    if not rt.check_key(request.headers.get("authorization")):
-        return error_response(Unauthorized("Incorrect or missing API key: send 'Authorization: Bearer <key>'"))
     response_id = request.path_params["response_id"]
     try:
+        await rt.authenticate(request.headers.get("authorization"))
         if action == "delete":
             state.responses.delete(response_id)
             return _json({"id": response_id, "object": "response.deleted", "deleted": True})
@@ -535,8 +529,7 @@ def _model_card(name: str) -> Body:
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
     rt = _state(request).holder.current
-    if not rt.check_key(request.headers.get("authorization")):
-        return error_response(Unauthorized("Incorrect or missing API key"))
+    await rt.authenticate(request.headers.get("authorization"))
     names = [*public_models(rt.policy), *embeddings.served_models(rt)]
     return _json({"object": "list", "data": [_model_card(m) for m in names]})
 
@@ -544,8 +537,7 @@ async def list_models(request: Request) -> Response:
 @router.get("/v1/models/{model:path}")
 async def get_model(request: Request, model: str) -> Response:
     rt = _state(request).holder.current
-    if not rt.check_key(request.headers.get("authorization")):
-        return error_response(Unauthorized("Incorrect or missing API key"))
+    await rt.authenticate(request.headers.get("authorization"))
     if model not in public_models(rt.policy) and model not in embeddings.served_models(rt):
         return error_response(ModelNotFound(f"The model '{model}' does not exist", param="model"))
     return _json(_model_card(model))
@@ -573,8 +565,8 @@ async def ready(request: Request) -> Response:
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     rt = _state(request).holder.current
-    if not rt.policy.access.public_metrics and not rt.check_key(request.headers.get("authorization")):
-        return error_response(Unauthorized("Incorrect or missing API key (or set access.public_metrics for a scraper)"))
+    if not rt.policy.access.public_metrics:
+        await rt.authenticate(request.headers.get("authorization"))  # a scraper without one: access.public_metrics
     return Response(_state(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
@@ -582,8 +574,7 @@ async def metrics(request: Request) -> Response:
 async def openapi(request: Request) -> Response:
     """The OpenAPI document, behind the key like the API it describes."""
     rt = _state(request).holder.current
-    if not rt.check_key(request.headers.get("authorization")):
-        return error_response(Unauthorized("Incorrect or missing API key"))
-    keys, public = bool(rt.key_hashes), rt.policy.access.public_metrics
+    await rt.authenticate(request.headers.get("authorization"))
+    keys, public = rt.keys_required, rt.policy.access.public_metrics
     doc = openapi_doc.document_bytes(request.app.title, request.app.version, keys, public)
     return Response(doc, media_type="application/json")

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import batch_api, logs, runtime
+from gateway import admin, batch_api, logs, runtime
 from gateway.api import HOT_ROUTES, error_response, router
 from gateway.batch_runner import BatchRunner
 from gateway.batch_store import BatchStore, StoreBusy
@@ -104,6 +104,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.router.routes.extend(HOT_ROUTES)
     app.include_router(router)
     app.include_router(batch_api.router)
+    app.include_router(admin.router)
 
     @app.exception_handler(TriageError)
     async def _triage_error(request: Request, exc: TriageError) -> Response:

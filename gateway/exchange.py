@@ -20,6 +20,7 @@ from gateway.runtime import Runtime, RuntimeHolder
 from policies.cascade import Decision
 from policies.errors import RateLimited, TriageError
 from policies.plans import public_models
+from policies.schema import ApiKey
 from policies.semantic import Route
 
 log = structlog.get_logger("triage.request")
@@ -62,7 +63,7 @@ class Exchange:
     prompt: Any = None
     route: Route | None = None
     decision: Decision | None = None
-    key: str | None = None  # the policy key's name (never the key)
+    key: ApiKey | None = None  # the key that called (its name is logged, never the key)
     cost: float | None = None
     _slot: bool = False
     _done: bool = False
@@ -120,10 +121,10 @@ class Exchange:
             event["decision"] = self._decision_event(self.decision)
             self.metrics.decisions.labels(self.decision.tier, self.decision.qtype).inc()
         if self.key is not None:
-            event["key"] = self.key
+            event["key"] = self.key.name
         if self.cost:
             event["cost"] = round(self.cost, 8)
-            self.metrics.spend.labels(self.key or "-", model).inc(self.cost)
+            self.metrics.spend.labels(self.key.name if self.key is not None else "-", model).inc(self.cost)
         if self.usage:
             event["prompt_tokens"] = self.usage.get("prompt_tokens")
             event["completion_tokens"] = self.usage.get("completion_tokens")

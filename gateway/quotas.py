@@ -25,15 +25,8 @@ log = structlog.get_logger("triage.quotas")
 MINUTE = 60.0
 
 
-def _key(rt: Runtime, name: str | None) -> ApiKey | None:
-    if name is None:
-        return None
-    return next((k for k in rt.policy.keys if k.name == name), None)
-
-
-async def admit(rt: Runtime, name: str | None, model: str | None) -> None:
-    """Raise when the key ``name`` may not send this request now; else count it."""
-    key = _key(rt, name)
+async def admit(rt: Runtime, key: ApiKey | None, model: str | None) -> None:
+    """Raise when ``key`` (the policy's, or the admin API's) may not send this request now; else count it."""
     if key is None:
         return
     known = model is not None and (model in rt.policy.models or model in rt.policy.virtual_models)
@@ -82,14 +75,13 @@ async def _budget(rt: Runtime, key: ApiKey, now: float) -> None:
 
 
 async def record(
-    rt: Runtime, name: str | None, model: str | None, usage: Mapping[str, Any] | None, cost: float | None = None
+    rt: Runtime, key: ApiKey | None, model: str | None, usage: Mapping[str, Any] | None, cost: float | None = None
 ) -> float:
     """Count what a served request used; its cost (``cost`` when the caller priced it already; 0 for a
     model without prices, or no model)."""
     if cost is None:
         spec = rt.policy.models.get(model) if model is not None else None
         cost = spend.cost(spec.prices, usage) if spec is not None else 0.0
-    key = _key(rt, name)
     if key is None or model is None:
         return cost
     try:

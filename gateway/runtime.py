@@ -18,10 +18,11 @@ import structlog
 from backends import registry
 from backends.base import Backend
 from backends.secrets import MissingSecret, resolve
+from gateway.keyring import Keyring
 from gateway.stores import MemoryStore, Store, StoreDown, open_store
 from policies.budget import EscalationBudget
-from policies.errors import NotReady, PolicyInvalid
-from policies.schema import Policy
+from policies.errors import NotReady, PolicyInvalid, Unauthorized
+from policies.schema import ApiKey, Policy
 
 if TYPE_CHECKING:
     from classifiers.confidence import ConfidenceModel
@@ -46,12 +47,26 @@ class Runtime:
     operator_hashes: frozenset[str] = frozenset()  # keys that see every key's files and batches
     store: Store = field(default_factory=MemoryStore)  # rate windows and spend (policy: state)
     store_problem: str | None = None  # the store was down at start and the policy allows degraded mode
-    key_names: dict[str, str] = field(default_factory=dict)  # sha256 -> the key's name
+    keyring: Keyring | None = None  # who may call (None: the policy's keys only, no store keys)
+    admin_digest: str | None = None  # the admin API's key's sha256 (None: /admin is off)
+    version: str = ""  # the policy and its artifacts, hashed: what the decision cache is keyed on
 
-    def key_name(self, authorization: str | None) -> str | None:
-        """The name of the policy key sent (never the key); None without keys or a known key."""
+    @property
+    def keys_required(self) -> bool:
+        return bool(self.key_hashes) or self.admin_digest is not None
+
+    async def authenticate(self, authorization: str | None, send: str = "Authorization: Bearer <key>") -> ApiKey | None:
+        """The key sent, checked: None when the gateway runs without keys; Unauthorized (401) when
+        it is missing, unknown or revoked; StoreDown (503) when a store key cannot be looked up."""
+        if not self.keys_required:
+            return None
         digest = self.key_digest(authorization)
-        return self.key_names.get(digest) if digest is not None else None
+        key = None
+        if digest is not None and self.keyring is not None:
+            key = await self.keyring.lookup(digest)
+        if key is None:
+            raise Unauthorized(f"Incorrect, revoked or missing API key: send '{send}'")
+        return key
 
     def key_digest(self, authorization: str | None) -> str | None:
         """The sha256 of the bearer key sent, None without one (what check_key compares)."""
@@ -60,7 +75,8 @@ class Runtime:
         return hashlib.sha256(authorization[7:].strip().encode()).hexdigest()
 
     def check_key(self, authorization: str | None) -> bool:
-        if not self.key_hashes:
+        """A policy key was sent (or none is needed); store keys need :meth:`authenticate`."""
+        if not self.keys_required:
             return True
         return self.key_digest(authorization) in self.key_hashes
 
@@ -160,6 +176,8 @@ async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path 
         raise
     operators = frozenset(digest for name, digest in keys if name in policy.access.operator_keys)
     hashes = frozenset(digest for _, digest in keys)
+    admin = _admin_digest(policy)
+    by_digest = {digest: policy.keys[i] for i, (_, digest) in enumerate(keys)}
     return Runtime(
         policy,
         backends,
@@ -171,8 +189,41 @@ async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path 
         operator_hashes=operators,
         store=store,
         store_problem=problem,
-        key_names=dict((digest, name) for name, digest in keys),
+        keyring=Keyring(by_digest, store, dynamic=admin is not None),
+        admin_digest=admin,
+        version=policy_version(policy, base_dir),
     )
+
+
+def _admin_digest(policy: Policy) -> str | None:
+    ref = policy.access.admin_key
+    if ref is None:
+        return None
+    try:
+        value = resolve(ref) if ref.startswith("env:") else ref
+    except MissingSecret as exc:
+        raise PolicyInvalid([f"access.admin_key: {exc}"]) from None
+    value = (value or "").strip().lower()
+    if not _HEX64.match(value):
+        raise PolicyInvalid([f"access.admin_key: {ref} does not hold a hex sha256"])
+    return value
+
+
+def policy_version(policy: Policy, base_dir: Path) -> str:
+    """The policy as served, hashed with every file of its trained artifacts folders (their bytes;
+    name, size and time for a file over 64 MB): a reload that changes either changes it (the
+    decision cache's key), and gateways serving the same files agree on it."""
+    h = hashlib.sha256(policy.model_dump_json().encode())
+    folders = {judges_dir(policy, base_dir)}
+    if policy.classifier is not None:
+        folders.add((base_dir / policy.classifier.artifacts).resolve())
+    for folder in sorted(str(f) for f in folders if f is not None):
+        for path in sorted(Path(folder).rglob("*")) if Path(folder).is_dir() else []:
+            if path.is_file():
+                st = path.stat()
+                h.update(f"{path.relative_to(folder)}:{st.st_size}".encode())
+                h.update(path.read_bytes() if st.st_size <= 64 << 20 else str(st.st_mtime_ns).encode())
+    return h.hexdigest()[:16]
 
 
 def judges_dir(policy: Policy, base_dir: Path) -> Path | None:

@@ -1,5 +1,6 @@
 """The state store: what several requests, or several gateways, share (a key's rate windows and
-spend). One small interface, two engines chosen by the policy's ``state.store``:
+spend, the keys the admin API made, typed decisions cached). One small interface, two engines
+chosen by the policy's ``state.store``:
 
 - ``memory``: this process only (the embedded default; nothing to run);
 - ``redis``: every gateway pointing at the same Redis shares it. Each check-and-count is one Lua
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections import defaultdict, deque
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Awaitable
 from typing import Any, Protocol, TypeVar
 
@@ -50,6 +51,32 @@ class Store(Protocol):
         """``{day: {model: amount}}`` for the days that have any."""
         ...
 
+    async def key_create(self, name: str, digest: str, record: str) -> bool:
+        """Keep a new key's record (JSON) under its sha256 and make it the name's live key; False when
+        the name already has a live key (nothing written)."""
+        ...
+
+    async def key_rotate(self, name: str, digest: str, record: str, revoke_at: float) -> str | None:
+        """A new live key for ``name``; the old one is revoked at ``revoke_at`` (epoch seconds). The
+        old key's sha256, or None when the name has no live key (nothing written)."""
+        ...
+
+    async def key_revoke(self, name: str, at: float) -> str | None:
+        """The name's live key revoked at ``at``; its sha256, None when it has none."""
+        ...
+
+    async def key_get(self, digest: str) -> tuple[str | None, float | None]:
+        """A key's record (JSON) and when it is or was revoked; (None, None) for an unknown key."""
+        ...
+
+    async def key_all(self) -> list[tuple[str, float | None]]:
+        """Every key's record and revocation time, revoked ones too."""
+        ...
+
+    async def cache_get(self, key: str) -> bytes | None: ...
+
+    async def cache_put(self, key: str, value: bytes, ttl_s: float) -> None: ...
+
     async def ping(self) -> None: ...
 
     async def close(self) -> None: ...
@@ -58,9 +85,14 @@ class Store(Protocol):
 class MemoryStore:
     """One process's state (asyncio: every method runs on the loop, so each is atomic)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cache_entries: int = 100_000) -> None:
         self._windows: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
         self._spend: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self._keys: dict[str, str] = {}  # sha256 -> record
+        self._names: dict[str, str] = {}  # name -> its live key's sha256
+        self._revoked: dict[str, float] = {}  # sha256 -> when
+        self._cache: OrderedDict[str, tuple[float, bytes]] = OrderedDict()  # key -> (expires, value): LRU
+        self._cache_entries = cache_entries
 
     def _trim(self, window: str, window_s: float, now: float) -> deque[tuple[float, int]]:
         q = self._windows[window]
@@ -87,6 +119,47 @@ class MemoryStore:
 
     async def spend(self, key: str, days: list[str]) -> dict[str, dict[str, float]]:
         return {d: dict(self._spend[(key, d)]) for d in days if (key, d) in self._spend}
+
+    async def key_create(self, name: str, digest: str, record: str) -> bool:
+        if name in self._names:
+            return False
+        self._names[name], self._keys[digest] = digest, record
+        return True
+
+    async def key_rotate(self, name: str, digest: str, record: str, revoke_at: float) -> str | None:
+        old = self._names.get(name)
+        if old is None:
+            return None
+        self._names[name], self._keys[digest], self._revoked[old] = digest, record, revoke_at
+        return old
+
+    async def key_revoke(self, name: str, at: float) -> str | None:
+        old = self._names.pop(name, None)
+        if old is not None:
+            self._revoked[old] = at
+        return old
+
+    async def key_get(self, digest: str) -> tuple[str | None, float | None]:
+        return self._keys.get(digest), self._revoked.get(digest)
+
+    async def key_all(self) -> list[tuple[str, float | None]]:
+        return [(record, self._revoked.get(digest)) for digest, record in self._keys.items()]
+
+    async def cache_get(self, key: str) -> bytes | None:
+        hit = self._cache.get(key)
+        if hit is None:
+            return None
+        if hit[0] <= time.monotonic():
+            del self._cache[key]
+            return None
+        self._cache.move_to_end(key)
+        return hit[1]
+
+    async def cache_put(self, key: str, value: bytes, ttl_s: float) -> None:
+        self._cache[key] = (time.monotonic() + ttl_s, value)
+        self._cache.move_to_end(key)
+        while len(self._cache) > self._cache_entries:
+            self._cache.popitem(last=False)
 
     async def ping(self) -> None:
         return None
@@ -127,6 +200,33 @@ return total
 """
 
 
+# Keys: KEYS = names (name -> live sha256), records (sha256 -> JSON), revoked (sha256 -> epoch s).
+_KEY_CREATE = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+return 1
+"""
+_KEY_ROTATE = """
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if not old then return false end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+redis.call('HSET', KEYS[3], old, ARGV[4])
+return old
+"""
+_KEY_REVOKE = """
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if not old then return false end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[3], old, ARGV[2])
+return old
+"""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 class RedisStore:
     """State shared by every gateway on one Redis (``redis``'s asyncio client)."""
 
@@ -137,6 +237,9 @@ class RedisStore:
         self._prefix, self._timeout_s = prefix, timeout_s
         self._admit = self._redis.register_script(_ADMIT)
         self._add = self._redis.register_script(_ADD)
+        self._key_create = self._redis.register_script(_KEY_CREATE)
+        self._key_rotate = self._redis.register_script(_KEY_ROTATE)
+        self._key_revoke = self._redis.register_script(_KEY_REVOKE)
         self.where = url.split("://", 1)[-1].split("@")[-1]  # host:port/db: no password in messages
 
     async def _call(self, what: Awaitable[T]) -> T:
@@ -178,6 +281,44 @@ class RedisStore:
             for d, row in zip(days, rows, strict=True)
             if row
         }
+
+    def _key_sets(self) -> list[str]:
+        return [self._k("keys", "names"), self._k("keys", "records"), self._k("keys", "revoked")]
+
+    async def key_create(self, name: str, digest: str, record: str) -> bool:
+        return bool(await self._call(self._key_create(keys=self._key_sets(), args=[name, digest, record])))
+
+    async def key_rotate(self, name: str, digest: str, record: str, revoke_at: float) -> str | None:
+        old = await self._call(self._key_rotate(keys=self._key_sets(), args=[name, digest, record, repr(revoke_at)]))
+        return None if old is None else _text(old)
+
+    async def key_revoke(self, name: str, at: float) -> str | None:
+        old = await self._call(self._key_revoke(keys=self._key_sets(), args=[name, repr(at)]))
+        return None if old is None else _text(old)
+
+    async def key_get(self, digest: str) -> tuple[str | None, float | None]:
+        _, records, revoked = self._key_sets()
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hget(records, digest)
+        pipe.hget(revoked, digest)
+        record, at = await self._call(pipe.execute())
+        return (None if record is None else _text(record)), (None if at is None else float(at))
+
+    async def key_all(self) -> list[tuple[str, float | None]]:
+        _, records, revoked = self._key_sets()
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hgetall(records)
+        pipe.hgetall(revoked)
+        rows, ats = await self._call(pipe.execute())
+        when = {_text(d): float(t) for d, t in ats.items()}
+        return [(_text(r), when.get(_text(d))) for d, r in rows.items()]
+
+    async def cache_get(self, key: str) -> bytes | None:
+        value = await self._call(self._redis.get(self._k("cache", key)))
+        return value.encode() if isinstance(value, str) else value
+
+    async def cache_put(self, key: str, value: bytes, ttl_s: float) -> None:
+        await self._call(self._redis.set(self._k("cache", key), value, px=max(1, int(ttl_s * 1000))))
 
     async def ping(self) -> None:
         await self._call(self._redis.ping())

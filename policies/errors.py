@@ -71,6 +71,12 @@ class NotFound(TriageError):
     default_code = "not_found"
 
 
+class Conflict(TriageError):
+    status = 409
+    type = "invalid_request_error"
+    default_code = "conflict"
+
+
 class PayloadTooLarge(TriageError):
     status = 413
     type = "invalid_request_error"

@@ -468,6 +468,18 @@ class Access(Strict):
         default_factory=list, description="names of keys (in keys) that see every key's files and batches"
     )
     public_metrics: bool = Field(False, description="serve /metrics without a key (for a scraper)")
+    admin_key: str | None = Field(
+        None,
+        description="hex sha256 of the admin API's own key, or env:NAME holding it: turns on /admin (keys made "
+        "there live in the state store) and makes every request need a key",
+    )
+
+    @field_validator("admin_key")
+    @classmethod
+    def _admin_hash(cls, v: str | None) -> str | None:
+        if v is not None and not (_SHA256.match(v) or _ENV_REF.match(v)):
+            raise ValueError("admin_key must be 64 lowercase hex digits or 'env:NAME'")
+        return v
 
 
 class StateSpec(Strict):

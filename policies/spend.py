@@ -46,3 +46,14 @@ def resets(now: float, period: str) -> tuple[str, float]:
         first = start.replace(day=1)
         nxt = (first + dt.timedelta(days=32)).replace(day=1)
     return nxt.isoformat().replace("+00:00", "Z"), (nxt - t).total_seconds()
+
+
+def days_between(first: str, last: str, most: int = 400) -> list[str]:
+    """Every UTC day from ``first`` to ``last`` (``YYYY-MM-DD``, both included), oldest first;
+    ValueError for a bad date, a reversed range or one over ``most`` days."""
+    a, b = dt.date.fromisoformat(first), dt.date.fromisoformat(last)
+    if b < a:
+        raise ValueError(f"{last} is before {first}")
+    if (b - a).days >= most:
+        raise ValueError(f"at most {most} days at once")
+    return [(a + dt.timedelta(days=i)).isoformat() for i in range((b - a).days + 1)]

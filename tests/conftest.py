@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -327,3 +328,64 @@ def gateway(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
     runner = GatewayRunner(tmp_path)
     yield runner.start
     runner.stop_all()
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real Redis server (Debian's redis-server, which make test installs) on a free loopback port."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("redis-server is not installed: make test installs it (apt-get install redis-server)")
+        pytest.skip("redis-server is not installed: apt-get install redis-server (make test does)")
+    port = free_port()
+    work = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(work)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        import redis
+
+        client = redis.Redis(port=port)
+        for _ in range(200):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        client.close()
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture
+def gateways(tmp_path: Path) -> Iterator[Callable[[str, int], list[str]]]:
+    """``start(policy_yaml, n)``: n `triage serve` processes on one policy file; their base URLs."""
+    procs: list[subprocess.Popen] = []
+
+    def start(text: str, n: int) -> list[str]:
+        path = tmp_path / f"policy-{len(procs)}.yaml"
+        path.write_text(text)
+        urls = []
+        for _ in range(n):
+            port = free_port()
+            cmd = [sys.executable, "-m", "gateway.cli", "serve", "--policy", str(path), "--port", str(port)]
+            with (tmp_path / f"gateway-{port}.log").open("wb") as log:
+                proc = subprocess.Popen([*cmd, "--no-watch"], stdout=log, stderr=subprocess.STDOUT)
+            procs.append(proc)
+            try:
+                wait_http(f"http://127.0.0.1:{port}/health", 120, proc)
+            except RuntimeError as exc:
+                raise RuntimeError(f"{exc}: {(tmp_path / f'gateway-{port}.log').read_text()[-2000:]}") from None
+            urls.append(f"http://127.0.0.1:{port}")
+        return urls
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(20)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from gateway.cli import evaluate, route, serve, train, validate
+from gateway.cli import evaluate, keys, route, serve, train, validate
 
 app = typer.Typer(
     name="triage",
@@ -19,6 +19,7 @@ app.command("train")(train.train)
 app.command("route")(route.route)
 app.command("eval")(evaluate.evaluate)
 app.command("calibrate")(evaluate.calibrate)
+app.add_typer(keys.app, name="keys")
 
 
 def main() -> None:
