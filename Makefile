@@ -23,10 +23,14 @@ $(STAMP): pyproject.toml Makefile
 serve: $(STAMP)
 	$(BIN)/triage serve
 
-# the servers the tests start themselves: Redis (Debian's package), for tests/test_quotas.py
+# the servers the tests start themselves, from Debian's packages: Redis for tests/test_quotas.py, PostgreSQL
+# for tests/test_fleet_batches.py (Debian puts its initdb and postgres in /usr/lib/postgresql/N/bin, off PATH)
 services:
 	command -v redis-server >/dev/null 2>&1 || { DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; }
+	{ command -v initdb && command -v postgres; } >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+		{ DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; }
 
 test: $(STAMP) vllm services
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest

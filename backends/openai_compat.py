@@ -5,6 +5,7 @@ called over one pooled aiohttp session. The lean path: no SDK in between, JSON b
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextvars import ContextVar
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -18,6 +19,9 @@ from backends.replicas import ReplicaState
 from policies.errors import InvalidRequest, UpstreamError
 
 _PATHS = {"chat": "/chat/completions", "completion": "/completions", "embedding": "/embeddings"}
+# W3C trace context (traceparent, tracestate) for the calls made now: set by gateway.tracing around one
+# upstream call of a traced request, sent with each try
+TRACE_HEADERS: ContextVar[dict[str, str] | None] = ContextVar("triage_trace_headers", default=None)
 
 
 class OpenAICompatBackend(RemoteBackend):
@@ -43,6 +47,8 @@ class OpenAICompatBackend(RemoteBackend):
         headers = {"Content-Type": "application/json"}
         if replica.api_key:
             headers["Authorization"] = f"Bearer {replica.api_key}"
+        if (trace := TRACE_HEADERS.get()) is not None:
+            headers.update(trace)
         return headers
 
     async def _post(self, replica: ReplicaState, call: Call) -> aiohttp.ClientResponse:

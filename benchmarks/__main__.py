@@ -18,6 +18,13 @@ def overhead(
     duration: Annotated[float, typer.Option(help="Seconds of the fixed throughput run, per target.")] = 10.0,
     litellm: Annotated[bool, typer.Option(help="Include the LiteLLM proxy.")] = True,
     logging_row: Annotated[bool, typer.Option(help="Add triage logging each request (level info).")] = True,
+    workers: Annotated[
+        int, typer.Option(min=1, help="Also measure `triage serve --workers N` beside one worker (1: not).")
+    ] = 1,
+    pair_rounds: Annotated[
+        int, typer.Option(help="With --workers: interleaved rounds of one worker against N (0: none).")
+    ] = 6,
+    pair_duration: Annotated[float, typer.Option(help="Seconds of each target in each of those rounds.")] = 3.0,
     sweep_duration: Annotated[float, typer.Option(help="Seconds per concurrency level of the sweep.")] = 3.0,
     max_concurrency: Annotated[int, typer.Option(help="Highest level of the sweep (1, 2, 4, ...).")] = 64,
     rounds: Annotated[int, typer.Option(help="Interleaved rounds of the latency run.")] = 10,
@@ -36,6 +43,9 @@ def overhead(
         duration=duration,
         with_litellm=litellm,
         with_logging_row=logging_row,
+        workers=workers,
+        pair_rounds=pair_rounds,
+        pair_duration=pair_duration,
         sweep_duration=sweep_duration,
         max_concurrency=max_concurrency,
         rounds=rounds,
@@ -45,6 +55,19 @@ def overhead(
         profile_duration=profile_duration,
         out=out,
     )
+
+
+@app.command("state")
+def state(
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 10,
+    per_round: Annotated[int, typer.Option(help="Sequential requests per row and round.")] = 200,
+    warmup: Annotated[int, typer.Option(help="Warm-up requests per row.")] = 100,
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-state.json"),
+) -> None:
+    """The decision cache (hit, miss) and the Redis store against memory, beside the pass-through."""
+    from benchmarks.state_bench import run
+
+    run(rounds=rounds, per_round=per_round, warmup=warmup, out=out)
 
 
 @app.command("encoder")

@@ -55,9 +55,10 @@ def foreign(procs: dict[str, Proc]) -> Callable[[], float]:
 
 
 def per_request(procs: dict[str, Proc], name: str) -> Callable[[int], dict[str, float]]:
-    """CPU ms per request of the gateway under test, of the upstream, and of this load generator."""
+    """CPU ms per request of the gateway under test (its whole process group: every worker of
+    ``--workers``), of the upstream, and of this load generator."""
     gw, up = procs[name], procs["direct"]
-    t0 = {"gw": cpu_s(gw.pid), "up": cpu_s(up.pid), "client": time.process_time()}
+    t0 = {"gw": group_cpu_s(gw.pid), "up": cpu_s(up.pid), "client": time.process_time()}
 
     def done(n: int) -> dict[str, float]:
         if n == 0:
@@ -68,7 +69,7 @@ def per_request(procs: dict[str, Proc], name: str) -> Callable[[int], dict[str, 
             "client_cpu_ms_per_req": round(d["client"] / n * 1000, 4),
         }
         if name != "direct":
-            out["gateway_cpu_ms_per_req"] = round((cpu_s(gw.pid) - t0["gw"]) / n * 1000, 4)
+            out["gateway_cpu_ms_per_req"] = round((group_cpu_s(gw.pid) - t0["gw"]) / n * 1000, 4)
         return out
 
     return done

@@ -2,13 +2,16 @@
 
 One tiny upstream (:mod:`benchmarks.upstream`), and in front of it: nothing (``direct``), triage
 with request logging off (``triage``: level warning), triage logging one event per request
-(``triage-info``), and the LiteLLM proxy. The load generator runs in this process:
+(``triage-info``), the LiteLLM proxy, and, with ``--workers N``, ``triage serve --workers N``
+(``triage-wN``, logging as ``triage``) beside the one process. The load generator runs in this process:
 1. latency at concurrency 1, in rounds whose target order rotates, so that machine noise
    falls on every target alike; added latency is the target's percentile minus direct's;
 2. a throughput sweep over concurrency levels, interleaved the same way: the best requests/s
    whose p99 stays under the limit;
 3. throughput at one fixed concurrency, with each server's CPU time per request;
-4. optionally, a profile of triage under that fixed load.
+4. with ``--workers N``, saturation throughput of one worker and of N in interleaved rounds at that
+   concurrency (median of each, and their ratio);
+5. optionally, a profile of triage under that fixed load.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import importlib.metadata
 import os
 import platform
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -46,6 +50,9 @@ class Options:
     duration: float = 10.0
     with_litellm: bool = True
     with_logging_row: bool = True
+    workers: int = 1  # N > 1: also `triage serve --workers N`, the row triage-wN
+    pair_rounds: int = 6  # with workers: interleaved rounds of one worker against N, at `concurrency`
+    pair_duration: float = 3.0
     sweep_duration: float = 3.0
     max_concurrency: int = 64
     rounds: int = 10
@@ -62,6 +69,11 @@ class Options:
             out.append(c)
             c *= 2
         return out
+
+
+def workers_row(workers: int) -> str | None:
+    """The row of ``triage serve --workers N`` (None: one process only)."""
+    return f"triage-w{workers}" if workers > 1 else None
 
 
 def run(**kwargs: Any) -> dict[str, Any]:
@@ -134,9 +146,11 @@ async def _main(opts: Options, console: Console, workdir: Path) -> dict[str, Any
 async def _start(
     opts: Options, fleet: Fleet, probe: aiohttp.ClientSession, result: dict[str, Any], console: Console
 ) -> dict[str, Proc]:
+    multi = workers_row(opts.workers)
     names = [
         "upstream",
         "triage",
+        *([multi] if multi else []),
         *(["triage-info"] if opts.with_logging_row else []),
         *(["litellm"] if opts.with_litellm else []),
     ]
@@ -144,6 +158,8 @@ async def _start(
     up = fleet.upstream()
     await up.wait_ready(probe, READY_S["upstream"])
     procs = {"direct": up, "triage": fleet.triage("triage", up, "warning")}
+    if multi:
+        procs[multi] = fleet.triage(multi, up, "warning", workers=opts.workers)
     if opts.with_logging_row:
         procs["triage-info"] = fleet.triage("triage-info", up, "info")
     if opts.with_litellm:
@@ -153,7 +169,9 @@ async def _start(
             result["targets"]["litellm"] = {"status": "missing", "reason": str(exc)}
     for name, p in list(procs.items())[1:]:
         try:
-            await p.wait_ready(probe, READY_S[name])
+            await p.wait_ready(probe, READY_S.get(name, READY_S["triage"]))
+            if name == multi:
+                await p.wait_workers(probe, opts.workers, READY_S["triage"])
         except StartFailed as exc:
             if name != "litellm":
                 raise
@@ -244,6 +262,50 @@ async def _measure(
         s = await closed_loop(t, opts.concurrency, opts.duration)
         row = {"concurrency": opts.concurrency, **s.summary(), **cpu(len(s.latencies))}
         result["fixed"][t.name] = row
+
+    multi = workers_row(opts.workers)
+    if multi and opts.pair_rounds > 0:
+        by_name = {t.name: t for t in targets}
+        pair = await _workers_pair(opts, by_name["triage"], by_name[multi], procs, console, deadline)
+        result["workers_pair"] = pair
+
+
+async def _workers_pair(
+    opts: Options, one: Target, many: Target, procs: dict[str, Proc], console: Console, deadline: float
+) -> dict[str, Any]:
+    """Saturation throughput of one worker and of ``--workers N`` in interleaved rounds (the order
+    flips each round), so that the machine's noise falls on both alike: the median of each, their
+    ratio, and each round's ratio."""
+    c, d = opts.concurrency, opts.pair_duration
+    console.print(
+        f"[bold]workers pair[/]: {opts.pair_rounds} rounds of {one.name} and {many.name} in turn, "
+        f"concurrency {c}, {d:g} s each"
+    )
+    rps: dict[str, list[float]] = {one.name: [], many.name: []}
+    cpu = {one.name: 0.0, many.name: 0.0}
+    done = {one.name: 0, many.name: 0}
+    for r in range(opts.pair_rounds):
+        if time.monotonic() > deadline:
+            break
+        for t in (one, many) if r % 2 == 0 else (many, one):
+            c0 = meters.group_cpu_s(procs[t.name].pid)
+            s = await closed_loop(t, c, d)
+            cpu[t.name] += meters.group_cpu_s(procs[t.name].pid) - c0
+            done[t.name] += len(s.latencies)
+            rps[t.name].append(s.summary()["rps"] if not s.errors else 0.0)
+    medians = {name: statistics.median(xs) if xs else 0.0 for name, xs in rps.items()}
+    return {
+        "concurrency": c,
+        "duration_s": d,
+        "rounds": len(rps[one.name]),
+        "rps": rps,
+        "median_rps": medians,
+        "ratio_median": medians[many.name] / medians[one.name] if medians[one.name] else None,
+        "ratio_rounds": [m / o if o else None for o, m in zip(rps[one.name], rps[many.name], strict=True)],
+        "gateway_cpu_ms_per_req": {
+            name: round(cpu[name] / done[name] * 1000, 4) if done[name] else None for name in cpu
+        },
+    }
 
 
 async def _profile(

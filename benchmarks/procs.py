@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -125,6 +126,20 @@ class Proc:
             await asyncio.sleep(0.2)
         raise StartFailed(f"{self.name} not ready after {timeout_s:.0f} s ({last}):\n{self.log_tail()}")
 
+    async def wait_workers(self, session: aiohttp.ClientSession, n: int, timeout_s: float) -> None:
+        """Until ``n`` workers of a ``triage serve --workers`` serve (the first answers before the rest
+        are up): each has set its ``triage_worker_start_time_seconds`` series in ``/metrics``."""
+        deadline = time.monotonic() + timeout_s
+        up = 0
+        while time.monotonic() < deadline:
+            async with session.get(self.base + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                text = await r.text()
+            up = len(re.findall(r'^triage_worker_start_time_seconds\{pid="\d+"\} [1-9]', text, re.M))
+            if up >= n:
+                return
+            await asyncio.sleep(0.2)
+        raise StartFailed(f"{self.name}: {up} of {n} workers serving after {timeout_s:.0f} s:\n{self.log_tail()}")
+
     def stop(self, grace_s: float = 8.0, sig: signal.Signals = signal.SIGTERM) -> None:
         """``sig`` to the process's own session, then SIGKILL to what is left after ``grace_s``."""
         p = self.popen
@@ -175,8 +190,10 @@ class Fleet:
             )
         )
 
-    def triage(self, name: str, upstream: Proc, level: str, pre: list[str] | None = None) -> Proc:
-        """``pre``: interpreter arguments before ``-m gateway.cli`` (a profiler, say)."""
+    def triage(self, name: str, upstream: Proc, level: str, pre: list[str] | None = None, workers: int = 1) -> Proc:
+        """``pre``: interpreter arguments before ``-m gateway.cli`` (a profiler, say); ``workers``:
+        ``triage serve --workers N`` (its workers stay in the parent's session, so stop and the CPU
+        meters reach them)."""
         port = free_port()
         policy = self.workdir / f"{name}.yaml"
         policy.write_text(triage_policy(upstream.base + "/v1", level))
@@ -193,6 +210,7 @@ class Fleet:
             "--port",
             str(port),
             "--no-watch",
+            *(["--workers", str(workers)] if workers > 1 else []),
         ]
         return self.add(Proc(name, argv, port, "/v1/models", self.workdir / f"{name}.log"))
 

@@ -16,6 +16,8 @@ from benchmarks.profile import NATIVE
 ADDED_P50_MAX_MS = 1.0
 ADDED_P50_MAX_RATIO = 0.3
 THROUGHPUT_MIN_RATIO = 3.0
+# issue 18: `triage serve --workers 2` against one worker, on two cores (the best rate of the sweep)
+WORKERS_MIN_RATIO = 1.7
 
 
 def save(console: Console, out: Path, result: dict[str, Any]) -> None:
@@ -73,7 +75,102 @@ def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
         fixed.get("litellm", {}).get("gateway_cpu_ms_per_req"), fixed.get("triage", {}).get("gateway_cpu_ms_per_req")
     )
     rows.append({"goal": "(info) LiteLLM / triage gateway CPU per request", "value": cpu, "unit": "x", "pass": None})
+    return rows + _workers_goals(res)
+
+
+def _workers_goals(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """``triage serve --workers N`` (the row triage-wN) against one worker, measured in the same run."""
+    best, fixed = res["best"], res["fixed"]
+    multi = next((name for name in best if name.startswith("triage-w")), None)
+    if multi is None:
+        return []
+    n = int(multi.removeprefix("triage-w"))
+    ratio = _ratio((best.get(multi) or {}).get("rps"), (best.get("triage") or {}).get("rps"))
+    rows = [
+        {
+            "goal": f"--workers {n} throughput (best, p99 under limit) >= {WORKERS_MIN_RATIO}x one worker's"
+            + ("" if n == 2 else " (the goal is for 2 workers: info)"),
+            "value": ratio,
+            "unit": "x",
+            "pass": (ratio is not None and ratio >= WORKERS_MIN_RATIO) if n == 2 else None,
+        }
+    ]
+    if pair := res.get("workers_pair"):
+        rows.append(
+            {
+                "goal": f"(info) --workers {n} / one worker, median of {pair['rounds']} interleaved rounds at "
+                f"concurrency {pair['concurrency']}",
+                "value": pair.get("ratio_median"),
+                "unit": "x",
+                "pass": None,
+            }
+        )
+    rows.append(
+        {
+            "goal": f"(info) --workers {n} / one worker, throughput at the fixed concurrency",
+            "value": _ratio(fixed.get(multi, {}).get("rps"), fixed.get("triage", {}).get("rps")),
+            "unit": "x",
+            "pass": None,
+        }
+    )
+    rows.append(
+        {
+            "goal": f"(info) the most --workers {n} can gain on these cores (client and upstream on them too)",
+            "value": _cpu_bound_ratio(res, n),
+            "unit": "x",
+            "pass": None,
+        }
+    )
+    rows.append(
+        {
+            "goal": f"(info) --workers {n} / one worker, gateway CPU per request",
+            "value": _ratio(
+                fixed.get(multi, {}).get("gateway_cpu_ms_per_req"),
+                fixed.get("triage", {}).get("gateway_cpu_ms_per_req"),
+            ),
+            "unit": "x",
+            "pass": None,
+        }
+    )
     return rows
+
+
+def _cpu_bound_ratio(res: dict[str, Any], n: int) -> float | None:
+    """The throughput ratio the machine's CPUs allow N workers against one, from one worker's CPU per
+    request at the fixed concurrency (gateway g, upstream u, client c; every process on the same
+    cores): one worker does at most min(1/g, cores/(g+u+c)) requests a second, N at most
+    min(n/g, cores/(g+u+c)). Other processes' load lowers both."""
+    row = res["fixed"].get("triage", {})
+    g, u, c = (row.get(k) for k in ("gateway_cpu_ms_per_req", "upstream_cpu_ms_per_req", "client_cpu_ms_per_req"))
+    cores = res["machine"].get("affinity") or res["machine"].get("nproc")
+    if not (g and u is not None and c is not None and cores):
+        return None
+    all_of_it = cores / (g + u + c)
+    return min(n / g, all_of_it) / min(1 / g, all_of_it)
+
+
+def _pair_table(res: dict[str, Any]) -> Table:
+    p = res["workers_pair"]
+    one, many = list(p["rps"])
+    t = Table(
+        title=f"Workers pair: {one} and {many} in turn, concurrency {p['concurrency']}, {p['duration_s']:g} s "
+        "each (req/s; the order flips each round)",
+        title_justify="left",
+    )
+    for col in ("round", one, many, "ratio"):
+        t.add_column(col, justify="right")
+    for i, (a, b, r) in enumerate(zip(p["rps"][one], p["rps"][many], p["ratio_rounds"], strict=True)):
+        t.add_row(str(i + 1), f"{a:.0f}", f"{b:.0f}", "-" if r is None else f"{r:.3f}")
+    ratio = p["ratio_median"]
+    t.add_row(
+        "[bold]median[/]",
+        f"[bold]{p['median_rps'][one]:.0f}[/]",
+        f"[bold]{p['median_rps'][many]:.0f}[/]",
+        "-" if ratio is None else f"[bold]{ratio:.3f}[/]",
+    )
+    cpu = p["gateway_cpu_ms_per_req"]
+    t.add_row("gateway CPU ms/req", _ms(cpu.get(one)), _ms(cpu.get(many)), "")
+    return t
 
 
 def _ms(x: float | None) -> str:
@@ -233,6 +330,7 @@ def render(console: Console, res: dict[str, Any]) -> None:
         _latency_table(res),
         _sweep_table(res),
         _fixed_table(res),
+        *([_pair_table(res)] if res.get("workers_pair") else []),
         goals_table(res["goals"], "Goals (from the issue)", "n/a (no LiteLLM)"),
     ):
         console.print(table)

@@ -179,9 +179,8 @@ async def pipeline(request: Request, ex: Exchange, kind: Kind, body: dict[str, A
     out = await flow.run(ex.rt, kind, body, ex.request_id, ex.attempts, wait=wait)
     ex.stream = out.stream
     if out.decision is not None:
-        d = out.decision
-        ex.decision, ex.served, ex.usage = d, d.tier, dict(d.usage or {}) or None
-        return Result(decision_headers(ex.request_id, d), typed=out.typed)
+        ex.decided(out.decision)
+        return Result(decision_headers(ex, out.decision), typed=out.typed)
     served = out.served
     assert served is not None
     ex.route = served.route
@@ -234,8 +233,12 @@ def _typed_response(reply: dict[str, Any], headers: dict[str, str], stream: bool
     return Response(events, media_type="text/event-stream", headers={**_SSE_HEADERS, **headers})
 
 
-def decision_headers(request_id: str, d: Decision) -> dict[str, str]:
-    return {"x-request-id": request_id, "x-triage-tier": d.tier, "x-triage-confidence": f"{d.confidence:.4f}"}
+def decision_headers(ex: Exchange, d: Decision) -> dict[str, str]:
+    headers = {"x-request-id": ex.request_id, "x-triage-tier": d.tier, "x-triage-confidence": f"{d.confidence:.4f}"}
+    headers["x-triage-cost"] = f"{ex.cost or 0.0:.8f}"
+    if d.cached is not None:
+        headers["x-triage-cache"] = "hit" if d.cached else "miss"
+    return headers
 
 
 async def _decide(request: Request, batch: bool) -> Response:
@@ -258,9 +261,9 @@ async def _decide(request: Request, batch: bool) -> Response:
             q, overrides = decide.parse_one(ex.rt, raw)
             ex.prompt = q.question
             decision = await _unless_gone(request, decide.decide(ex.rt, q, overrides, ex.request_id, ex.attempts))
-            ex.decision, ex.served = decision, decision.tier
+            ex.decided(decision)
             await ex.finish(200)
-            return _json(decide.body(decision, ex.request_id), headers=decision_headers(ex.request_id, decision))
+            return _json(decide.body(decision, ex.request_id), headers=decision_headers(ex, decision))
         answers = await _unless_gone(request, _decide_batch(ex, raw, spec, decide.known_tasks(ex.rt)))
     except TriageError as exc:
         await ex.finish(exc.status, exc)
@@ -269,7 +272,7 @@ async def _decide(request: Request, batch: bool) -> Response:
         await ex.finish(500)
         raise
     await ex.finish(200)
-    return _json(answers, headers={"x-request-id": ex.request_id})
+    return _json(answers, headers={"x-request-id": ex.request_id, "x-triage-cost": f"{ex.cost or 0.0:.8f}"})
 
 
 async def _decide_batch(ex: Exchange, raw: Any, spec: Any, tasks: set[str]) -> list[dict[str, Any]]:
@@ -287,6 +290,7 @@ async def _decide_batch(ex: Exchange, raw: Any, spec: Any, tasks: set[str]) -> l
             parsed.append(exc)
     good = [(i, p) for i, p in enumerate(parsed) if not isinstance(p, InvalidRequest)]
     results = await decide.decide_many(ex.rt, [p for _, p in good], ex.request_id, ex.attempts)
+    ex.decided(*(r for r in results if isinstance(r, Decision)))
     answers: list[dict[str, Any]] = [p.body() if isinstance(p, InvalidRequest) else {} for p in parsed]
     for (i, _), result in zip(good, results, strict=True):
         rid = f"{ex.request_id}-{i}"
@@ -559,7 +563,11 @@ async def ready(request: Request) -> Response:
         if not any(backends.get(rt.policy.models[m].backend, False) for m in [name, *spec.fallbacks])
     ]
     ok = bool(backends) and not down
-    return _json({"status": "ready" if ok else "not_ready", "backends": backends}, 200 if ok else 503)
+    body: dict[str, Any] = {"status": "ready" if ok else "not_ready", "backends": backends}
+    if rt.store_problem is not None and not await quotas.recovered(rt):  # serving, limited keys refused (503)
+        body["state"] = {"store": rt.policy.state.store, "degraded": True, "problem": rt.store_problem}
+        body["status"] = "degraded" if ok else body["status"]
+    return _json(body, 200 if ok else 503)
 
 
 @router.get("/metrics")

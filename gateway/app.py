@@ -16,17 +16,20 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import admin, batch_api, logs, runtime
+from gateway import admin, batch_api, logs, runtime, tracing
 from gateway.api import HOT_ROUTES, error_response, router
 from gateway.batch_runner import BatchRunner
-from gateway.batch_store import BatchStore, StoreBusy
+from gateway.batch_store import StoreBusy
+from gateway.batches import open_batches
 from gateway.metrics import Metrics
 from gateway.reload import Reloader
 from gateway.runtime import RuntimeHolder
 from gateway.settings import Settings
 from gateway.state import GatewayState
+from gateway.stores import StoreDown
+from gateway.workers import per_process_problems
 from policies import loader
-from policies.errors import ClientGone, InvalidRequest, NotFound, TriageError
+from policies.errors import ClientGone, InvalidRequest, NotFound, PolicyInvalid, TriageError
 from policies.schema import Policy
 
 log = structlog.get_logger("triage.app")
@@ -35,7 +38,8 @@ log = structlog.get_logger("triage.app")
 async def _batch_runner(policy: Policy, settings: Settings, holder: RuntimeHolder) -> BatchRunner | None:
     """The Batch API's store and runner: the folder is the policy's (relative to the policy file),
     else one per policy file in the triage cache; jobs left unfinished by the last run resume now.
-    A store another gateway process holds leaves this one without the Batch API (503)."""
+    A SQLite store another gateway process holds leaves this one without the Batch API (503); a
+    PostgreSQL one (``state.database``) that cannot be reached stops the start (PolicyInvalid)."""
     import hashlib
 
     from backends.gguf import cache_dir
@@ -47,28 +51,38 @@ async def _batch_runner(policy: Policy, settings: Settings, holder: RuntimeHolde
         else cache_dir() / "batches" / hashlib.sha1(str(path).encode()).hexdigest()[:16]
     )
     try:
-        store = await asyncio.to_thread(BatchStore, root.resolve())
+        store = await open_batches(policy.state, root.resolve())
     except StoreBusy as exc:
         log.warning("batches_unavailable", reason=str(exc))
         return None
+    except StoreDown as exc:
+        raise PolicyInvalid([f"state.database: {exc.message}"]) from None
     runner = BatchRunner(store, holder, base_dir=path.parent)
     runner.start()
     return runner
 
 
 def create_app(settings: Settings) -> FastAPI:
+    traces = tracing.Tracing()  # started with the policy: off unless an OTLP endpoint is set
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         policy = await asyncio.to_thread(loader.load, settings.policy_path)
+        if problems := per_process_problems(policy, settings.workers):  # a worker of --workers N
+            raise PolicyInvalid(problems)
         if settings.configure_logging:
             logs.configure(policy.logging)
         metrics = Metrics()
         holder = RuntimeHolder(await runtime.build(policy, base_dir=settings.policy_path.parent))
-        batches = await _batch_runner(policy, settings, holder)
+        try:
+            batches = await _batch_runner(policy, settings, holder)
+        except BaseException:
+            await holder.close()
+            raise
         app.state.triage = GatewayState(holder, metrics, batches=batches)
         metrics.watch_backends(lambda: holder.current.backends.items())
         metrics.watch_budget(lambda: holder.current.budget)
-        reloader = Reloader(settings.policy_path, holder, metrics)
+        reloader = Reloader(settings.policy_path, holder, metrics, lambda p: per_process_problems(p, settings.workers))
         app.state.reloader = reloader
         sighup = settings.handle_sighup and reloader.install_sighup()
         stop = asyncio.Event()
@@ -84,14 +98,18 @@ def create_app(settings: Settings) -> FastAPI:
             sighup=sighup,
             watch=settings.watch_policy,
         )
+        sampler = asyncio.create_task(metrics.run(stop))  # with workers: the gauges they share
+        await asyncio.to_thread(traces.start, policy.tracing)
         try:
             yield
         finally:
             stop.set()
             try:
+                await sampler
                 if watcher is not None:
                     await watcher
             finally:
+                await asyncio.to_thread(traces.close)  # the last spans exported, first
                 if sighup:
                     reloader.remove_sighup()
                 if batches is not None:
@@ -130,6 +148,7 @@ def create_app(settings: Settings) -> FastAPI:
         return error_response(InvalidRequest(str(exc.errors()[0].get("msg", "invalid request"))), request.url.path)
 
     app.add_middleware(_Edge)
+    app.add_middleware(tracing.Middleware, tracing=traces)  # outside the edge: its 500s are in the span
     return app
 
 

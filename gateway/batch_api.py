@@ -1,6 +1,7 @@
 """The OpenAI Batch API: ``/v1/files`` and ``/v1/batches``, as the official client calls them.
 
-Errors are raised: the app's one ``TriageError`` handler turns them into OpenAI-shaped bodies."""
+Errors are raised: the app's one ``TriageError`` handler turns them into OpenAI-shaped bodies (a
+store that fails: ``StoreDown``, 503, naming the store)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import structlog
 from fastapi import APIRouter, Request, Response
 from starlette.datastructures import FormData
 from starlette.types import Message
 
 from gateway.api import read_body
+from gateway.batch_model import ACTIVE, new_id
 from gateway.batch_runner import BatchRunner
-from gateway.batch_store import BatchStore, new_id
+from gateway.batches import Batches
 from gateway.schemas import BatchCreate, check, parse_json
-from policies.errors import ClientGone, InvalidRequest, NotFound, NotReady, PayloadTooLarge, Unauthorized
+from policies.errors import ClientGone, InvalidRequest, NotFound, NotReady, PayloadTooLarge
 
+log = structlog.get_logger("triage.batches")
 router = APIRouter()
 _OVERHEAD = 64 * 1024  # multipart framing and the other fields, over the file's own bytes
 
@@ -35,26 +39,26 @@ class _Caller:
     viewer: str | None  # whose files and batches it sees: its own; None (all) without keys or for an operator key
 
     @property
-    def store(self) -> BatchStore:
+    def store(self) -> Batches:
         return self.runner.store
 
 
-def _caller(request: Request) -> _Caller:
-    """The runner, and who asks: another key's files and batches read as absent (404), as on OpenAI."""
+async def _caller(request: Request) -> _Caller:
+    """The runner, and who asks: another key's files and batches read as absent (404), as on OpenAI.
+    They belong to the key's name, so a rotated key (a new secret, the same name) still sees them."""
     state = request.app.state.triage
     rt = state.holder.current
-    authorization = request.headers.get("authorization")
-    if not rt.check_key(authorization):
-        raise Unauthorized("Incorrect or missing API key: send 'Authorization: Bearer <key>'")
+    key = await rt.authenticate(request.headers.get("authorization"))
     if state.batches is None:
         raise NotReady("the Batch API is off: its store is held by another gateway process (see the log)")
-    owner = rt.key_digest(authorization) if rt.key_hashes else None
-    return _Caller(state.batches, owner, None if owner in rt.operator_hashes else owner)
+    owner = key.name if key is not None else None
+    operator = key is not None and key.name in rt.policy.access.operator_keys
+    return _Caller(state.batches, owner, None if operator else owner)
 
 
 @router.post("/v1/files")
 async def upload(request: Request) -> Response:
-    caller = _caller(request)
+    caller = await _caller(request)
     settings = caller.runner.holder.current.policy.batches
     limit = settings.max_file_bytes
     declared = request.headers.get("content-length")
@@ -71,8 +75,7 @@ async def upload(request: Request) -> Response:
         name = upload_.filename or "input.jsonl"
     if len(content) > limit:
         raise PayloadTooLarge(f"the file is over the limit of {limit} bytes")
-    add = caller.store.add_file
-    return _json(await asyncio.to_thread(add, content, name, "batch", caller.owner, expires_after))
+    return _json(await caller.store.add_file(content, name, "batch", caller.owner, expires_after))
 
 
 _MAX_EXPIRES_AFTER = 2_592_000  # 30 days, as on OpenAI
@@ -114,27 +117,33 @@ def _counted(request: Request, limit: int) -> Request:
 
 @router.get("/v1/files/{file_id}")
 async def get_file(request: Request, file_id: str) -> Response:
-    return _json(await _file(_caller(request), file_id))
+    return _json(await _file(await _caller(request), file_id))
 
 
 @router.get("/v1/files/{file_id}/content")
 async def file_content(request: Request, file_id: str) -> Response:
-    caller = _caller(request)
+    caller = await _caller(request)
     await _file(caller, file_id)
-    content = await asyncio.to_thread(caller.store.file_path(file_id).read_bytes)
+    try:
+        content = await asyncio.to_thread(caller.store.file_path(file_id).read_bytes)
+    except FileNotFoundError:  # the row is here, the bytes are not: a batches.dir the fleet does not share
+        log.error("file_bytes_missing", file_id=file_id, path=str(caller.store.file_path(file_id)))
+        raise NotReady(
+            f"the bytes of {file_id} are not on this gateway's batches folder", code="file_unavailable"
+        ) from None
     return Response(content, media_type="application/jsonl")
 
 
 @router.delete("/v1/files/{file_id}")
 async def delete_file(request: Request, file_id: str) -> Response:
-    caller = _caller(request)
-    if not await asyncio.to_thread(caller.store.delete_file, file_id, caller.viewer):
+    caller = await _caller(request)
+    if not await caller.store.delete_file(file_id, caller.viewer):
         raise NotFound(f"No such file: {file_id}", param="file_id")
     return _json({"id": file_id, "object": "file", "deleted": True})
 
 
 async def _file(caller: _Caller, file_id: str) -> dict[str, Any]:
-    doc = await asyncio.to_thread(caller.store.file, file_id, caller.viewer)
+    doc = await caller.store.file(file_id, caller.viewer)
     if doc is None:
         raise NotFound(f"No such file: {file_id}", param="file_id")
     return doc
@@ -142,11 +151,11 @@ async def _file(caller: _Caller, file_id: str) -> dict[str, Any]:
 
 @router.post("/v1/batches")
 async def create_batch(request: Request) -> Response:
-    caller = _caller(request)
+    caller = await _caller(request)
     raw = parse_json(await read_body(request, caller.runner.holder.current.policy.limits.max_body_bytes))
     body = check(BatchCreate, raw)  # a 400 naming the field; an unknown endpoint or window among them
     file_id, endpoint = body.input_file_id, body.endpoint
-    f = await asyncio.to_thread(caller.store.file, file_id, caller.viewer)
+    f = await caller.store.file(file_id, caller.viewer)
     if f is None:
         raise NotFound(f"No such file: {file_id}", param="input_file_id")
     if f["purpose"] != "batch":
@@ -174,31 +183,36 @@ async def create_batch(request: Request) -> Response:
         "request_counts": {"total": 0, "completed": 0, "failed": 0},
         "metadata": body.metadata,
     }
-    await asyncio.to_thread(caller.store.add_batch, doc, caller.owner)
+    await caller.store.add_batch(doc, caller.owner)
     caller.runner.wake()
     return _json(doc)
 
 
 @router.get("/v1/batches/{batch_id}")
 async def get_batch(request: Request, batch_id: str) -> Response:
-    caller = _caller(request)
-    doc = await asyncio.to_thread(caller.store.batch, batch_id, caller.viewer)
+    caller = await _caller(request)
+    doc = await caller.store.batch(batch_id, caller.viewer)
     if doc is None:
         raise NotFound(f"No such batch: {batch_id}", param="batch_id")
-    if doc["status"] in ("in_progress", "cancelling", "finalizing"):  # live progress, request by request
-        doc["request_counts"] = await asyncio.to_thread(caller.store.counts, batch_id)
-    return _json(doc)
+    return _json(await _live(caller.store, doc))
+
+
+async def _live(store: Batches, doc: dict[str, Any]) -> dict[str, Any]:
+    """A batch being run, with its progress request by request (whichever gateways run it)."""
+    if doc["status"] in ACTIVE and doc["status"] != "validating":
+        doc["request_counts"] = await store.counts(doc["id"])
+    return doc
 
 
 @router.get("/v1/batches")
 async def list_batches(request: Request) -> Response:
-    caller = _caller(request)
+    caller = await _caller(request)
     raw_limit = request.query_params.get("limit", "20")
     if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 100:
         raise InvalidRequest("limit must be between 1 and 100", param="limit")
     limit, after = int(raw_limit), request.query_params.get("after")
-    docs = await asyncio.to_thread(caller.store.batches, limit + 1, after, caller.viewer)
-    page = docs[:limit]
+    docs = await caller.store.batches(limit + 1, after, caller.viewer)
+    page = [await _live(caller.store, doc) for doc in docs[:limit]]
     return _json(
         {
             "object": "list",
@@ -212,7 +226,7 @@ async def list_batches(request: Request) -> Response:
 
 @router.post("/v1/batches/{batch_id}/cancel")
 async def cancel_batch(request: Request, batch_id: str) -> Response:
-    caller = _caller(request)
+    caller = await _caller(request)
     doc = await caller.runner.cancel(batch_id, caller.viewer)
     if doc is None:
         raise NotFound(f"No such batch: {batch_id}", param="batch_id")

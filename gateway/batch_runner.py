@@ -1,168 +1,214 @@
-"""Runs the Batch API's jobs in the background: validate the input file, then dispatch the
-requests grouped by shared prefix, group by group, each group pinned to one replica.
+"""Runs the Batch API's jobs in the background, alone or as one of a fleet of gateways sharing a store.
 
-A job's state lives in :class:`gateway.batch_store.BatchStore`; this task can stop at any point
-(a restart, a crash) and pick up where the store says. Cancelling stops new requests; those in
-flight finish and count.
+A job goes ``validating`` -> ``in_progress`` -> ``finalizing`` -> ``completed`` (or ``cancelled``,
+or ``failed``). Each runner, every ``batches.poll_s`` or when woken:
+
+- validates a batch it claims (the batch's lease): checks the input file's lines, groups the
+  requests by shared prefix and writes them, with the groups, in one transaction;
+- claims prefix groups of any running batch, one at a time, each under a lease renewed while it
+  works, and dispatches their requests in the plan's order, ``batches.concurrency`` in flight: a
+  worker takes the next request when its last one ends (no barrier between groups), and a group's
+  requests carry one affinity key, so they go to one replica, whichever gateway sends them;
+- finalizes a batch it claims once no request is pending (or, cancelled, once no group is held):
+  the output and error files, and the batch's last state, in one transaction.
+
+A runner can stop at any point (a restart, SIGKILL): what it held is claimed again when its
+leases run out, and a request's result is written only while the request is pending, so each
+``custom_id`` appears once in the output. Cancelling stops new requests, on every gateway; those
+in flight finish and count.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
+import contextlib
+import os
+import socket
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import orjson
 import structlog
 
 from backends.base import Kind
 from gateway import decide, pipeline
-from gateway.batch_store import BatchStore, Pending, new_id
+from gateway.batch_lines import check_lines, plan_rows
+from gateway.batch_model import BatchClaim, FileRow, GroupClaim, Pending, new_id, output_file_id, write_bytes
+from gateway.batches import Batches
 from gateway.runtime import RuntimeHolder
-from gateway.schemas import MAX_DEPTH, check_depth
-from policies.errors import InvalidRequest, PolicyInvalid, TriageError
+from gateway.stores import StoreDown
+from policies.errors import PolicyInvalid, TriageError
 from policies.plans import public_models
-from policies.schema import Policy
+from policies.schema import BatchSettings, Policy
 
 log = structlog.get_logger("triage.batches")
 T = TypeVar("T")
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/decide")
 
 
+@dataclass(eq=False)
+class _Held:
+    """A group this runner holds: its requests not yet started, and those in flight."""
+
+    claim: GroupClaim
+    todo: deque[Pending]
+    in_flight: int = 0
+    stopped: bool = False  # start nothing more: its batch was cancelled, or the lease was lost
+    lost: bool = False  # another runner holds it now: nothing to release
+    released: bool = False
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.claim.batch_id, self.claim.grp)
+
+
+@dataclass(eq=False)
+class _Drain:
+    """One round of dispatch: workers take requests until no group is left to claim. A new round
+    starts when the last one has ended (its last request in flight too), within ``batches.poll_s``."""
+
+    dry: bool = False
+
+
 class BatchRunner:
-    def __init__(self, store: BatchStore, holder: RuntimeHolder, base_dir: Path = Path(".")) -> None:
+    def __init__(self, store: Batches, holder: RuntimeHolder, base_dir: Path = Path(".")) -> None:
         self.store = store
         self.holder = holder
         self.base_dir = base_dir  # the policy file's folder: relative tokenizer paths
+        self.owner = f"{socket.gethostname()}/{os.getpid()}/{new_id('')[:8]}"  # this runner, in leases
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._sweeper: asyncio.Task[None] | None = None
-        self._cancelled: set[str] = set()
-        self._writing = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._drain: asyncio.Task[None] | None = None
+        self._held: dict[tuple[str, int], _Held] = {}
+        self._queue: deque[_Held] = deque()  # held groups with requests not yet started, in claim order
+        self._claiming = asyncio.Lock()
+
+    @property
+    def settings(self) -> BatchSettings:
+        return self.holder.current.policy.batches  # read each time: a reload may change them
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop())
-        self._sweeper = asyncio.create_task(self._sweep())
-
-    async def _sweep(self) -> None:
-        """Files past their ``expires_at`` (``expires_after`` at upload) removed, every
-        ``batches.sweep_interval_s`` (read each round: a reload may change it)."""
-        while True:
-            try:
-                if removed := await asyncio.to_thread(self.store.sweep):
-                    log.info("files_expired", count=len(removed), files=removed[:20])
-            except (OSError, sqlite3.Error) as exc:  # a disk problem: the next round tries again
-                log.error("file_sweep_failed", error=str(exc))
-            await asyncio.sleep(self.holder.current.policy.batches.sweep_interval_s)
+        self._tasks = [asyncio.create_task(t) for t in (self._loop(), self._sweep(), self._renew())]
 
     def wake(self) -> None:
         self._wake.set()
 
+    async def close(self) -> None:
+        """Stop; the requests in flight stay pending, and the groups held are given up at once
+        (another gateway takes them now, not when their leases run out)."""
+        tasks = [t for t in (*self._tasks, self._drain) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for held in list(self._held.values()):
+            with contextlib.suppress(StoreDown):
+                await self.store.release_group(held.claim.batch_id, held.claim.grp, self.owner)
+        await self.store.close()
+
     async def cancel(self, batch_id: str, viewer: str | None = None) -> dict[str, Any] | None:
-        """Stop starting the batch's requests; it ends ``cancelled`` with what finished. A batch
-        already finalizing (or done) is not cancelled: the check and the write hold the lock.
-        None when ``viewer`` has no such batch (see :class:`BatchStore`)."""
-        async with self._writing:
-            doc = await asyncio.to_thread(self.store.batch, batch_id, viewer)
-            if doc is None or doc["status"] not in ("validating", "in_progress"):
-                return doc
-            self._cancelled.add(batch_id)
-            doc.update(status="cancelling", cancelling_at=int(time.time()))
-            await asyncio.to_thread(self.store.save_batch, doc)
-        self.wake()
+        """Stop starting the batch's requests, here and (within ``batches.poll_s``) on every
+        gateway; it ends ``cancelled`` with what finished. A batch already finalizing (or ended)
+        is not cancelled. None when ``viewer`` has no such batch (see ``gateway/batch_store.py``)."""
+        doc = await self.store.cancel(batch_id, viewer, int(time.time()))
+        if doc is not None and doc["status"] == "cancelling":
+            for held in self._held.values():
+                if held.claim.batch_id == batch_id:
+                    held.stopped = True
+            self.wake()
         return doc
 
-    async def close(self) -> None:
-        tasks = [t for t in (self._task, self._sweeper) if t is not None]
-        for task in tasks:
-            task.cancel()  # requests in flight stay pending: a restart runs them
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.to_thread(self.store.close)
+    # --- the loop: validation, finalization, and a drain when there may be groups -----------------------------
 
     async def _loop(self) -> None:
         while True:
             self._wake.clear()
-            for doc in await asyncio.to_thread(self.store.active_batches):
-                try:
-                    await self._process(doc["id"])
-                except Exception as exc:  # that job fails (a disk, the store, a bug); the others go on
-                    log.error("batch_failed", batch_id=doc["id"], error=f"{type(exc).__name__}: {exc}")
-                    await self._update(
-                        doc["id"],
-                        status="failed",
-                        failed_at=int(time.time()),
-                        errors=_errors([{"code": "batch_failed", "message": str(exc)}]),
-                    )
-            await self._wake.wait()
+            try:
+                for batch_id, status in await self.store.work():
+                    await self._step(batch_id, status)
+            except StoreDown as exc:  # the next round tries again
+                log.warning("batch_store_down", error=exc.message)
+            except Exception:  # the runner's edge: a bug is logged, and the next round goes on
+                log.exception("batch_runner_failed")
+            if self._drain is None or self._drain.done():
+                if self._drain is not None and not self._drain.cancelled() and self._drain.exception() is not None:
+                    log.error("batch_dispatch_failed", error=repr(self._drain.exception()))
+                self._drain = asyncio.create_task(self._dispatch())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.poll_s)
 
-    async def _update(self, batch_id: str, counts: bool = False, **fields: Any) -> dict[str, Any]:
-        """Read-modify-write of a batch under the lock (a progress tick must not undo a cancel);
-        ``counts``: its request counts, read inside the lock too."""
-        async with self._writing:
-            doc = await asyncio.to_thread(self.store.batch, batch_id)
-            assert doc is not None
-            if counts:
-                fields["request_counts"] = await asyncio.to_thread(self.store.counts, batch_id)
-            doc.update(fields)
-            await asyncio.to_thread(self.store.save_batch, doc)
-            return doc
+    async def _step(self, batch_id: str, status: str) -> None:
+        lease_s = self.settings.lease_s
+        if status == "validating":
+            claim = await self.store.claim_validation(batch_id, self.owner, lease_s)
+            job = self._validate
+        else:
+            claim = await self.store.claim_finalization(batch_id, self.owner, lease_s, int(time.time()))
+            job = self._finalize
+        if claim is None:
+            return  # not ready, or another runner's
+        try:
+            async with self._leased(batch_id):
+                await job(claim)
+        except StoreDown:
+            raise  # its lease runs out; a runner (maybe this one) claims it again
+        except Exception as exc:  # that job fails (a disk, its input file gone, a bug); the others go on
+            log.error("batch_failed", batch_id=batch_id, error=f"{type(exc).__name__}: {exc}")
+            errors = {"object": "list", "data": [{"code": "batch_failed", "message": str(exc)}]}
+            fields = {"status": "failed", "failed_at": int(time.time()), "errors": errors}
+            await self.store.end_batch(batch_id, self.owner, fields, [])
 
-    async def _process(self, batch_id: str) -> None:
-        doc = await asyncio.to_thread(self.store.batch, batch_id)
-        if doc is None:
-            return
-        if doc["status"] == "cancelling":
-            self._cancelled.add(batch_id)  # cancelled before a restart
-        if doc["status"] == "validating":
-            doc = await self._validate(doc)
-        if doc["status"] == "in_progress":
-            await self._run(doc)
-        doc = await asyncio.to_thread(self.store.batch, batch_id)
-        if doc is not None and doc["status"] in ("in_progress", "finalizing", "cancelling"):
-            await self._finalize(doc)
+    @contextlib.asynccontextmanager
+    async def _leased(self, batch_id: str) -> AsyncIterator[None]:
+        """The batch's lease renewed while the block runs (validating a big file may take a while)."""
 
-    async def _validate(self, doc: dict[str, Any]) -> dict[str, Any]:
-        rt = self.holder.current
-        raw = await asyncio.to_thread(self.store.file_path(doc["input_file_id"]).read_bytes)
-        rows = check_lines(raw, doc["endpoint"], set(public_models(rt.policy)), rt.policy.batches.max_requests)
-        doc.update(status="in_progress", in_progress_at=int(time.time()))
-        await asyncio.to_thread(self.store.add_requests, doc["id"], rows, doc)
-        doc["request_counts"] = await asyncio.to_thread(self.store.counts, doc["id"])
-        await asyncio.to_thread(self.store.save_batch, doc)
-        return doc
+        async def renew() -> None:
+            while True:
+                await asyncio.sleep(self.settings.lease_s / 3)
+                with contextlib.suppress(StoreDown):
+                    if not await self.store.renew_batch(batch_id, self.owner, self.settings.lease_s):
+                        log.warning("batch_lease_lost", batch_id=batch_id)  # its last write will not land
+                        return
 
-    async def _run(self, doc: dict[str, Any]) -> None:
-        """Dispatch the pending requests in the plan's order, ``concurrency`` in flight: each worker
-        takes the next request when its last one ends (no barrier between groups), and a group's
-        requests carry one affinity key, so they go to one replica."""
-        from backends.prefix import Item, plan
+        task = asyncio.create_task(renew())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
-        batch_id, endpoint = doc["id"], doc["endpoint"]
-        pending = await asyncio.to_thread(self.store.pending, batch_id)
-        policy = self.holder.current.policy
-        settings = policy.batches
-        tokens = await asyncio.to_thread(self._tokens, policy, batch_id, [p.body for p in pending])
-        groups = plan(
-            [Item(i, t, _decode(p.body)) for i, (t, p) in enumerate(zip(tokens, pending, strict=True))],
+    async def _validate(self, claim: BatchClaim) -> None:
+        doc, policy = claim.doc, self.holder.current.policy
+        batch_id, settings = doc["id"], policy.batches
+        path = self.store.file_path(doc["input_file_id"])
+        try:
+            raw = await asyncio.to_thread(path.read_bytes)
+        except FileNotFoundError:
+            log.error("batch_input_missing", batch_id=batch_id, path=str(path))
+            raise RuntimeError(
+                f"the input file {doc['input_file_id']} is gone (deleted, expired, or not on the folder this gateway"
+                " reads: with state.database, batches.dir must be a folder every gateway shares)"
+            ) from None
+        rows = check_lines(raw, doc["endpoint"], set(public_models(policy)), settings.max_requests)
+        runnable = [r for r in rows if r.error is None]
+        tokens = await asyncio.to_thread(self._tokens, policy, batch_id, [r.body or {} for r in runnable])
+        planned, groups = plan_rows(
+            batch_id,
+            rows,
+            tokens,
             min_shared=settings.min_shared_tokens,
             order=settings.order,
+            claim_max=settings.claim_max_requests,
         )
-        log.info("batch_planned", batch_id=batch_id, requests=len(pending), groups=len(groups))
-        todo = [(pending[k], f"{batch_id}/{g}") for g, group in enumerate(groups) for k in group.keys]
-        progress = _Progress(self, batch_id)
-
-        async def one(item: tuple[Pending, str]) -> bool:
-            if batch_id in self._cancelled:
-                return False  # not started: it stays pending and out of the output
-            await self._one(batch_id, endpoint, *item)
-            await progress.tick()
-            return True
-
-        await in_order(todo, settings.concurrency, one)
-        await progress.tick(force=True)
+        counts = {"total": len(rows), "completed": 0, "failed": len(rows) - len(runnable)}
+        fields = {"status": "in_progress", "in_progress_at": int(time.time()), "request_counts": counts}
+        if await self.store.start_batch(batch_id, self.owner, planned, groups, fields):
+            log.info("batch_planned", batch_id=batch_id, requests=len(runnable), groups=groups)
+        else:
+            log.info("batch_validation_dropped", batch_id=batch_id)  # cancelled meanwhile, or its lease was lost
 
     def _tokens(self, policy: Policy, batch_id: str, bodies: list[dict[str, Any]]) -> list[tuple[int, ...]]:
         """The prompts' tokens for grouping (``batches.tokens``); a tokenizer the policy names that
@@ -180,63 +226,166 @@ class BatchRunner:
         log.info("batch_tokens", batch_id=batch_id, tokenizers=used)
         return tokens
 
-    async def _one(self, batch_id: str, endpoint: str, req: Pending, affinity: str) -> None:
-        """One request and its result, whatever happens to it: this is the line's edge. A line
-        whose handling raises anything (a bug, a body the store cannot write) is answered with its
-        own error entry, so it neither fails the batch nor cancels the requests beside it."""
-        rid = new_id("batch_req_")
-        try:
-            status, body = await self._serve(endpoint, req, rid, affinity)
-            await asyncio.to_thread(
-                self.store.finish_request, batch_id, req.line, status == 200, _result(rid, req.custom_id, status, body)
-            )
-        except Exception:  # the line's edge (see above); cancellation is not an Exception and goes on
-            log.exception("batch_request_failed", batch_id=batch_id, line=req.line, request_id=rid)
-            err = TriageError("The server had an error while processing this request")
-            await asyncio.to_thread(
-                self.store.finish_request,
-                batch_id,
-                req.line,
-                False,
-                _result(rid, req.custom_id, err.status, err.body()),
-            )
-
-    async def _serve(self, endpoint: str, req: Pending, rid: str, affinity: str) -> tuple[int, dict[str, Any]]:
-        rt = self.holder.acquire()
-        try:
-            return await serve(rt, endpoint, dict(req.body), rid, affinity)
-        finally:
-            await self.holder.release(rt)
-
-    async def _finalize(self, doc: dict[str, Any]) -> None:
-        batch_id, now = doc["id"], int(time.time())
-        doc = await self._update(batch_id, status="finalizing", finalizing_at=now)
-        cancelled = batch_id in self._cancelled  # a cancel lands before that write, or sees "finalizing"
-        fields: dict[str, Any] = {"request_counts": await asyncio.to_thread(self.store.counts, batch_id)}
-        owner = await asyncio.to_thread(self.store.batch_owner, batch_id)  # its outputs are its owner's
-        for state, key, purpose in (
-            ("done", "output_file_id", "batch_output"),
-            ("error", "error_file_id", "batch_output"),
-        ):
-            lines = await asyncio.to_thread(self.store.results, batch_id, state)
+    async def _finalize(self, claim: BatchClaim) -> None:
+        """The output and error files (bytes first, under ids fixed by the batch, so a finalizer
+        that takes over writes the same files), then their rows and the last state, in one transaction."""
+        batch_id, now = claim.doc["id"], int(time.time())
+        fields: dict[str, Any] = {"request_counts": await self.store.counts(batch_id)}
+        files = []
+        for state, key in (("done", "output_file_id"), ("error", "error_file_id")):
+            lines = await self.store.results(batch_id, state)
             if lines:
                 content = ("\n".join(lines) + "\n").encode()
-                f = await asyncio.to_thread(self.store.add_file, content, f"{batch_id}_{state}.jsonl", purpose, owner)
-                fields[key] = f["id"]
+                file_id = output_file_id(batch_id, state)
+                await asyncio.to_thread(write_bytes, self.store.file_path(file_id), content)
+                files.append(FileRow(file_id, f"{batch_id}_{state}.jsonl", "batch_output", len(content), claim.owner))
+                fields[key] = file_id
+        cancelled = claim.doc.get("cancelling_at") is not None  # a cancel lands before finalizing, or not at all
         fields.update(
             {"status": "cancelled", "cancelled_at": now} if cancelled else {"status": "completed", "completed_at": now}
         )
-        await self._update(batch_id, **fields)
-        log.info("batch_finished", batch_id=batch_id, status=fields["status"], **fields["request_counts"])
+        if await self.store.end_batch(batch_id, self.owner, fields, files):
+            log.info("batch_finished", batch_id=batch_id, status=fields["status"], **fields["request_counts"])
+
+    # --- dispatch: groups claimed and their requests run -----------------------------------------------------
+
+    async def _dispatch(self) -> None:
+        drain = _Drain()
+        await in_order(lambda: self._next(drain), self.settings.concurrency, self._one)
+
+    async def _next(self, drain: _Drain) -> tuple[_Held, Pending] | None:
+        """The next request of the groups held, claiming a group when none is left; None when no
+        group is left to claim (this drain ends; the loop starts another within ``batches.poll_s``)."""
+        async with self._claiming:
+            while True:
+                while self._queue:
+                    held = self._queue[0]
+                    if held.stopped or not held.todo:
+                        self._queue.popleft()
+                        held.todo.clear()
+                        await self._settle(held)
+                        continue
+                    held.in_flight += 1
+                    return held, held.todo.popleft()
+                if drain.dry:
+                    return None
+                try:
+                    claim = await self.store.claim_group(self.owner, self.settings.lease_s)
+                except StoreDown as exc:
+                    log.warning("batch_store_down", error=exc.message)
+                    claim = None
+                if claim is None:
+                    drain.dry = True
+                    return None
+                log.info(
+                    "batch_group_claimed",
+                    batch_id=claim.batch_id,
+                    group=claim.grp,
+                    requests=len(claim.pending),
+                    takeover=claim.claims > 1,
+                )
+                held = _Held(claim, deque(claim.pending))
+                self._held[held.key] = held
+                self._queue.append(held)
+
+    async def _settle(self, held: _Held) -> None:
+        """Give the group up once nothing of it is left to start and nothing is in flight."""
+        if held.released or held.in_flight or (held.todo and not held.stopped):
+            return
+        held.released = True
+        self._held.pop(held.key, None)
+        if not held.lost:
+            try:
+                await self.store.release_group(held.claim.batch_id, held.claim.grp, self.owner)
+            except StoreDown as exc:  # its lease runs out instead
+                log.warning("batch_store_down", error=exc.message)
+        self.wake()  # its batch may be ready to finalize
+
+    async def _renew(self) -> None:
+        """Every held group's lease extended; one another runner took is dropped (its requests not
+        started are the new holder's), one whose batch is no longer running starts nothing more."""
+        while True:
+            await asyncio.sleep(min(self.settings.lease_s / 3, self.settings.poll_s))
+            held = [h for h in self._held.values() if not h.lost]
+            if not held:
+                continue
+            try:
+                alive = await self.store.renew_groups(self.owner, [h.key for h in held], self.settings.lease_s)
+            except StoreDown as exc:
+                log.warning("batch_store_down", error=exc.message)
+                continue
+            for h in held:
+                if h.released:
+                    continue  # given up while the renewal ran
+                status = alive.get(h.key)
+                if status is None:
+                    log.warning("batch_group_lost", batch_id=h.claim.batch_id, group=h.claim.grp)
+                    h.lost = h.stopped = True
+                elif status != "in_progress":
+                    h.stopped = True
+                if h.stopped:
+                    await self._settle(h)
+
+    async def _one(self, item: tuple[_Held, Pending]) -> bool:
+        """One request and its result, whatever happens to it: this is the line's edge. A line
+        whose handling raises anything (a bug, a body the store cannot write) is answered with its
+        own error entry, so it neither fails the batch nor cancels the requests beside it. The
+        store down: the request stays pending, and the group is given up (claimed again later)."""
+        held, req = item
+        claim = held.claim
+        rid = new_id("batch_req_")
+        try:
+            try:
+                status, body = await self._serve(claim.endpoint, req, rid)
+                written = await self.store.finish_request(
+                    claim.batch_id, req.line, status == 200, _result(rid, req.custom_id, status, body)
+                )
+            except StoreDown:
+                raise
+            except Exception:  # the line's edge (see above); cancellation is not an Exception and goes on
+                log.exception("batch_request_failed", batch_id=claim.batch_id, line=req.line, request_id=rid)
+                err = TriageError("The server had an error while processing this request")
+                result = _result(rid, req.custom_id, err.status, err.body())
+                written = await self.store.finish_request(claim.batch_id, req.line, False, result)
+            if not written:  # another runner wrote it first (this one's lease had run out)
+                log.info("batch_result_dropped", batch_id=claim.batch_id, line=req.line, request_id=rid)
+        except StoreDown as exc:
+            log.warning("batch_store_down", error=exc.message, batch_id=claim.batch_id, line=req.line)
+            held.stopped = True
+        finally:
+            held.in_flight -= 1
+            await self._settle(held)
+        return True
+
+    async def _serve(self, endpoint: str, req: Pending, rid: str) -> tuple[int, dict[str, Any]]:
+        rt = self.holder.acquire()
+        try:
+            return await serve(rt, endpoint, dict(req.body), rid, req.affinity)
+        finally:
+            await self.holder.release(rt)
+
+    async def _sweep(self) -> None:
+        """Files past their ``expires_at`` (``expires_after`` at upload) removed, every
+        ``batches.sweep_interval_s`` (read each round: a reload may change it)."""
+        while True:
+            try:
+                if removed := await self.store.sweep():
+                    log.info("files_expired", count=len(removed), files=removed[:20])
+            except (OSError, StoreDown) as exc:  # a disk or the store: the next round tries again
+                log.error("file_sweep_failed", error=str(exc))
+            await asyncio.sleep(self.settings.sweep_interval_s)
 
 
-async def in_order(items: Iterable[T], workers: int, fn: Callable[[T], Awaitable[bool]]) -> None:
+async def in_order(
+    items: Iterable[T] | Callable[[], Awaitable[T | None]], workers: int, fn: Callable[[T], Awaitable[bool]]
+) -> None:
     """``fn`` over ``items`` in their order, ``workers`` at a time: a worker takes the next item as
-    soon as its last one ends (no barrier anywhere); ``fn`` returning False stops that worker."""
-    todo = iter(items)  # one iterator shared by the workers: the order is kept
+    soon as its last one ends (no barrier anywhere); ``fn`` returning False stops that worker.
+    ``items``: an iterable, or an async function giving the next item (None: there is no more)."""
+    take = items if callable(items) else _taker(iter(items))  # one source shared by the workers: the order is kept
 
     async def worker() -> None:
-        for item in todo:
+        while (item := await take()) is not None:
             if not await fn(item):
                 return
 
@@ -248,17 +397,11 @@ async def in_order(items: Iterable[T], workers: int, fn: Callable[[T], Awaitable
         raise group.exceptions[0] from None
 
 
-class _Progress:
-    """Writes a running batch's ``request_counts`` at most once a second."""
+def _taker(todo: Iterator[T]) -> Callable[[], Awaitable[T | None]]:
+    async def take() -> T | None:
+        return next(todo, None)
 
-    def __init__(self, runner: BatchRunner, batch_id: str, every_s: float = 1.0) -> None:
-        self.runner, self.batch_id, self.every_s = runner, batch_id, every_s
-        self.last = time.monotonic()
-
-    async def tick(self, force: bool = False) -> None:
-        if force or time.monotonic() - self.last >= self.every_s:
-            self.last = time.monotonic()
-            await self.runner._update(self.batch_id, counts=True)
+    return take
 
 
 def _result(rid: str, custom_id: str, status: int, body: dict[str, Any]) -> dict[str, Any]:
@@ -273,82 +416,6 @@ def _result(rid: str, custom_id: str, status: int, body: dict[str, Any]) -> dict
         err = body.get("error") or {}
         result["error"] = {"code": err.get("code") or err.get("type"), "message": err.get("message")}
     return result
-
-
-def _decode(body: dict[str, Any]) -> int:
-    """Expected decode tokens, for the order: the request's own limit, else a guess."""
-    for key in ("max_tokens", "max_completion_tokens"):
-        if isinstance(body.get(key), int) and body[key] > 0:
-            return body[key]
-    return 16
-
-
-def _errors(items: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"object": "list", "data": items}
-
-
-def check_lines(
-    raw: bytes,
-    endpoint: str,
-    models: set[str],
-    max_requests: int,
-) -> list[tuple[int, str | None, dict | None, dict | None]]:
-    """Every line of an input file: (line, custom_id, body) to run, or an error result for the
-    error file naming the line. A malformed line never stops the others."""
-    rows: list[tuple[int, str | None, dict | None, dict | None]] = []
-    seen: dict[str, int] = {}  # custom_id -> the line that has it
-    lines = [(n, line) for n, line in enumerate(raw.split(b"\n"), 1) if line.strip()]
-    for n, line in lines:
-        cid = None
-        try:
-            doc = orjson.loads(line)
-            if not isinstance(doc, dict):
-                raise InvalidRequest("the line is not a JSON object")
-            cid = doc.get("custom_id") if isinstance(doc.get("custom_id"), str) else None
-            if cid in seen:  # its error line carries no custom_id: the id's one result is the first line's
-                first, cid = seen[cid], None
-                raise InvalidRequest(f"custom_id {doc['custom_id']!r} is used twice (first on line {first})")
-            if cid:
-                seen[cid] = n  # taken even when this line fails: its error line is then the id's one entry
-            check_depth(line, doc, MAX_DEPTH + 1)  # the body nests as deep as the API lets it
-            body = _check_line(doc, endpoint, models)
-            if len(rows) >= max_requests:
-                raise InvalidRequest(f"over the limit of {max_requests} requests per batch")
-            rows.append((n, cid, body, None))
-        except (orjson.JSONDecodeError, InvalidRequest) as exc:
-            message = exc.message if isinstance(exc, InvalidRequest) else f"not JSON: {exc}"
-            rows.append(
-                (
-                    n,
-                    cid,
-                    None,
-                    {
-                        "id": new_id("batch_req_"),
-                        "custom_id": cid,
-                        "response": None,
-                        "error": {"code": "invalid_request", "message": f"line {n}: {message}"},
-                    },
-                )
-            )
-    return rows
-
-
-def _check_line(doc: dict[str, Any], endpoint: str, models: set[str]) -> dict[str, Any]:
-    cid = doc.get("custom_id")
-    if not isinstance(cid, str) or not cid:
-        raise InvalidRequest("custom_id must be a non-empty string")
-    if doc.get("method", "POST") != "POST":
-        raise InvalidRequest("method must be POST")
-    if doc.get("url") != endpoint:
-        raise InvalidRequest(f"url {doc.get('url')!r} is not the batch's endpoint {endpoint}")
-    body = doc.get("body")
-    if not isinstance(body, dict):
-        raise InvalidRequest("body must be a JSON object")
-    if endpoint != "/v1/decide" and body.get("model") not in models:
-        raise InvalidRequest(f"the model {body.get('model')!r} does not exist")
-    if body.get("stream"):
-        raise InvalidRequest("a batch request cannot stream")
-    return body
 
 
 async def serve(

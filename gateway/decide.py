@@ -4,18 +4,25 @@ and the answer's shape."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 from collections.abc import Mapping
 from typing import Annotated, Any
 
+import orjson
+import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from backends.base import Attempt
-from gateway import tier_answers
+from gateway import tier_answers, tracing
 from gateway.runtime import Runtime
+from gateway.stores import StoreDown
 from policies import cascade
-from policies.cascade import Decision, Gate, Judge, Question
+from policies.cascade import Decision, Gate, Judge, Question, Step
 from policies.errors import InvalidRequest, NotFound
 from policies.tiers import Cascade, QuestionType
+
+log = structlog.get_logger("triage.decide")
 
 
 class _Closed(BaseModel):
@@ -132,6 +139,49 @@ def gates(spec: Cascade, overrides: Overrides | None, judges: Mapping[str, Judge
 async def decide(
     rt: Runtime, q: Question, overrides: Overrides | None, request_id: str, attempts: list[Attempt]
 ) -> Decision:
+    """The cascade's decision; with ``cascade.cache_ttl_s``, from the decision cache when the same
+    question was decided under the same policy version (a hit asks no tier and costs nothing)."""
+    spec = served_cascade(rt)
+    if spec.cache_ttl_s is None or rt.budget is not None:  # a budget's thresholds move: not a pure function
+        return await _decide(rt, q, overrides, request_id, attempts)
+    key = cache_key(rt.version, q, overrides)
+    try:
+        hit = await rt.store.cache_get(key)
+    except StoreDown as exc:  # the cache only saves work: decide without it
+        log.warning("decision_cache_unavailable", error=exc.message)
+        return await _decide(rt, q, overrides, request_id, attempts)
+    if hit is not None:
+        return dataclasses.replace(unpack(hit), cached=True)
+    decision = dataclasses.replace(await _decide(rt, q, overrides, request_id, attempts), cached=False)
+    try:
+        await rt.store.cache_put(key, pack(decision), spec.cache_ttl_s)
+    except StoreDown as exc:
+        log.warning("decision_cache_unavailable", error=exc.message)
+    return decision
+
+
+def cache_key(version: str, q: Question, overrides: Overrides | None) -> str:
+    """What a decision is a pure function of: the policy's version (its text, tiers and trained
+    files) and the question; a request's own thresholds too."""
+    parts: list[Any] = [version, q.type, q.question, q.options, q.context, q.task, q.scale]
+    if overrides is not None:
+        parts.append(overrides.model_dump(mode="json"))
+    return "decide:" + hashlib.sha256(orjson.dumps(parts)).hexdigest()
+
+
+def pack(d: Decision) -> bytes:
+    return orjson.dumps(dataclasses.asdict(d))
+
+
+def unpack(raw: bytes) -> Decision:
+    doc = orjson.loads(raw)
+    doc["trace"] = tuple(Step(**s) for s in doc["trace"])
+    return Decision(**doc)
+
+
+async def _decide(
+    rt: Runtime, q: Question, overrides: Overrides | None, request_id: str, attempts: list[Attempt]
+) -> Decision:
     spec = served_cascade(rt)
     by_name = {t.name: t for t in spec.tiers}
     chosen = gates(spec, overrides, rt.judges)
@@ -139,7 +189,7 @@ async def decide(
         chosen = rt.budget.gates(chosen)
     budget = rt.budget if overrides is None else None
     embedding = await tier_answers.question_embedding(rt, q, chosen)
-    gen = cascade.run(q, chosen, spec.on_exhausted, embedding)
+    gen = tracing.cascade(cascade.run(q, chosen, spec.on_exhausted, embedding), q)  # spans, when traced
     ask = next(gen)
     while True:
         reply = await tier_answers.answer(rt, by_name[ask.tier], ask, request_id, attempts, embedding)
@@ -193,4 +243,5 @@ def body(d: Decision, request_id: str) -> dict[str, Any]:
         "tier": d.tier,
         "trace": [s.as_dict() for s in d.trace],
         "usage": dict(d.usage) if d.usage else None,
+        **({"cache": "hit" if d.cached else "miss"} if d.cached is not None else {}),
     }

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import structlog
 
 from backends.base import Attempt, Body, Call, ChunkStream, Completion, Kind
+from gateway import tracing
 from gateway.runtime import Runtime
 from policies import reasoning
 from policies.errors import UpstreamError
@@ -57,9 +58,9 @@ async def dispatch(
         call = Call(kind, upstream_body, request_id, attempts, affinity)
         try:
             if call.stream:
-                stream = await backend.open_stream(call)
+                stream = await tracing.upstream(backend.open_stream, call, backend.name, name, chain)
                 return Served(name, backend.name, stream.replica, stream=stream, route=route, reasoning_switch=switch)
-            completion = await backend.complete(call)
+            completion = await tracing.upstream(backend.complete, call, backend.name, name, chain)
             return Served(
                 name, backend.name, completion.replica, completion=completion, route=route, reasoning_switch=switch
             )

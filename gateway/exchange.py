@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import structlog
 
 from backends.base import Attempt, Stopwatch
-from gateway import quotas
+from gateway import quotas, tracing
 from gateway.metrics import Metrics
 from gateway.runtime import Runtime, RuntimeHolder
+from policies import spend
 from policies.cascade import Decision
 from policies.errors import RateLimited, TriageError
 from policies.plans import public_models
@@ -65,6 +67,7 @@ class Exchange:
     decision: Decision | None = None
     key: ApiKey | None = None  # the key that called (its name is logged, never the key)
     cost: float | None = None
+    charges: list[tuple[str, Mapping[str, int] | None, float]] = field(default_factory=list)  # typed: per model tier
     _slot: bool = False
     _done: bool = False
 
@@ -73,6 +76,16 @@ class Exchange:
         cls, holder: RuntimeHolder, metrics: Metrics, gate: ConcurrencyGate, endpoint: str, request_id: str | None
     ) -> Exchange:
         return cls(holder, metrics, gate, endpoint, request_id or _next_id(), holder.acquire())
+
+    def decided(self, *decisions: Decision) -> None:
+        """Typed decisions this request answered (one: it is the request's): every model tier they
+        asked is charged at its model's prices, escalated and failed ones too."""
+        if len(decisions) == 1:
+            d = decisions[0]
+            self.decision, self.served, self.usage = d, d.tier, dict(d.usage or {}) or None
+        for d in decisions:
+            self.charges += spend.decision_charges(self.rt.policy.models, d)
+        self.cost = sum(c for *_, c in self.charges)
 
     def take_slot(self) -> None:
         self.gate.enter(self.rt.policy.limits.max_concurrency)
@@ -86,10 +99,32 @@ class Exchange:
         if self._slot:
             self.gate.in_flight -= 1
             self.metrics.in_flight.dec()
+        owed: list[tuple[str, Mapping[str, int] | None, float]] = []
         try:
-            if status < 400 and self.served is not None:
-                self.cost = await quotas.record(self.rt, self.key, self.served, self.usage, self.cost)
+            if status < 400:
+                owed = self._charges()
             self._report(status, error)
+        finally:
+            if any(quotas.writes(self.key, usage, cost) for _, usage, cost in owed):
+                # counted after the answer, off its path; the runtime (and its store) stays pinned until done
+                self.holder.later(self._settle(owed))
+            else:
+                await self.holder.release(self.rt)
+
+    def _charges(self) -> list[tuple[str, Mapping[str, int] | None, float]]:
+        """What this request is charged: each model tier a decision asked, or the model that served."""
+        if self.charges or self.decision is not None:
+            return self.charges
+        if self.served is None:
+            return []
+        if self.cost is None:
+            self.cost = quotas.price(self.rt, self.served, self.usage)
+        return [(self.served, self.usage, self.cost)]
+
+    async def _settle(self, owed: list[tuple[str, Mapping[str, int] | None, float]]) -> None:
+        try:
+            for model, usage, cost in owed:
+                await quotas.record(self.rt, self.key, model, usage, cost)
         finally:
             await self.holder.release(self.rt)
 
@@ -124,7 +159,9 @@ class Exchange:
             event["key"] = self.key.name
         if self.cost:
             event["cost"] = round(self.cost, 8)
-            self.metrics.spend.labels(self.key.name if self.key is not None else "-", model).inc(self.cost)
+            who = self.key.name if self.key is not None else "-"
+            for charged, cost in [(m, c) for m, _, c in self.charges] or [(model, self.cost)]:
+                self.metrics.spend.labels(who, charged).inc(cost)
         if self.usage:
             event["prompt_tokens"] = self.usage.get("prompt_tokens")
             event["completion_tokens"] = self.usage.get("completion_tokens")
@@ -132,6 +169,7 @@ class Exchange:
             event["error"] = {"type": error.type, "code": error.code, "message": error.message}
         if self.prompt is not None and self.rt.policy.logging.log_prompts:
             event["prompt"] = self.prompt
+        tracing.annotate(event)  # on the request's span, when traced
         (log.warning if status >= 500 else log.info)("request", **event)
 
     def _decision_event(self, d: Decision) -> dict[str, Any]:

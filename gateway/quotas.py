@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 
 from gateway.runtime import Runtime
-from gateway.stores import StoreDown
+from gateway.stores import Check, StoreDown
 from policies import spend
 from policies.errors import BudgetExhausted, Forbidden, KeyRateLimited
 from policies.schema import ApiKey
@@ -35,60 +35,71 @@ async def admit(rt: Runtime, key: ApiKey | None, model: str | None) -> None:
     lim = key.limits
     if lim.rpm is None and lim.tpm is None and lim.budget_per_day is None and lim.budget_per_month is None:
         return
-    if rt.store_problem is not None:
+    if rt.store_problem is not None and not await recovered(rt):
         raise StoreDown(f"limits cannot be checked (fail closed): {rt.store_problem}")
     now = time.time()
-    if lim.budget_per_day is not None or lim.budget_per_month is not None:
-        await _budget(rt, key, now)
-    if lim.tpm is not None:
-        used = await rt.store.used(f"tpm:{key.name}", MINUTE)
-        if used >= lim.tpm:
-            raise KeyRateLimited(
-                f"the key '{key.name}' used {used} of its {lim.tpm} tokens per minute", retry_after=MINUTE / 4
-            )
-    if lim.rpm is not None:
-        wait = await rt.store.admit(f"rpm:{key.name}", lim.rpm, MINUTE)
-        if wait is not None:
-            raise KeyRateLimited(
-                f"the key '{key.name}' sent its {lim.rpm} requests per minute; retry in {wait:.1f} s", retry_after=wait
-            )
+    today = spend.day(now)
+    days = (today, *(d for d in spend.month_days(now) if d != today)) if lim.budget_per_month is not None else (today,)
+    check = Check(key.name, days, lim.budget_per_day, lim.budget_per_month, lim.tpm, lim.rpm, MINUTE)
+    refused = await rt.store.check(check)
+    if refused is None:
+        return
+    what, value, wait = refused
+    if what == "rpm":
+        raise KeyRateLimited(
+            f"the key '{key.name}' sent its {lim.rpm} requests per minute; retry in {wait:.1f} s", retry_after=wait
+        )
+    if what == "tpm":  # the wait: until the oldest tokens in the window leave it (more may be needed)
+        raise KeyRateLimited(
+            f"the key '{key.name}' used {value:.0f} of its {lim.tpm} tokens per minute; retry in {wait:.1f} s",
+            retry_after=wait,
+        )
+    budget = lim.budget_per_day if what == "day" else lim.budget_per_month
+    assert budget is not None
+    resets_at, wait = spend.resets(now, what)
+    raise BudgetExhausted(
+        f"the key '{key.name}' spent {value:.6f} of its budget of {budget:.6f} per {what}; it resets at {resets_at}",
+        spent=value,
+        budget=budget,
+        resets_at=resets_at,
+        retry_after=wait,
+    )
 
 
-async def _budget(rt: Runtime, key: ApiKey, now: float) -> None:
-    lim = key.limits
-    days = spend.month_days(now) if lim.budget_per_month is not None else [spend.day(now)]
-    by_day = await rt.store.spend(key.name, days)
-    for period, budget, spent in (
-        ("day", lim.budget_per_day, sum(by_day.get(spend.day(now), {}).values())),
-        ("month", lim.budget_per_month, sum(sum(m.values()) for m in by_day.values())),
-    ):
-        if budget is not None and spent >= budget:
-            resets_at, wait = spend.resets(now, period)
-            raise BudgetExhausted(
-                f"the key '{key.name}' spent {spent:.6f} of its budget of {budget:.6f} per {period}; "
-                f"it resets at {resets_at}",
-                spent=spent,
-                budget=budget,
-                resets_at=resets_at,
-                retry_after=wait,
-            )
-
-
-async def record(
-    rt: Runtime, key: ApiKey | None, model: str | None, usage: Mapping[str, Any] | None, cost: float | None = None
-) -> float:
-    """Count what a served request used; its cost (``cost`` when the caller priced it already; 0 for a
-    model without prices, or no model)."""
-    if cost is None:
-        spec = rt.policy.models.get(model) if model is not None else None
-        cost = spend.cost(spec.prices, usage) if spec is not None else 0.0
-    if key is None or model is None:
-        return cost
+async def recovered(rt: Runtime, every_s: float = 1.0) -> bool:
+    """A store that was down at start (degraded mode), asked again at most every ``every_s``: True
+    once it answers (the gateway then counts limits again)."""
+    now = time.monotonic()
+    if now - rt.store_checked < every_s:
+        return False
+    rt.store_checked = now
     try:
-        if key.limits.tpm is not None and (used := spend.tokens(usage)) > 0:
-            await rt.store.add(f"tpm:{key.name}", used, MINUTE)
-        if cost > 0:
-            await rt.store.add_spend(key.name, model, spend.day(time.time()), cost)
+        await rt.store.ping()
+    except StoreDown:
+        return False
+    log.warning("state_store_recovered", was=rt.store_problem)
+    rt.store_problem = None
+    return True
+
+
+def price(rt: Runtime, model: str | None, usage: Mapping[str, Any] | None) -> float:
+    """A served call's cost at its model's prices (0 for a model without prices, or none)."""
+    spec = rt.policy.models.get(model) if model is not None else None
+    return spend.cost(spec.prices, usage) if spec is not None else 0.0
+
+
+def writes(key: ApiKey | None, usage: Mapping[str, Any] | None, cost: float) -> bool:
+    """Whether recording this call writes to the store (a key's spend, or its tpm window)."""
+    return key is not None and (cost > 0 or (key.limits.tpm is not None and spend.tokens(usage) > 0))
+
+
+async def record(rt: Runtime, key: ApiKey | None, model: str, usage: Mapping[str, Any] | None, cost: float) -> None:
+    """Count what a served call used against ``key``: its cost in the day's spend, its tokens in the
+    tpm window (one store write); a store that fails is logged, the answer being already given."""
+    if key is None or not writes(key, usage, cost):
+        return
+    tokens = spend.tokens(usage) if key.limits.tpm is not None else 0
+    try:
+        await rt.store.record(key.name, model, spend.day(time.time()), cost, tokens, MINUTE)
     except StoreDown as exc:  # the answer is sent: say what was not counted
         log.error("spend_not_recorded", key=key.name, model=model, cost=cost, error=exc.message)
-    return cost

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -19,13 +20,19 @@ from gateway.metrics import Metrics
 from gateway.runtime import RuntimeHolder
 from policies import loader
 from policies.errors import PolicyInvalid
+from policies.schema import Policy
 
 log = structlog.get_logger("triage.reload")
 
 
 class Reloader:
-    def __init__(self, path: Path, holder: RuntimeHolder, metrics: Metrics) -> None:
+    def __init__(
+        self, path: Path, holder: RuntimeHolder, metrics: Metrics, check: Callable[[Policy], list[str]] | None = None
+    ) -> None:
+        """``check``: problems the process finds in a policy that validates (``--workers``: limits
+        a worker would keep alone); a policy with any is rejected like an invalid one."""
         self.path = path
+        self.check = check
         self.holder = holder
         self.metrics = metrics
         self._lock = asyncio.Lock()
@@ -35,6 +42,8 @@ class Reloader:
         async with self._lock:
             try:
                 policy = await asyncio.to_thread(loader.load, self.path)
+                if self.check is not None and (problems := self.check(policy)):
+                    raise PolicyInvalid(problems)
                 new = await runtime.build(policy, self.holder.current, self.path.parent)
             except PolicyInvalid as exc:
                 return self._rejected(reason, exc.problems)

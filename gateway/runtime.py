@@ -6,12 +6,14 @@ once the last request that pinned the old runtime has finished.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import re
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -44,9 +46,9 @@ class Runtime:
     judges: dict[str, ConfidenceModel] = field(default_factory=dict)  # tier -> its learned gate
     in_flight: int = 0
     retired: bool = False
-    operator_hashes: frozenset[str] = frozenset()  # keys that see every key's files and batches
     store: Store = field(default_factory=MemoryStore)  # rate windows and spend (policy: state)
     store_problem: str | None = None  # the store was down at start and the policy allows degraded mode
+    store_checked: float = 0.0  # when a degraded store was last asked whether it is back (monotonic)
     keyring: Keyring | None = None  # who may call (None: the policy's keys only, no store keys)
     admin_digest: str | None = None  # the admin API's key's sha256 (None: /admin is off)
     version: str = ""  # the policy and its artifacts, hashed: what the decision cache is keyed on
@@ -174,7 +176,6 @@ async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path 
         if previous is None or store is not previous.store:
             await store.close()
         raise
-    operators = frozenset(digest for name, digest in keys if name in policy.access.operator_keys)
     hashes = frozenset(digest for _, digest in keys)
     admin = _admin_digest(policy)
     by_digest = {digest: policy.keys[i] for i, (_, digest) in enumerate(keys)}
@@ -186,7 +187,6 @@ async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path 
         quality,
         _budget(policy),
         judges,
-        operator_hashes=operators,
         store=store,
         store_problem=problem,
         keyring=Keyring(by_digest, store, dynamic=admin is not None),
@@ -294,6 +294,13 @@ class RuntimeHolder:
         self.current = runtime
         self._retired: list[Runtime] = []
         self._pending: dict[int, Backend | Encoding | Store] = {}  # by id: objects of retired runtimes
+        self._later: set[asyncio.Task[None]] = set()  # work after an answer (spend records): awaited at close
+
+    def later(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` after the answer, in the background; :meth:`close` waits for it."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._later.add(task)
+        task.add_done_callback(self._later.discard)
 
     def acquire(self) -> Runtime:
         rt = self.current
@@ -315,6 +322,8 @@ class RuntimeHolder:
         await self._collect()
 
     async def close(self) -> None:
+        if self._later:
+            await asyncio.wait(self._later, timeout=10)
         for backend in self.current.backends.values():
             await backend.close()
         if self.current.encoding is not None:

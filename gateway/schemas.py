@@ -92,6 +92,22 @@ class BatchCreate(BaseModel):
     completion_window: Literal["24h"] = "24h"
     metadata: dict[str, str] | None = None
 
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        """OpenAI's bounds (16 pairs, keys up to 64 characters, values up to 512), and no NUL
+        character, which no store of text keeps."""
+        if v is None:
+            return v
+        if len(v) > 16:
+            raise ValueError("at most 16 key-value pairs")
+        for key, value in v.items():
+            if len(key) > 64 or len(value) > 512:
+                raise ValueError("keys may have at most 64 characters, values 512")
+            if "\x00" in key or "\x00" in value:
+                raise ValueError("keys and values may not hold a NUL character")
+        return v
+
 
 def parse_any_json(raw: bytes) -> Any:
     try:

@@ -15,3 +15,4 @@ class Settings(BaseModel):
     handle_sighup: bool = True  # reload on SIGHUP (main thread only)
     configure_logging: bool = True  # apply the policy's logging section to structlog
     freeze_gc: bool = False  # after start-up, move every object to the permanent GC generation
+    workers: int = 1  # processes serving the port (`triage serve --workers`): checks what the policy shares

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from backends.secrets import MissingSecret, resolve
@@ -33,19 +34,33 @@ class StoreDown(NotReady):
     default_code = "state_store_unavailable"
 
 
+@dataclass(frozen=True)
+class Check:
+    """One request's limits for one key, checked and counted in one atomic store call."""
+
+    key: str  # the key's name
+    days: tuple[str, ...]  # the UTC days whose spend counts: today first, then the month's others
+    budget_day: float | None = None
+    budget_month: float | None = None
+    tpm: int | None = None
+    rpm: int | None = None
+    window_s: float = 60.0
+
+
+Refusal = tuple[str, float, float]
+
+
 class Store(Protocol):
-    async def admit(self, window: str, limit: int, window_s: float) -> float | None:
-        """Count one request in ``window`` unless ``limit`` are already in the last ``window_s``
-        seconds; None when counted, else the seconds until a slot frees."""
+    async def check(self, c: Check) -> Refusal | None:
+        """Check every limit of ``c`` and, when all pass, count one request against its rpm: one
+        atomic step. None when counted; else what refused it, how much was used, and the seconds
+        until the window frees some (0 for a budget): ``("day" | "month" | "tpm" | "rpm", used, wait)``."""
         ...
 
-    async def used(self, window: str, window_s: float) -> int:
-        """The amount added to ``window`` in the last ``window_s`` seconds."""
+    async def record(self, key: str, model: str, day: str, cost: float, tokens: int, window_s: float) -> None:
+        """Add a served request's cost to the key's spend for the day and model, and its tokens to
+        the key's tpm window: one write."""
         ...
-
-    async def add(self, window: str, amount: int, window_s: float) -> None: ...
-
-    async def add_spend(self, key: str, model: str, day: str, amount: float) -> None: ...
 
     async def spend(self, key: str, days: list[str]) -> dict[str, dict[str, float]]:
         """``{day: {model: amount}}`` for the days that have any."""
@@ -100,22 +115,29 @@ class MemoryStore:
             q.popleft()
         return q
 
-    async def admit(self, window: str, limit: int, window_s: float) -> float | None:
+    async def check(self, c: Check) -> Refusal | None:
         now = time.time()
-        q = self._trim(window, window_s, now)
-        if len(q) >= limit:
-            return max(q[0][0] + window_s - now, 0.001)
-        q.append((now, 1))
+        by_day = [sum(self._spend[(c.key, d)].values()) if (c.key, d) in self._spend else 0.0 for d in c.days]
+        if c.budget_day is not None and by_day and by_day[0] >= c.budget_day:
+            return "day", by_day[0], 0.0
+        if c.budget_month is not None and sum(by_day) >= c.budget_month:
+            return "month", sum(by_day), 0.0
+        if c.tpm is not None:
+            q = self._trim(f"tpm:{c.key}", c.window_s, now)
+            if (used := sum(n for _, n in q)) >= c.tpm:
+                return "tpm", float(used), max(q[0][0] + c.window_s - now, 0.001)
+        if c.rpm is not None:
+            q = self._trim(f"rpm:{c.key}", c.window_s, now)
+            if len(q) >= c.rpm:
+                return "rpm", float(len(q)), max(q[0][0] + c.window_s - now, 0.001)
+            q.append((now, 1))
         return None
 
-    async def used(self, window: str, window_s: float) -> int:
-        return sum(n for _, n in self._trim(window, window_s, time.time()))
-
-    async def add(self, window: str, amount: int, window_s: float) -> None:
-        self._trim(window, window_s, time.time()).append((time.time(), amount))
-
-    async def add_spend(self, key: str, model: str, day: str, amount: float) -> None:
-        self._spend[(key, day)][model] += amount
+    async def record(self, key: str, model: str, day: str, cost: float, tokens: int, window_s: float) -> None:
+        if cost > 0:
+            self._spend[(key, day)][model] += cost
+        if tokens > 0:
+            self._trim(f"tpm:{key}", window_s, time.time()).append((time.time(), tokens))
 
     async def spend(self, key: str, days: list[str]) -> dict[str, dict[str, float]]:
         return {d: dict(self._spend[(key, d)]) for d in days if (key, d) in self._spend}
@@ -168,38 +190,57 @@ class MemoryStore:
         return None
 
 
-# KEYS[1]: the window's sorted set; ARGV: window seconds, limit, a unique member. Redis's clock.
-_ADMIT = """
+# KEYS: rpm window (sorted set), tpm window, then the spend hashes of the days counted (today
+# first). ARGV: window seconds, rpm, tpm, day budget, month budget (0: none), a unique member.
+# Redis's own clock, so gateways whose clocks differ share one window.
+_CHECK = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local w = tonumber(ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - w)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
-  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  return tostring(math.max(tonumber(oldest[2]) + w - now, 0.001))
+local today, month = 0, 0
+for i = 3, #KEYS do
+  local s = 0
+  for _, v in ipairs(redis.call('HVALS', KEYS[i])) do s = s + tonumber(v) end
+  if i == 3 then today = s end
+  month = month + s
 end
-redis.call('ZADD', KEYS[1], now, ARGV[3] .. ':1')
-redis.call('PEXPIRE', KEYS[1], math.ceil(w * 1000) + 1000)
-return false
-"""
-# KEYS[1]; ARGV: window seconds, amount (0: only read), a unique member. Returns the sum in the window.
-_ADD = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local w = tonumber(ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - w)
+if tonumber(ARGV[4]) > 0 and today >= tonumber(ARGV[4]) then return {'day', tostring(today), '0'} end
+if tonumber(ARGV[5]) > 0 and month >= tonumber(ARGV[5]) then return {'month', tostring(month), '0'} end
+if tonumber(ARGV[3]) > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - w)
+  local used = 0
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do used = used + tonumber(string.match(m, ':(%d+)$')) end
+  if used >= tonumber(ARGV[3]) then
+    local oldest = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+    return {'tpm', tostring(used), tostring(math.max(tonumber(oldest[2]) + w - now, 0.001))}
+  end
+end
 if tonumber(ARGV[2]) > 0 then
-  redis.call('ZADD', KEYS[1], now, ARGV[3] .. ':' .. ARGV[2])
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - w)
+  if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+    local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+    return {'rpm', tostring(redis.call('ZCARD', KEYS[1])), tostring(math.max(tonumber(oldest[2]) + w - now, 0.001))}
+  end
+  redis.call('ZADD', KEYS[1], now, ARGV[6] .. ':1')
   redis.call('PEXPIRE', KEYS[1], math.ceil(w * 1000) + 1000)
 end
-local total = 0
-for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  total = total + tonumber(string.match(m, ':(%d+)$'))
-end
-return total
+return false
 """
-
-
+# KEYS: the day's spend hash, the tpm window. ARGV: model, cost, spend TTL s, tokens, window s, member.
+_RECORD = """
+if tonumber(ARGV[2]) > 0 then
+  redis.call('HINCRBYFLOAT', KEYS[1], ARGV[1], ARGV[2])
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+end
+if tonumber(ARGV[4]) > 0 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[5]))
+  redis.call('ZADD', KEYS[2], now, ARGV[6] .. ':' .. ARGV[4])
+  redis.call('PEXPIRE', KEYS[2], math.ceil(tonumber(ARGV[5]) * 1000) + 1000)
+end
+return false
+"""
 # Keys: KEYS = names (name -> live sha256), records (sha256 -> JSON), revoked (sha256 -> epoch s).
 _KEY_CREATE = """
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
@@ -235,8 +276,8 @@ class RedisStore:
 
         self._redis = aioredis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self._prefix, self._timeout_s = prefix, timeout_s
-        self._admit = self._redis.register_script(_ADMIT)
-        self._add = self._redis.register_script(_ADD)
+        self._check = self._redis.register_script(_CHECK)
+        self._record = self._redis.register_script(_RECORD)
         self._key_create = self._redis.register_script(_KEY_CREATE)
         self._key_rotate = self._redis.register_script(_KEY_ROTATE)
         self._key_revoke = self._redis.register_script(_KEY_REVOKE)
@@ -253,23 +294,18 @@ class RedisStore:
     def _k(self, *parts: str) -> str:
         return ":".join((self._prefix, *parts))
 
-    async def admit(self, window: str, limit: int, window_s: float) -> float | None:
-        out = await self._call(self._admit(keys=[self._k("w", window)], args=[window_s, limit, uuid.uuid4().hex]))
-        return None if out is None else float(out)
+    async def check(self, c: Check) -> Refusal | None:
+        keys = [self._k("w", f"rpm:{c.key}"), self._k("w", f"tpm:{c.key}")]
+        keys += [self._k("spend", c.key, d) for d in c.days]
+        args: list[str | float] = [c.window_s, c.rpm or 0, c.tpm or 0, c.budget_day or 0, c.budget_month or 0]
+        args.append(uuid.uuid4().hex)
+        out = await self._call(self._check(keys=keys, args=args))
+        return None if out is None else (_text(out[0]), float(out[1]), float(out[2]))
 
-    async def used(self, window: str, window_s: float) -> int:
-        return int(await self._call(self._add(keys=[self._k("w", window)], args=[window_s, 0, ""])))
-
-    async def add(self, window: str, amount: int, window_s: float) -> None:
-        if amount > 0:
-            await self._call(self._add(keys=[self._k("w", window)], args=[window_s, amount, uuid.uuid4().hex]))
-
-    async def add_spend(self, key: str, model: str, day: str, amount: float) -> None:
-        name = self._k("spend", key, day)
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.hincrbyfloat(name, model, amount)
-        pipe.expire(name, SPEND_TTL_S)
-        await self._call(pipe.execute())
+    async def record(self, key: str, model: str, day: str, cost: float, tokens: int, window_s: float) -> None:
+        keys = [self._k("spend", key, day), self._k("w", f"tpm:{key}")]
+        args: list[str | float] = [model, repr(cost), SPEND_TTL_S, tokens, window_s, uuid.uuid4().hex]
+        await self._call(self._record(keys=keys, args=args))
 
     async def spend(self, key: str, days: list[str]) -> dict[str, dict[str, float]]:
         pipe = self._redis.pipeline(transaction=False)

@@ -132,6 +132,7 @@ class Step:
     model: str | None = None  # the policy model that answered, for a model tier
     assumed: bool = False  # the confidence is the tier's assumed one: the engine gave no probabilities
     raw_confidence: float | None = None  # with a learned gate: the tier's own (``confidence`` is P(right))
+    usage: Mapping[str, int] | None = None  # what asking this tier used (a model tier's is priced)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -158,6 +159,7 @@ class Decision:
     usage: Mapping[str, int] | None = None
     qtype: str = "choice"
     assumed: bool = False  # the probabilities are the answering tier's assumed confidence, not measured
+    cached: bool | None = None  # from the decision cache (None: the cache is off)
 
 
 class CascadeExhausted(UpstreamError):
@@ -285,7 +287,9 @@ def run(
         answer = yield Ask(gate.name, gate.kind, q)
         if answer.skipped or answer.error is not None:
             outcome: Outcome = "skipped" if answer.skipped else "failed"
-            trace.append(Step(gate.name, outcome, answer.latency_ms, error=answer.error, model=answer.model))
+            trace.append(
+                Step(gate.name, outcome, answer.latency_ms, error=answer.error, model=answer.model, usage=answer.usage)
+            )
             continue
         reading = read(q, gate, answer)
         p_right = judged(q, gate, reading, previous, embedding)
@@ -305,6 +309,7 @@ def run(
                 model=answer.model,
                 assumed=answer.assumed,
                 raw_confidence=raw,
+                usage=answer.usage,
             )
         )
         if accepted:

@@ -431,6 +431,18 @@ class BatchSettings(Strict):
         description="tokens the grouping counts: model: the target model's tokenizer where one is known "
         "(its GGUF, or models.NAME.tokenizer), approx_tokens otherwise; approx: always approx",
     )
+    claim_max_requests: int = Field(
+        64, ge=1, description="requests a runner claims at once: a bigger prefix group is claimed in parts"
+    )
+    lease_s: float = Field(
+        30.0,
+        gt=0,
+        description="how long a claimed group or batch stays a runner's without renewal (renewed every third of "
+        "it): a gateway killed mid-group has its work taken over this long after",
+    )
+    poll_s: float = Field(
+        1.0, gt=0, description="how often a runner looks for work (new batches, groups whose lease ran out, cancels)"
+    )
 
 
 class Limits(Strict):
@@ -494,6 +506,19 @@ class StateSpec(Strict):
     degraded: bool = Field(
         False, description="start without the store when it is down (limits fail closed: 503) rather than not start"
     )
+    database: str | None = Field(
+        None,
+        description="postgresql://user:password@host:port/db, or env:NAME holding it: the Batch API's jobs and files' "
+        "metadata shared by every gateway pointing at it (files' bytes stay on batches.dir, a folder they share); "
+        "unset: SQLite in batches.dir, one gateway process",
+    )
+
+    @field_validator("database")
+    @classmethod
+    def _database(cls, v: str | None) -> str | None:
+        if v is not None and not (v.startswith(("postgresql://", "postgres://")) or _ENV_REF.match(v)):
+            raise ValueError("database must be a postgresql:// URL or 'env:NAME'")
+        return v
 
     @model_validator(mode="after")
     def _url(self) -> StateSpec:
@@ -506,6 +531,26 @@ class Logging(Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["json", "console"] = "json"
     log_prompts: bool = False
+
+
+class Tracing(Strict):
+    """OpenTelemetry spans (``gateway/tracing.py``), exported by OTLP/HTTP to ``otlp_endpoint``, else to
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``; off when none is set
+    (or ``OTEL_SDK_DISABLED=true``). Read at start: a reload does not change it."""
+
+    otlp_endpoint: str | None = Field(
+        None, description="the collector's OTLP/HTTP base URL (http://host:4318); spans go to its /v1/traces"
+    )
+    service_name: str | None = Field(None, min_length=1, description="default: OTEL_SERVICE_NAME, else triage")
+    sample_ratio: float = Field(1.0, ge=0, le=1, description="share of new traces kept; a caller's sampled flag wins")
+    export_timeout_s: float = Field(5.0, gt=0, description="one export to the collector, retries included")
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _http(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("otlp_endpoint must start with http:// or https://")
+        return v
 
 
 class Policy(Strict):
@@ -522,6 +567,7 @@ class Policy(Strict):
     access: Access = Access()
     state: StateSpec = StateSpec()
     logging: Logging = Logging()
+    tracing: Tracing = Tracing()
 
     def upstream_name(self, model: str) -> str:
         spec = self.models[model]

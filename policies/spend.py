@@ -6,7 +6,8 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from policies.schema import Prices
+from policies.cascade import Decision
+from policies.schema import ModelSpec, Prices
 
 
 def cost(prices: Prices, usage: Mapping[str, Any] | None) -> float:
@@ -57,3 +58,15 @@ def days_between(first: str, last: str, most: int = 400) -> list[str]:
     if (b - a).days >= most:
         raise ValueError(f"at most {most} days at once")
     return [(a + dt.timedelta(days=i)).isoformat() for i in range((b - a).days + 1)]
+
+
+def decision_charges(models: Mapping[str, ModelSpec], d: Decision) -> list[tuple[str, Mapping[str, int] | None, float]]:
+    """What a typed decision cost: every model tier it asked (escalated and failed ones too), each
+    at its model's prices; a local tier with no model in the policy is free, a cached decision too."""
+    if d.cached:
+        return []
+    return [
+        (s.model, s.usage, cost(models[s.model].prices, s.usage))
+        for s in d.trace
+        if s.model is not None and s.model in models and s.outcome != "exhausted"  # exhausted: a repeat
+    ]

@@ -136,3 +136,9 @@ class Cascade(Strict):
     budget_max_shift: float = Field(0.3, gt=0, le=1, description="the most the thresholds move either way")
     budget_step: float = Field(0.01, gt=0, le=0.5, description="how far one question moves them")
     budget_window: int = Field(500, ge=10, description="questions the reported escalated share is taken over")
+    cache_ttl_s: float | None = Field(
+        None,
+        gt=0,
+        description="keep each typed decision this long in the state store, keyed by the policy's version and the "
+        "question (type, text, options, context, scale, task): the same question is answered from it; none: off",
+    )

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +22,7 @@ from backends.gguf import smollm2_path
 from benchmarks import vllm as vllm_engine
 from gateway.app import create_app
 from gateway.settings import Settings
+from tests.servers import database, free_port, pg, redis_url  # noqa: F401 - fixtures: real Redis, PostgreSQL
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -72,12 +71,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def shared_data() -> Path:
     """The shared labeled sets (tests asking for it skip where they are absent, outside CI)."""
     return SHARED_DATA
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
@@ -328,38 +321,6 @@ def gateway(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
     runner = GatewayRunner(tmp_path)
     yield runner.start
     runner.stop_all()
-
-
-@pytest.fixture(scope="session")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real Redis server (Debian's redis-server, which make test installs) on a free loopback port."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("redis-server is not installed: make test installs it (apt-get install redis-server)")
-        pytest.skip("redis-server is not installed: apt-get install redis-server (make test does)")
-    port = free_port()
-    work = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(work)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        import redis
-
-        client = redis.Redis(port=port)
-        for _ in range(200):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        client.close()
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from gateway.batch_model import Row
 from gateway.batch_store import BatchStore, StoreBusy
 from tests.conftest import Gateway, LlamaServer, free_port, wait_http
 
@@ -112,6 +113,12 @@ def test_bad_requests_to_the_batch_api(gateway: Callable[..., Gateway], tmp_path
     f = client.files.create(file=("x.jsonl", io.BytesIO(line("a", "hi").encode())), purpose="batch")
     with pytest.raises(openai.BadRequestError):
         client.batches.create(input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h")  # type: ignore[arg-type]
+    for metadata in ({"k": "a\x00b"}, {f"k{i}": "v" for i in range(17)}, {"k": "v" * 513}):  # no store keeps a NUL
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.batches.create(
+                input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h", metadata=metadata
+            )
+        assert bad.value.param == "metadata"  # type: ignore[attr-defined]
     with pytest.raises(openai.NotFoundError):
         client.batches.retrieve("batch_nope")
     with pytest.raises(openai.NotFoundError):
@@ -231,8 +238,9 @@ def test_one_store_one_process_and_results_recorded_once(tmp_path: Path) -> None
     store = BatchStore(tmp_path)
     with pytest.raises(StoreBusy):
         BatchStore(tmp_path)
-    store.add_batch({"id": "b", "status": "in_progress", "created_at": 0})
-    store.add_requests("b", [(1, "x", {"model": "m"}, None)], {"id": "b", "status": "in_progress", "created_at": 0})
+    store.add_batch({"id": "b", "status": "validating", "created_at": 0})
+    assert store.claim_validation("b", "me", 30) is not None
+    assert store.start_batch("b", "me", [Row(1, "x", {"model": "m"}, None, 0, 0, "b/0")], 1, {"status": "in_progress"})
     assert store.finish_request("b", 1, True, {"custom_id": "x"})
     assert not store.finish_request("b", 1, True, {"custom_id": "x"})  # never twice
     assert store.counts("b") == {"total": 1, "completed": 1, "failed": 0}

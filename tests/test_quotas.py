@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import shutil
+import subprocess
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.stores import MemoryStore, RedisStore, StoreDown, open_store
+from gateway.stores import Check, MemoryStore, RedisStore, StoreDown, open_store
 from policies.schema import StateSpec
 from tests.conftest import Gateway, free_port
 
@@ -105,6 +108,24 @@ def test_allowed_models_and_a_store_that_is_down(redis_url: str, gateways: Calla
     r = chat(degraded, KEYS["alpha"])  # limited: fail closed
     assert r.status_code == 503 and r.json()["error"]["code"] == "state_store_unavailable", r.text
     assert chat(degraded, KEYS["beta"]).status_code == 200  # no limits: served
+    ready = httpx.get(f"{degraded}/ready").json()
+    assert ready["status"] == "degraded" and ready["state"]["degraded"] and "redis" in ready["state"]["problem"]
+    # the store comes back: within a second the gateway counts limits again, and says so
+    port = int(dead.rsplit(":", 1)[1].split("/")[0])
+    server = subprocess.Popen(
+        [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while chat(degraded, KEYS["alpha"]).status_code != 200:
+            assert time.monotonic() < deadline, "the gateway never saw the store come back"
+            time.sleep(0.2)
+        assert httpx.get(f"{degraded}/ready").json()["status"] == "ready"
+    finally:
+        server.terminate()
+        server.wait(10)
 
 
 def test_the_memory_store_limits_one_gateway(gateway: Callable[..., Gateway]) -> None:
@@ -114,23 +135,30 @@ def test_the_memory_store_limits_one_gateway(gateway: Callable[..., Gateway]) ->
 
 
 def test_store_semantics_match(redis_url: str) -> None:
-    async def go(store: MemoryStore | RedisStore) -> tuple[list[float | None], int, dict[str, dict[str, float]]]:
-        admitted = [await store.admit("w", 2, 60) for _ in range(3)]
-        await store.add("t", 5, 60)
-        await store.add("t", 7, 60)
-        await store.add_spend("k", "m", "2026-12-01", 0.25)
-        await store.add_spend("k", "m", "2026-12-01", 0.5)
-        await store.add_spend("k", "n", "2026-12-02", 1.0)
+    async def go(store: MemoryStore | RedisStore) -> list[object]:
+        rpm = Check("k", ("2026-12-02",), rpm=2)
+        admitted = [await store.check(rpm) for _ in range(3)]
+        await store.record("k", "m", "2026-12-01", 0.25, 5, 60)
+        await store.record("k", "m", "2026-12-01", 0.5, 7, 60)
+        await store.record("k", "n", "2026-12-02", 1.0, 0, 60)
         spent = await store.spend("k", ["2026-11-30", "2026-12-01", "2026-12-02"])
-        used = await store.used("t", 60)
+        month = ("2026-12-02", "2026-12-01")
+        refusals = [
+            await store.check(Check("k", month, budget_day=1.0)),  # today's 1.0 reaches it
+            await store.check(Check("k", month, budget_day=1.5, budget_month=1.75)),  # the month's 1.75
+            await store.check(Check("k", month, tpm=12)),  # 12 tokens in the window
+            await store.check(Check("k", month, budget_day=2, budget_month=2, tpm=13)),  # all pass (no rpm)
+        ]
         await store.close()
-        return admitted, used, spent
+        return [admitted, spent, refusals]
 
     mem = asyncio.run(go(MemoryStore()))
     red = asyncio.run(go(RedisStore(redis_url, "t-sem", 1.0)))
-    for admitted, used, spent in (mem, red):
-        assert admitted[:2] == [None, None] and admitted[2] is not None and 0 < admitted[2] <= 60
-        assert used == 12 and spent == {"2026-12-01": {"m": 0.75}, "2026-12-02": {"n": 1.0}}
+    for admitted, spent, refusals in (mem, red):
+        assert admitted[:2] == [None, None] and admitted[2][:2] == ("rpm", 2.0) and 0 < admitted[2][2] <= 60  # type: ignore[index]
+        assert spent == {"2026-12-01": {"m": 0.75}, "2026-12-02": {"n": 1.0}}
+        assert refusals[:2] == [("day", 1.0, 0.0), ("month", 1.75, 0.0)] and refusals[3] is None
+        assert refusals[2][:2] == ("tpm", 12.0) and 59 < refusals[2][2] <= 60  # type: ignore[index]
 
     async def down() -> None:
         await open_store(StateSpec(store="redis", url=f"redis://127.0.0.1:{free_port()}/0"))
