@@ -25,7 +25,7 @@ from gateway.exchange import Exchange
 from gateway.schemas import check, parse_any_json, parse_json
 from gateway.state import GatewayState
 from policies import spend
-from policies.cascade import Decision
+from policies.cascade import CascadeExhausted, Decision
 from policies.errors import (
     BudgetExhausted,
     ClientGone,
@@ -291,6 +291,10 @@ async def _decide_batch(ex: Exchange, raw: Any, spec: Any, tasks: set[str]) -> l
     good = [(i, p) for i, p in enumerate(parsed) if not isinstance(p, InvalidRequest)]
     results = await decide.decide_many(ex.rt, [p for _, p in good], ex.request_id, ex.attempts)
     ex.decided(*(r for r in results if isinstance(r, Decision)))
+    ex.charges += [
+        c for r in results if isinstance(r, CascadeExhausted) for c in spend.trace_charges(ex.rt.policy.models, r.trace)
+    ]
+    ex.cost = sum(c for *_, c in ex.charges)
     answers: list[dict[str, Any]] = [p.body() if isinstance(p, InvalidRequest) else {} for p in parsed]
     for (i, _), result in zip(good, results, strict=True):
         rid = f"{ex.request_id}-{i}"
@@ -565,7 +569,7 @@ async def ready(request: Request) -> Response:
     ok = bool(backends) and not down
     body: dict[str, Any] = {"status": "ready" if ok else "not_ready", "backends": backends}
     if rt.store_problem is not None and not await quotas.recovered(rt):  # serving, limited keys refused (503)
-        body["state"] = {"store": rt.policy.state.store, "degraded": True, "problem": rt.store_problem}
+        body["state"] = {"store": rt.policy.state.store, "degraded": True}  # why: the log's state_store_down
         body["status"] = "degraded" if ok else body["status"]
     return _json(body, 200 if ok else 503)
 

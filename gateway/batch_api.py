@@ -45,15 +45,14 @@ class _Caller:
 
 async def _caller(request: Request) -> _Caller:
     """The runner, and who asks: another key's files and batches read as absent (404), as on OpenAI.
-    They belong to the key's name, so a rotated key (a new secret, the same name) still sees them."""
+    They belong to the key's sha256: a rotated key does not see the old one's (an operator key does)."""
     state = request.app.state.triage
     rt = state.holder.current
     key = await rt.authenticate(request.headers.get("authorization"))
     if state.batches is None:
         raise NotReady("the Batch API is off: its store is held by another gateway process (see the log)")
-    owner = key.name if key is not None else None
-    operator = key is not None and key.name in rt.policy.access.operator_keys
-    return _Caller(state.batches, owner, None if operator else owner)
+    owner = rt.key_digest(request.headers.get("authorization")) if key is not None else None
+    return _Caller(state.batches, owner, None if owner in rt.operator_hashes else owner)
 
 
 @router.post("/v1/files")

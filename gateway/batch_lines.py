@@ -31,6 +31,9 @@ def check_lines(
             if not isinstance(doc, dict):
                 raise InvalidRequest("the line is not a JSON object")
             cid = doc.get("custom_id") if isinstance(doc.get("custom_id"), str) else None
+            if cid is not None and "\x00" in cid:  # no store of text keeps it: the line's error, without the id
+                cid = None
+                raise InvalidRequest("custom_id may not hold a NUL character")
             if cid in seen:  # its error line carries no custom_id: the id's one result is the first line's
                 first, cid = seen[cid], None
                 raise InvalidRequest(f"custom_id {doc['custom_id']!r} is used twice (first on line {first})")

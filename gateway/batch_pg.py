@@ -40,6 +40,7 @@ from gateway.batch_model import (
     write_bytes,
 )
 from gateway.stores import StoreDown
+from policies.errors import InvalidRequest
 
 T = TypeVar("T")
 CONNECT_TIMEOUT_S = 5.0  # a connection (at start: the gateway does not start past it)
@@ -142,6 +143,8 @@ class PgBatches:
                     await self._pool.release(conn)
         except _DOWN as exc:
             raise StoreDown(self._message(exc)) from None
+        except asyncpg.DataError as exc:  # a NUL character, say: text PostgreSQL cannot keep
+            raise InvalidRequest(f"a value sent cannot be kept: {type(exc).__name__}") from None
 
     def _message(self, exc: BaseException) -> str:
         return f"the batch store ({self.where}) failed: {type(exc).__name__}: {exc}".rstrip(": ")
@@ -480,7 +483,7 @@ class PgBatches:
             lambda c: c.execute(
                 "UPDATE triage_batch_requests SET state = $3, result = $4 WHERE batch_id = $1 AND line = $2"
                 " AND state = 'pending' AND EXISTS (SELECT 1 FROM triage_batches WHERE id = $1"
-                " AND status IN ('in_progress', 'cancelling'))",
+                " AND status IN ('in_progress', 'cancelling') FOR SHARE)",
                 batch_id,
                 line,
                 "done" if ok else "error",

@@ -23,6 +23,7 @@ from policies.errors import InvalidRequest, NotFound
 from policies.tiers import Cascade, QuestionType
 
 log = structlog.get_logger("triage.decide")
+CACHE_FORMAT = 1  # the kept decision's shape: a change of Decision or Step bumps it (old entries then miss)
 
 
 class _Closed(BaseModel):
@@ -150,8 +151,8 @@ async def decide(
     except StoreDown as exc:  # the cache only saves work: decide without it
         log.warning("decision_cache_unavailable", error=exc.message)
         return await _decide(rt, q, overrides, request_id, attempts)
-    if hit is not None:
-        return dataclasses.replace(unpack(hit), cached=True)
+    if hit is not None and (kept := unpack(hit)) is not None:
+        return dataclasses.replace(kept, cached=True)
     decision = dataclasses.replace(await _decide(rt, q, overrides, request_id, attempts), cached=False)
     try:
         await rt.store.cache_put(key, pack(decision), spec.cache_ttl_s)
@@ -163,7 +164,7 @@ async def decide(
 def cache_key(version: str, q: Question, overrides: Overrides | None) -> str:
     """What a decision is a pure function of: the policy's version (its text, tiers and trained
     files) and the question; a request's own thresholds too."""
-    parts: list[Any] = [version, q.type, q.question, q.options, q.context, q.task, q.scale]
+    parts: list[Any] = [CACHE_FORMAT, version, q.type, q.question, q.options, q.context, q.task, q.scale]
     if overrides is not None:
         parts.append(overrides.model_dump(mode="json"))
     return "decide:" + hashlib.sha256(orjson.dumps(parts)).hexdigest()
@@ -173,10 +174,15 @@ def pack(d: Decision) -> bytes:
     return orjson.dumps(dataclasses.asdict(d))
 
 
-def unpack(raw: bytes) -> Decision:
-    doc = orjson.loads(raw)
-    doc["trace"] = tuple(Step(**s) for s in doc["trace"])
-    return Decision(**doc)
+def unpack(raw: bytes) -> Decision | None:
+    """A kept decision; None when it does not read as one (another version of triage wrote it)."""
+    try:
+        doc = orjson.loads(raw)
+        doc["trace"] = tuple(Step(**s) for s in doc["trace"])
+        return Decision(**doc)
+    except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError):
+        log.warning("decision_cache_unreadable")
+        return None
 
 
 async def _decide(

@@ -19,7 +19,7 @@ from gateway import quotas, tracing
 from gateway.metrics import Metrics
 from gateway.runtime import Runtime, RuntimeHolder
 from policies import spend
-from policies.cascade import Decision
+from policies.cascade import CascadeExhausted, Decision
 from policies.errors import RateLimited, TriageError
 from policies.plans import public_models
 from policies.schema import ApiKey
@@ -103,6 +103,9 @@ class Exchange:
         try:
             if status < 400:
                 owed = self._charges()
+            elif isinstance(error, CascadeExhausted):  # no answer, but the tiers it asked were paid for
+                owed = self.charges = spend.trace_charges(self.rt.policy.models, error.trace)
+                self.cost = sum(c for *_, c in owed)
             self._report(status, error)
         finally:
             if any(quotas.writes(self.key, usage, cost) for _, usage, cost in owed):

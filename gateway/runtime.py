@@ -49,6 +49,7 @@ class Runtime:
     store: Store = field(default_factory=MemoryStore)  # rate windows and spend (policy: state)
     store_problem: str | None = None  # the store was down at start and the policy allows degraded mode
     store_checked: float = 0.0  # when a degraded store was last asked whether it is back (monotonic)
+    operator_hashes: frozenset[str] = frozenset()  # keys that see every key's files and batches
     keyring: Keyring | None = None  # who may call (None: the policy's keys only, no store keys)
     admin_digest: str | None = None  # the admin API's key's sha256 (None: /admin is off)
     version: str = ""  # the policy and its artifacts, hashed: what the decision cache is keyed on
@@ -143,7 +144,10 @@ async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path 
     Relative paths in the policy (classifier data and artifacts) are taken from ``base_dir``.
     """
     keys = _key_hashes(policy)
+    admin = _admin_digest(policy)
     judges = load_judges(policy, base_dir)
+    cached = policy.cascade is not None and policy.cascade.cache_ttl_s is not None
+    version = await asyncio.to_thread(policy_version, policy, base_dir) if cached else ""
     if previous is not None and previous.policy.state == policy.state:
         store, problem = previous.store, previous.store_problem
     else:
@@ -153,6 +157,13 @@ async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path 
             raise PolicyInvalid([f"state: {exc.message}"]) from None
         if problem is not None:
             log.warning("state_store_down", store=policy.state.store, problem=problem, mode="degraded")
+    if admin is not None and problem is None:
+        try:
+            await _names_apart(policy, store)
+        except PolicyInvalid:
+            if previous is None or store is not previous.store:
+                await store.close()
+            raise
     encoding, quality = await _encoding(policy, previous, base_dir)
     backends: dict[str, Backend] = {}
     started: list[Backend] = []
@@ -177,7 +188,7 @@ async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path 
             await store.close()
         raise
     hashes = frozenset(digest for _, digest in keys)
-    admin = _admin_digest(policy)
+    operators = frozenset(digest for name, digest in keys if name in policy.access.operator_keys)
     by_digest = {digest: policy.keys[i] for i, (_, digest) in enumerate(keys)}
     return Runtime(
         policy,
@@ -189,10 +200,25 @@ async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path 
         judges,
         store=store,
         store_problem=problem,
+        operator_hashes=operators,
         keyring=Keyring(by_digest, store, dynamic=admin is not None),
         admin_digest=admin,
-        version=policy_version(policy, base_dir),
+        version=version,
     )
+
+
+async def _names_apart(policy: Policy, store: Store) -> None:
+    """A policy key may not take the name of a live key the admin API made: the two would share
+    rate windows and spend (both are kept by name)."""
+    from gateway.keyring import as_key
+
+    try:
+        live = {as_key(raw)[0].name for raw, revoked_at in await store.key_all() if revoked_at is None}
+    except StoreDown:
+        return  # found when the store answers again: the admin API refuses a policy key's name
+    if clash := sorted(live & {k.name for k in policy.keys}):
+        names = ", ".join(clash)
+        raise PolicyInvalid([f"keys: {names}: also the name of a live key made by the admin API (revoke it first)"])
 
 
 def _admin_digest(policy: Policy) -> str | None:

@@ -281,7 +281,7 @@ class RedisStore:
         self._key_create = self._redis.register_script(_KEY_CREATE)
         self._key_rotate = self._redis.register_script(_KEY_ROTATE)
         self._key_revoke = self._redis.register_script(_KEY_REVOKE)
-        self.where = url.split("://", 1)[-1].split("@")[-1]  # host:port/db: no password in messages
+        self.where = url.split("://", 1)[-1].split("@")[-1].split("?")[0]  # host:port/db: no password in messages
 
     async def _call(self, what: Awaitable[T]) -> T:
         from redis.exceptions import RedisError

@@ -99,7 +99,8 @@ class Tracing:
         # (it logs, and spans past the queue are dropped); OTEL_EXPORTER_OTLP_HEADERS add headers
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint, timeout=spec.export_timeout_s)))
         self._provider, self.tracer = provider, provider.get_tracer("triage")
-        log.info("tracing_started", endpoint=endpoint, service=service, sample_ratio=spec.sample_ratio)
+        where = endpoint.split("://", 1)[-1].split("@")[-1].split("/")[0]  # the host: no credentials in the log
+        log.info("tracing_started", collector=where, service=service, sample_ratio=spec.sample_ratio)
         return True
 
     def close(self) -> None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from policies.cascade import Decision
+from policies.cascade import Decision, Step
 from policies.schema import ModelSpec, Prices
 
 
@@ -63,10 +63,15 @@ def days_between(first: str, last: str, most: int = 400) -> list[str]:
 def decision_charges(models: Mapping[str, ModelSpec], d: Decision) -> list[tuple[str, Mapping[str, int] | None, float]]:
     """What a typed decision cost: every model tier it asked (escalated and failed ones too), each
     at its model's prices; a local tier with no model in the policy is free, a cached decision too."""
-    if d.cached:
-        return []
+    return [] if d.cached else trace_charges(models, d.trace)
+
+
+def trace_charges(
+    models: Mapping[str, ModelSpec], trace: Sequence[Step]
+) -> list[tuple[str, Mapping[str, int] | None, float]]:
+    """Each model tier of a cascade's trace at its model's prices (one that ended in a 502 too)."""
     return [
         (s.model, s.usage, cost(models[s.model].prices, s.usage))
-        for s in d.trace
+        for s in trace
         if s.model is not None and s.model in models and s.outcome != "exhausted"  # exhausted: a repeat
     ]

@@ -142,3 +142,17 @@ def test_the_admin_api_is_off_without_an_admin_key(gateway: Callable[..., Gatewa
     assert r.status_code == 404 and "access.admin_key" in r.json()["error"]["message"]
     out = keys_cli(gw.base_url, "list")
     assert out.returncode == 1 and "access.admin_key" in out.stderr
+
+
+def test_a_policy_key_may_not_take_a_live_admin_keys_name(gateway: Callable[..., Gateway]) -> None:
+    gw = gateway(policy("{store: memory}"), watch=True)
+    assert admin(gw.base_url, "POST", "/admin/keys", {"name": "app"}).status_code == 201
+    time.sleep(0.3)  # let the watcher start
+    clash = policy("{store: memory}").replace("keys:\n", f'keys:\n  - {{name: app, sha256: "{sha("sk-other")}"}}\n')
+    gw.policy_path.write_text(clash)
+    deadline = time.monotonic() + 10
+    rejected = 'triage_policy_reloads_total{outcome="rejected"} 1.0'
+    while rejected not in admin(gw.base_url, "GET", "/metrics", key="sk-ops").text:
+        assert time.monotonic() < deadline, "the reload was not rejected"
+        time.sleep(0.1)
+    assert chat(gw.base_url, "sk-other").status_code == 401  # the old policy still serves

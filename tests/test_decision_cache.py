@@ -97,3 +97,21 @@ def test_the_cache_survives_a_restart_and_a_reload_bypasses_it(
     after = decide(gw.base_url)
     assert after.headers["x-triage-cache"] == "miss"
     assert decide(gw.base_url).headers["x-triage-cache"] == "hit"
+
+
+def test_a_cascade_without_an_answer_still_charges_the_tiers_it_asked(gateway: Callable[..., Gateway]) -> None:
+    # both tiers answer a letter that names no option: a 502, after two priced model calls
+    text = policy("{store: memory}").replace('text: "B"', 'text: "none of these"')
+    gw = gateway(text)
+    r = httpx.post(f"{gw.base_url}/v1/decide", json=QUESTION, timeout=30)
+    assert r.status_code == 502 and r.json()["error"]["code"] == "cascade_exhausted", r.text
+    metrics = httpx.get(f"{gw.base_url}/metrics").text
+    assert 'triage_spend_total{key="-",model="cheap"}' in metrics
+    assert 'triage_spend_total{key="-",model="dear"}' in metrics
+
+
+def test_an_entry_that_does_not_read_is_a_miss() -> None:
+    from gateway import decide as gd
+
+    assert gd.unpack(b"not json") is None
+    assert gd.unpack(b'{"answer": "x", "unknown": 1, "trace": []}') is None  # another version's shape

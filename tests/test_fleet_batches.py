@@ -498,3 +498,24 @@ def test_a_database_named_by_an_unset_variable_stops_the_start(tmp_path: Path) -
 
     with pytest.raises(StoreDown, match="TRIAGE_TEST_NO_SUCH_DB"):
         asyncio.run(open_batches(StateSpec(database="env:TRIAGE_TEST_NO_SUCH_DB"), tmp_path))
+
+
+def test_a_nul_character_is_a_clear_error_on_postgresql(
+    database: str, gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    """PostgreSQL keeps no NUL in text: an id holding one is a 400, a line whose custom_id holds
+    one is that line's error, and the rest of the batch runs (SQLite answers the same)."""
+    gw = gateway(fleet_policy(database, tmp_path / "shared", latency=0.0))
+    client = gw.client()
+    with gw.http() as http:
+        for path in ("/v1/files/a%00b", "/v1/batches/a%00b", "/v1/batches?after=a%00b"):
+            r = http.get(path)
+            assert r.status_code in (400, 404) and r.json()["error"]["type"] == "invalid_request_error", (path, r.text)
+    rows = [line("good", "hi", model="m"), line("bad\u0000id", "hi", model="m")]
+    f = client.files.create(file=("in.jsonl", io.BytesIO("\n".join(rows).encode())), purpose="batch")
+    batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    done = wait_batch(client, batch.id, timeout=60)
+    assert done.status == "completed" and done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (1, 1)
+    assert done.error_file_id is not None
+    assert "NUL" in client.files.content(done.error_file_id).text

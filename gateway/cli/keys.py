@@ -17,7 +17,7 @@ app = typer.Typer(help="Keys and spend, through a running gateway's admin API.",
 Url = Annotated[str, typer.Option(envvar="TRIAGE_URL", help="The gateway (any of a fleet).")]
 AdminKey = Annotated[str, typer.Option(envvar="TRIAGE_ADMIN_KEY", help="The admin key (access.admin_key's).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
-DEFAULT_URL = "http://127.0.0.1:8000"
+DEFAULT_URL = "http://127.0.0.1:8080"
 
 
 def _call(url: str, admin_key: str, method: str, path: str, body: Any = None, params: Any = None) -> Any:
