@@ -72,6 +72,7 @@ class GroupClaim:
     endpoint: str
     claims: int  # times the group was claimed: above 1, taken over from a runner that stopped
     pending: list[Pending]
+    owner: str | None = None  # the batch's: the sha256 of the key that made it (charged for its lines)
 
 
 def file_doc(row: tuple[Any, ...]) -> dict[str, Any]:

@@ -427,7 +427,8 @@ class PgBatches:
             " UPDATE triage_batch_groups g SET lease_owner = $1, lease_until = " + _lease(2) + ", claims = g.claims + 1"
             " FROM pick WHERE g.batch_id = pick.batch_id AND g.grp = pick.grp"
             " RETURNING g.batch_id, g.grp, g.claims,"
-            " (SELECT doc->>'endpoint' FROM triage_batches WHERE id = g.batch_id)"
+            " (SELECT doc->>'endpoint' FROM triage_batches WHERE id = g.batch_id),"
+            " (SELECT owner FROM triage_batches WHERE id = g.batch_id)"
         )
 
         async def go(c: asyncpg.Connection) -> GroupClaim | None:
@@ -435,7 +436,7 @@ class PgBatches:
                 row = await c.fetchrow(claim, owner, lease_s)
                 if row is None:
                     return None
-                batch_id, grp, claims, endpoint = row
+                batch_id, grp, claims, endpoint, batch_owner = row
                 pending = await c.fetch(
                     "SELECT line, custom_id, body, affinity FROM triage_batch_requests"
                     " WHERE batch_id = $1 AND grp = $2 AND state = 'pending' ORDER BY seq",
@@ -443,7 +444,12 @@ class PgBatches:
                     grp,
                 )
             return GroupClaim(
-                batch_id, grp, endpoint, claims, [Pending(r[0], r[1], json.loads(r[2]), r[3]) for r in pending]
+                batch_id,
+                grp,
+                endpoint,
+                claims,
+                [Pending(r[0], r[1], json.loads(r[2]), r[3]) for r in pending],
+                batch_owner,
             )
 
         return await self._call(go)

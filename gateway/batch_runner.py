@@ -26,7 +26,7 @@ import os
 import socket
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,12 +34,14 @@ from typing import Any, TypeVar
 import structlog
 
 from backends.base import Kind
-from gateway import decide, pipeline
+from gateway import decide, pipeline, quotas
 from gateway.batch_lines import check_lines, plan_rows
 from gateway.batch_model import BatchClaim, FileRow, GroupClaim, Pending, new_id, output_file_id, write_bytes
 from gateway.batches import Batches
 from gateway.runtime import RuntimeHolder
 from gateway.stores import StoreDown
+from policies import spend
+from policies.cascade import CascadeExhausted
 from policies.errors import PolicyInvalid, TriageError
 from policies.plans import public_models
 from policies.schema import BatchSettings, Policy
@@ -336,10 +338,12 @@ class BatchRunner:
         rid = new_id("batch_req_")
         try:
             try:
-                status, body = await self._serve(claim.endpoint, req, rid)
+                status, body, charges = await self._serve(claim.endpoint, req, rid)
                 written = await self.store.finish_request(
                     claim.batch_id, req.line, status == 200, _result(rid, req.custom_id, status, body)
                 )
+                if written and claim.owner is not None and charges:  # charged once: for the result kept
+                    await self._charge(claim.owner, charges)
             except StoreDown:
                 raise
             except Exception:  # the line's edge (see above); cancellation is not an Exception and goes on
@@ -357,10 +361,17 @@ class BatchRunner:
             await self._settle(held)
         return True
 
-    async def _serve(self, endpoint: str, req: Pending, rid: str) -> tuple[int, dict[str, Any]]:
+    async def _serve(self, endpoint: str, req: Pending, rid: str) -> tuple[int, dict[str, Any], Charges]:
         rt = self.holder.acquire()
         try:
             return await serve(rt, endpoint, dict(req.body), rid, req.affinity)
+        finally:
+            await self.holder.release(rt)
+
+    async def _charge(self, owner: str, charges: Charges) -> None:
+        rt = self.holder.acquire()
+        try:
+            await quotas.record_owner(rt, owner, charges)
         finally:
             await self.holder.release(rt)
 
@@ -418,24 +429,35 @@ def _result(rid: str, custom_id: str, status: int, body: dict[str, Any]) -> dict
     return result
 
 
+Charges = list[tuple[str, Mapping[str, Any] | None, float]]
+
+
 async def serve(
     rt: Any,
     endpoint: str,
     body: dict[str, Any],
     request_id: str,
     affinity: str | None,
-) -> tuple[int, dict[str, Any]]:
-    """One batch request through the gateway's own paths; an error is a status and an OpenAI error body."""
+) -> tuple[int, dict[str, Any], Charges]:
+    """One batch request through the gateway's own paths; an error is a status and an OpenAI error
+    body. With it, what it cost: each model it asked at its prices (a cascade's every tier)."""
     attempts: list[Any] = []
+    models = rt.policy.models
     try:
         if endpoint == "/v1/decide":
             q, overrides = decide.parse_one(rt, body)  # the route's checks and statuses
-            return 200, decide.body(await decide.decide(rt, q, overrides, request_id, attempts), request_id)
+            d = await decide.decide(rt, q, overrides, request_id, attempts)
+            return 200, decide.body(d, request_id), spend.decision_charges(models, d)
         kind: Kind = "chat" if endpoint == "/v1/chat/completions" else "completion"
         out = await pipeline.run(rt, kind, {**body, "stream": False}, request_id, attempts, affinity)
         if out.typed is not None:
-            return 200, out.typed
+            assert out.decision is not None
+            return 200, out.typed, spend.decision_charges(models, out.decision)
         assert out.served is not None and out.served.completion is not None
-        return 200, out.served.completion.body
+        usage = out.served.completion.body.get("usage")
+        usage = usage if isinstance(usage, dict) else None
+        return 200, out.served.completion.body, [(out.served.model, usage, quotas.price(rt, out.served.model, usage))]
+    except CascadeExhausted as exc:
+        return exc.status, exc.body(), spend.trace_charges(models, exc.trace)
     except TriageError as exc:
-        return exc.status, exc.body()
+        return exc.status, exc.body(), []

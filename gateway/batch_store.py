@@ -346,7 +346,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
         now = time.time()
         with self._tx() as db:
             row = db.execute(
-                "SELECT g.batch_id, g.grp, json_extract(b.doc, '$.endpoint'), g.claims"
+                "SELECT g.batch_id, g.grp, json_extract(b.doc, '$.endpoint'), g.claims, b.owner"
                 " FROM groups g JOIN batches b ON b.id = g.batch_id"
                 " WHERE g.state = 'open' AND b.status = 'in_progress' AND (g.lease_until IS NULL OR g.lease_until < ?)"
                 " ORDER BY b.created_at, b.id, g.grp LIMIT 1",
@@ -354,7 +354,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
             ).fetchone()
             if row is None:
                 return None
-            batch_id, grp, endpoint, claims = row
+            batch_id, grp, endpoint, claims, batch_owner = row
             db.execute(
                 "UPDATE groups SET lease_owner = ?, lease_until = ?, claims = claims + 1"
                 " WHERE batch_id = ? AND grp = ?",
@@ -366,7 +366,12 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
                 (batch_id, grp),
             ).fetchall()
         return GroupClaim(
-            batch_id, grp, endpoint, claims + 1, [Pending(a, b, json.loads(c), d) for a, b, c, d in pending]
+            batch_id,
+            grp,
+            endpoint,
+            claims + 1,
+            [Pending(a, b, json.loads(c), d) for a, b, c, d in pending],
+            batch_owner,
         )
 
     def renew_groups(self, owner: str, keys: list[tuple[str, int]], lease_s: float) -> dict[tuple[str, int], str]:

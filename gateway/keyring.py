@@ -75,6 +75,14 @@ class Keyring:
             return None
         return found
 
+    async def name_of(self, digest: str) -> str | None:
+        """The name of the key with this sha256, live or revoked (what its spend is kept under)."""
+        key = self.policy_keys.get(digest)
+        if key is not None or not self.dynamic:
+            return key.name if key is not None else None
+        raw, _ = await self.store.key_get(digest)
+        return as_key(raw)[0].name if raw is not None else None
+
     def forget(self, digest: str) -> None:
         """Drop a key from this gateway's memory (the admin API changed it here)."""
         self._seen.pop(digest, None)

@@ -82,6 +82,22 @@ async def recovered(rt: Runtime, every_s: float = 1.0) -> bool:
     return True
 
 
+async def record_owner(rt: Runtime, owner: str, charges: list[tuple[str, Mapping[str, Any] | None, float]]) -> None:
+    """A batch line's cost added to the spend of the key that made the batch (``owner``: its sha256;
+    budgets read it, rate windows do not: a batch is not online traffic)."""
+    if rt.keyring is None or not (owed := [(m, c) for m, _, c in charges if c > 0]):
+        return
+    try:
+        name = await rt.keyring.name_of(owner)
+        if name is None:
+            return
+        day = spend.day(time.time())
+        for model, cost in owed:
+            await rt.store.record(name, model, day, cost, 0, MINUTE)
+    except StoreDown as exc:
+        log.error("spend_not_recorded", owner=owner[:12], error=exc.message, batch=True)
+
+
 def price(rt: Runtime, model: str | None, usage: Mapping[str, Any] | None) -> float:
     """A served call's cost at its model's prices (0 for a model without prices, or none)."""
     spec = rt.policy.models.get(model) if model is not None else None

@@ -5,12 +5,14 @@ period; spend read back; every bad call answered in the API's error shape."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import openai
@@ -156,3 +158,21 @@ def test_a_policy_key_may_not_take_a_live_admin_keys_name(gateway: Callable[...,
         assert time.monotonic() < deadline, "the reload was not rejected"
         time.sleep(0.1)
     assert chat(gw.base_url, "sk-other").status_code == 401  # the old policy still serves
+
+
+def test_batch_lines_are_charged_to_the_key_that_made_the_batch(
+    gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    from tests.test_batches import line, wait_batch
+
+    text = policy("{store: memory}") + f'batches: {{dir: "{tmp_path / "batches"}"}}\n'
+    gw = gateway(text)
+    made = admin(gw.base_url, "POST", "/admin/keys", {"name": "batcher"}).json()["key"]
+    each = float(chat(gw.base_url, made).headers["x-triage-cost"])  # one online call, the same body
+    client = gw.client(made)
+    rows = "\n".join(line(f"r{i}", "hi", model="m") for i in range(3)).encode()
+    f = client.files.create(file=("in.jsonl", io.BytesIO(rows)), purpose="batch")
+    batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert wait_batch(client, batch.id, timeout=60).status == "completed"
+    spent = admin(gw.base_url, "GET", "/admin/spend?key=batcher").json()
+    assert spent["total"] == pytest.approx(4 * each)  # the online call and the three lines
