@@ -25,6 +25,10 @@ def overhead(
         int, typer.Option(help="With --workers: interleaved rounds of one worker against N (0: none).")
     ] = 6,
     pair_duration: Annotated[float, typer.Option(help="Seconds of each target in each of those rounds.")] = 3.0,
+    traced: Annotated[
+        list[float] | None,
+        typer.Option(help="Also triage with OpenTelemetry tracing at this sample ratio (repeatable).", min=0, max=1),
+    ] = None,
     sweep_duration: Annotated[float, typer.Option(help="Seconds per concurrency level of the sweep.")] = 3.0,
     max_concurrency: Annotated[int, typer.Option(help="Highest level of the sweep (1, 2, 4, ...).")] = 64,
     rounds: Annotated[int, typer.Option(help="Interleaved rounds of the latency run.")] = 10,
@@ -46,6 +50,7 @@ def overhead(
         workers=workers,
         pair_rounds=pair_rounds,
         pair_duration=pair_duration,
+        traced=tuple(traced or ()),
         sweep_duration=sweep_duration,
         max_concurrency=max_concurrency,
         rounds=rounds,

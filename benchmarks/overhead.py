@@ -51,6 +51,7 @@ class Options:
     with_litellm: bool = True
     with_logging_row: bool = True
     workers: int = 1  # N > 1: also `triage serve --workers N`, the row triage-wN
+    traced: tuple[float, ...] = ()  # also triage with tracing on, one row per sample ratio (triage-traced-R)
     pair_rounds: int = 6  # with workers: interleaved rounds of one worker against N, at `concurrency`
     pair_duration: float = 3.0
     sweep_duration: float = 3.0
@@ -147,10 +148,12 @@ async def _start(
     opts: Options, fleet: Fleet, probe: aiohttp.ClientSession, result: dict[str, Any], console: Console
 ) -> dict[str, Proc]:
     multi = workers_row(opts.workers)
+    traced = {f"triage-traced-{r:g}": r for r in opts.traced}
     names = [
         "upstream",
         "triage",
         *([multi] if multi else []),
+        *traced,
         *(["triage-info"] if opts.with_logging_row else []),
         *(["litellm"] if opts.with_litellm else []),
     ]
@@ -160,6 +163,8 @@ async def _start(
     procs = {"direct": up, "triage": fleet.triage("triage", up, "warning")}
     if multi:
         procs[multi] = fleet.triage(multi, up, "warning", workers=opts.workers)
+    for name, ratio in traced.items():
+        procs[name] = fleet.triage(name, up, "warning", traced=ratio)
     if opts.with_logging_row:
         procs["triage-info"] = fleet.triage("triage-info", up, "info")
     if opts.with_litellm:

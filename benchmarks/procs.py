@@ -190,13 +190,24 @@ class Fleet:
             )
         )
 
-    def triage(self, name: str, upstream: Proc, level: str, pre: list[str] | None = None, workers: int = 1) -> Proc:
+    def triage(
+        self,
+        name: str,
+        upstream: Proc,
+        level: str,
+        pre: list[str] | None = None,
+        workers: int = 1,
+        traced: float | None = None,
+    ) -> Proc:
         """``pre``: interpreter arguments before ``-m gateway.cli`` (a profiler, say); ``workers``:
         ``triage serve --workers N`` (its workers stay in the parent's session, so stop and the CPU
-        meters reach them)."""
+        meters reach them); ``traced``: spans kept at this ratio, exported to the upstream's OTLP sink."""
         port = free_port()
         policy = self.workdir / f"{name}.yaml"
-        policy.write_text(triage_policy(upstream.base + "/v1", level))
+        text = triage_policy(upstream.base + "/v1", level)
+        if traced is not None:
+            text += f'tracing: {{otlp_endpoint: "{upstream.base}", sample_ratio: {traced}}}\n'
+        policy.write_text(text)
         argv = [
             sys.executable,
             *(pre or []),

@@ -71,6 +71,7 @@ MODELS = _response(
     b"application/json",
     orjson.dumps({"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "bench"}]}),
 )
+TRACES = _response(b"200 OK", b"application/x-protobuf", b"")
 NOT_FOUND = _response(
     b"404 Not Found",
     b"application/json",
@@ -92,6 +93,8 @@ def _answer(method: bytes, path: bytes, body: bytes) -> bytes:
         return STREAM if isinstance(req, dict) and req.get("stream") else CHAT
     if method == b"GET" and path in (b"/v1/models", b"/models", b"/health"):
         return MODELS
+    if method == b"POST" and path == b"/v1/traces":  # an OTLP/HTTP sink, for the traced rows
+        return TRACES
     return NOT_FOUND
 
 
