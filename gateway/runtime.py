@@ -20,7 +20,7 @@ import structlog
 from backends import registry
 from backends.base import Backend
 from backends.secrets import MissingSecret, resolve
-from gateway.keyring import Keyring
+from gateway.keyring import Keyring, as_key
 from gateway.stores import MemoryStore, Store, StoreDown, open_store
 from policies.budget import EscalationBudget
 from policies.errors import NotReady, PolicyInvalid, Unauthorized
@@ -72,16 +72,10 @@ class Runtime:
         return key
 
     def key_digest(self, authorization: str | None) -> str | None:
-        """The sha256 of the bearer key sent, None without one (what check_key compares)."""
+        """The sha256 of the bearer key sent, None without one (what the keys are looked up by)."""
         if not authorization or not authorization.startswith("Bearer "):
             return None
         return hashlib.sha256(authorization[7:].strip().encode()).hexdigest()
-
-    def check_key(self, authorization: str | None) -> bool:
-        """A policy key was sent (or none is needed); store keys need :meth:`authenticate`."""
-        if not self.keys_required:
-            return True
-        return self.key_digest(authorization) in self.key_hashes
 
     def ready(self) -> bool:
         return any(b.healthy() for b in self.backends.values())
@@ -210,8 +204,6 @@ async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path 
 async def _names_apart(policy: Policy, store: Store) -> None:
     """A policy key may not take the name of a live key the admin API made: the two would share
     rate windows and spend (both are kept by name)."""
-    from gateway.keyring import as_key
-
     try:
         live = {as_key(raw)[0].name for raw, revoked_at in await store.key_all() if revoked_at is None}
     except StoreDown:
