@@ -16,12 +16,14 @@ from fastapi import APIRouter, Request, Response
 from starlette.datastructures import FormData
 from starlette.types import Message
 
+from gateway import quotas
 from gateway.api import read_body
 from gateway.batch_model import ACTIVE, new_id
 from gateway.batch_runner import BatchRunner
 from gateway.batches import Batches
 from gateway.schemas import BatchCreate, check, parse_json
 from policies.errors import ClientGone, InvalidRequest, NotFound, NotReady, PayloadTooLarge
+from policies.schema import ApiKey
 
 log = structlog.get_logger("triage.batches")
 router = APIRouter()
@@ -37,6 +39,7 @@ class _Caller:
     runner: BatchRunner
     owner: str | None  # the key's sha256: what its new files and batches are kept under; None without keys
     viewer: str | None  # whose files and batches it sees: its own; None (all) without keys or for an operator key
+    key: ApiKey | None = None  # the key itself (its limits), None without keys
 
     @property
     def store(self) -> Batches:
@@ -52,7 +55,7 @@ async def _caller(request: Request) -> _Caller:
     if state.batches is None:
         raise NotReady("the Batch API is off: its store is held by another gateway process (see the log)")
     owner = rt.key_digest(request.headers.get("authorization")) if key is not None else None
-    return _Caller(state.batches, owner, None if owner in rt.operator_hashes else owner)
+    return _Caller(state.batches, owner, None if owner in rt.operator_hashes else owner, key)
 
 
 @router.post("/v1/files")
@@ -151,8 +154,10 @@ async def _file(caller: _Caller, file_id: str) -> dict[str, Any]:
 @router.post("/v1/batches")
 async def create_batch(request: Request) -> Response:
     caller = await _caller(request)
-    raw = parse_json(await read_body(request, caller.runner.holder.current.policy.limits.max_body_bytes))
+    rt = caller.runner.holder.current
+    raw = parse_json(await read_body(request, rt.policy.limits.max_body_bytes))
     body = check(BatchCreate, raw)  # a 400 naming the field; an unknown endpoint or window among them
+    await quotas.check_budget(rt, caller.key)  # a spent budget takes no new batch (one running finishes)
     file_id, endpoint = body.input_file_id, body.endpoint
     f = await caller.store.file(file_id, caller.viewer)
     if f is None:

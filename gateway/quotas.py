@@ -19,7 +19,7 @@ from gateway.runtime import Runtime
 from gateway.stores import Check, StoreDown
 from policies import spend
 from policies.errors import BudgetExhausted, Forbidden, KeyRateLimited
-from policies.schema import ApiKey
+from policies.schema import ApiKey, KeyLimits
 
 log = structlog.get_logger("triage.quotas")
 MINUTE = 60.0
@@ -64,6 +64,17 @@ async def admit(rt: Runtime, key: ApiKey | None, model: str | None) -> None:
         resets_at=resets_at,
         retry_after=wait,
     )
+
+
+async def check_budget(rt: Runtime, key: ApiKey | None) -> None:
+    """Raise BudgetExhausted when ``key``'s day or month budget is spent; count nothing (a batch's
+    creation: its lines are charged as they run)."""
+    if key is None or (key.limits.budget_per_day is None and key.limits.budget_per_month is None):
+        return
+    budget_only = key.model_copy(
+        update={"limits": KeyLimits(**key.limits.model_dump(include={"budget_per_day", "budget_per_month"}))}
+    )
+    await admit(rt, budget_only, None)
 
 
 async def recovered(rt: Runtime, every_s: float = 1.0) -> bool:

@@ -176,3 +176,17 @@ def test_batch_lines_are_charged_to_the_key_that_made_the_batch(
     assert wait_batch(client, batch.id, timeout=60).status == "completed"
     spent = admin(gw.base_url, "GET", "/admin/spend?key=batcher").json()
     assert spent["total"] == pytest.approx(4 * each)  # the online call and the three lines
+
+
+def test_a_spent_budget_takes_no_new_batch(gateway: Callable[..., Gateway], tmp_path: Path) -> None:
+    from tests.test_batches import line
+
+    gw = gateway(policy("{store: memory}") + f'batches: {{dir: "{tmp_path / "batches"}"}}\n')
+    body = {"name": "thrifty", "limits": {"budget_per_day": 0.000001}}
+    made = admin(gw.base_url, "POST", "/admin/keys", body).json()["key"]
+    client = gw.client(made)
+    f = client.files.create(file=("in.jsonl", io.BytesIO(line("r0", "hi", model="m").encode())), purpose="batch")
+    assert chat(gw.base_url, made).status_code == 200  # the call that spends the budget
+    with pytest.raises(openai.RateLimitError) as info:
+        client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert info.value.code == "insufficient_quota"
