@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,18 @@ class Row(NamedTuple):
     grp: int | None = None
     seq: int = 0
     affinity: str | None = None
+
+
+REQUEST_COLUMNS = ("batch_id", "line", "custom_id", "body", "state", "result", "grp", "seq", "affinity")
+
+
+def request_record(batch_id: str, r: Row) -> tuple[Any, ...]:
+    """A validated line as both stores keep it, in ``REQUEST_COLUMNS``' order: a request to run is
+    pending, an invalid line is written already as its error result."""
+    body = json.dumps(r.body) if r.body is not None else None
+    error = json.dumps(r.error) if r.error is not None else None
+    state = "pending" if r.error is None else "error"
+    return (batch_id, r.line, r.custom_id, body, state, error, r.grp, r.seq, r.affinity)
 
 
 class FileRow(NamedTuple):

@@ -29,6 +29,7 @@ import asyncpg
 
 from gateway.batch_model import (
     ACTIVE,
+    REQUEST_COLUMNS,
     BatchClaim,
     FileRow,
     GroupClaim,
@@ -37,6 +38,7 @@ from gateway.batch_model import (
     counts_of,
     file_doc,
     new_id,
+    request_record,
     write_bytes,
 )
 from gateway.stores import StoreDown
@@ -343,41 +345,17 @@ class PgBatches:
 
         async def go(c: asyncpg.Connection) -> bool:
             async with c.transaction():
-                if not await c.fetchval(
-                    "SELECT 1 FROM triage_batches WHERE id = $1 AND status = 'validating' AND lease_owner = $2"
-                    " FOR UPDATE",
-                    batch_id,
-                    owner,
-                ):
+                if not await _hold(c, batch_id, owner, ["validating"]):
                     return False
                 await c.copy_records_to_table(
                     "triage_batch_requests",
-                    columns=["batch_id", "line", "custom_id", "body", "state", "result", "grp", "seq", "affinity"],
-                    records=[
-                        (
-                            batch_id,
-                            r.line,
-                            r.custom_id,
-                            json.dumps(r.body) if r.body is not None else None,
-                            "pending" if r.error is None else "error",
-                            json.dumps(r.error) if r.error is not None else None,
-                            r.grp,
-                            r.seq,
-                            r.affinity,
-                        )
-                        for r in rows
-                    ],
+                    columns=list(REQUEST_COLUMNS),
+                    records=[request_record(batch_id, r) for r in rows],
                 )
                 await c.copy_records_to_table(
                     "triage_batch_groups", columns=["batch_id", "grp"], records=[(batch_id, g) for g in range(groups)]
                 )
-                await c.execute(
-                    "UPDATE triage_batches SET status = $2, doc = doc || $3::jsonb, lease_owner = NULL,"
-                    " lease_until = NULL WHERE id = $1",
-                    batch_id,
-                    fields["status"],
-                    json.dumps(fields),
-                )
+                await _set_state(c, batch_id, fields)
                 return True
 
         return await self._call(go, BULK_TIMEOUT_S)
@@ -389,25 +367,14 @@ class PgBatches:
 
         async def go(c: asyncpg.Connection) -> bool:
             async with c.transaction():
-                if not await c.fetchval(
-                    "SELECT 1 FROM triage_batches WHERE id = $1 AND status IN ('validating', 'finalizing')"
-                    " AND lease_owner = $2 FOR UPDATE",
-                    batch_id,
-                    owner,
-                ):
+                if not await _hold(c, batch_id, owner, ["validating", "finalizing"]):
                     return False
                 await c.executemany(
                     "INSERT INTO triage_files (id, purpose, filename, bytes, created_at, owner)"
                     " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
                     [(f.id, f.purpose, f.filename, f.bytes, now, f.owner) for f in files],
                 )
-                await c.execute(
-                    "UPDATE triage_batches SET status = $2, doc = doc || $3::jsonb, lease_owner = NULL,"
-                    " lease_until = NULL WHERE id = $1",
-                    batch_id,
-                    fields["status"],
-                    json.dumps(fields),
-                )
+                await _set_state(c, batch_id, fields)
                 return True
 
         return await self._call(go)
@@ -497,3 +464,26 @@ class PgBatches:
             )
         )
         return status == "UPDATE 1"
+
+
+async def _hold(c: asyncpg.Connection, batch_id: str, owner: str, statuses: list[str]) -> bool:
+    """Lock the batch's row for this transaction if it is in one of ``statuses`` under ``owner``'s lease."""
+    return bool(
+        await c.fetchval(
+            "SELECT 1 FROM triage_batches WHERE id = $1 AND status = ANY($3::text[]) AND lease_owner = $2 FOR UPDATE",
+            batch_id,
+            owner,
+            statuses,
+        )
+    )
+
+
+async def _set_state(c: asyncpg.Connection, batch_id: str, fields: dict[str, Any]) -> None:
+    """The batch's new status and fields merged into its document; its lease given up."""
+    await c.execute(
+        "UPDATE triage_batches SET status = $2, doc = doc || $3::jsonb, lease_owner = NULL, lease_until = NULL"
+        " WHERE id = $1",
+        batch_id,
+        fields["status"],
+        json.dumps(fields),
+    )

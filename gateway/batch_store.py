@@ -32,6 +32,7 @@ from typing import Any
 
 from gateway.batch_model import (
     ACTIVE,
+    REQUEST_COLUMNS,
     BatchClaim,
     FileRow,
     GroupClaim,
@@ -40,6 +41,7 @@ from gateway.batch_model import (
     counts_of,
     file_doc,
     new_id,
+    request_record,
     write_bytes,
 )
 
@@ -298,22 +300,8 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
             ).fetchone():
                 return False
             db.executemany(
-                "INSERT INTO requests (batch_id, line, custom_id, body, state, result, grp, seq, affinity)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        batch_id,
-                        r.line,
-                        r.custom_id,
-                        json.dumps(r.body) if r.body is not None else None,
-                        "pending" if r.error is None else "error",
-                        json.dumps(r.error) if r.error is not None else None,
-                        r.grp,
-                        r.seq,
-                        r.affinity,
-                    )
-                    for r in rows
-                ],
+                f"INSERT INTO requests ({', '.join(REQUEST_COLUMNS)}) VALUES ({', '.join('?' * len(REQUEST_COLUMNS))})",
+                [request_record(batch_id, r) for r in rows],
             )
             db.executemany("INSERT INTO groups (batch_id, grp) VALUES (?, ?)", [(batch_id, g) for g in range(groups)])
             db.execute("UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE id = ?", (batch_id,))

@@ -59,9 +59,22 @@ class Keyring:
 
     async def lookup(self, digest: str) -> ApiKey | None:
         """The live key with this sha256; None when unknown or revoked (StoreDown: the store failed)."""
+        key, revoked_at = await self._known(digest)
+        if key is None or (revoked_at is not None and revoked_at <= time.time()):
+            return None
+        return key
+
+    async def name_of(self, digest: str) -> str | None:
+        """The name of the key with this sha256, live or revoked (what its spend is kept under)."""
+        key, _ = await self._known(digest)
+        return key.name if key is not None else None
+
+    async def _known(self, digest: str) -> tuple[ApiKey | None, float | None]:
+        """The key with this sha256 and when it is or was revoked: the policy's, else the store's,
+        read at most every ``ttl_s`` (a batch's lines, or a client's requests, share one read)."""
         key = self.policy_keys.get(digest)
         if key is not None or not self.dynamic:
-            return key
+            return key, None
         now = time.monotonic()
         seen = self._seen.get(digest)
         if seen is None or seen[0] <= now:
@@ -70,18 +83,7 @@ class Keyring:
             if len(self._seen) >= CACHE_ENTRIES:
                 self._seen.clear()
             seen = self._seen[digest] = (now + self.ttl_s, found, revoked_at)
-        _, found, revoked_at = seen
-        if found is None or (revoked_at is not None and revoked_at <= time.time()):
-            return None
-        return found
-
-    async def name_of(self, digest: str) -> str | None:
-        """The name of the key with this sha256, live or revoked (what its spend is kept under)."""
-        key = self.policy_keys.get(digest)
-        if key is not None or not self.dynamic:
-            return key.name if key is not None else None
-        raw, _ = await self.store.key_get(digest)
-        return as_key(raw)[0].name if raw is not None else None
+        return seen[1], seen[2]
 
     def forget(self, digest: str) -> None:
         """Drop a key from this gateway's memory (the admin API changed it here)."""

@@ -5,9 +5,8 @@ at exit; see :mod:`gateway.metrics`), and starts the workers with multiprocessin
 each is a fresh interpreter that builds its own runtime from the policy file under its own
 uvicorn. On Linux each worker listens on a socket of its own bound to the same port with
 ``SO_REUSEPORT``, and the kernel spreads new connections over the listening workers by a hash of
-each connection (a keep-alive connection stays with its worker): of 32 connections opened at
-once, the busier worker got 16 to 22 in 20 tries, where with one socket shared by every worker
-(whichever worker wakes first takes what is queued) it got 16 to all 32. The parent's
+each connection (a keep-alive connection stays with its worker), where with one socket shared by
+every worker whichever wakes first takes what is queued, and a burst can land on one. The parent's
 own socket, bound but never listening, holds the port while workers come and go. Elsewhere,
 the workers share that one socket. Then it keeps them:
 
