@@ -142,8 +142,11 @@ def test_a_gateway_killed_mid_batch_loses_and_repeats_nothing(
         while True:
             assert time.monotonic() < deadline, "the victim never held a group past the kill moment"
             done = client.batches.retrieve(batch.id).request_counts
-            if done is not None and done.completed >= kill_at and victim_holds(database, victim.proc.pid):
-                break
+            if done is not None and done.completed >= kill_at:
+                victim.proc.send_signal(signal.SIGSTOP)  # frozen: what it holds now, it holds when killed
+                if victim_holds(database, victim.proc.pid):
+                    break
+                victim.proc.send_signal(signal.SIGCONT)  # between groups: let it claim the next one
             time.sleep(0.02)
         victim.proc.send_signal(signal.SIGKILL)  # no clean shutdown: its leases run out
         victim.proc.wait(10)
