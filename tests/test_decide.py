@@ -422,6 +422,32 @@ def test_a_lettered_scorer_tier_answers_from_the_letters(
     assert first["tier"] == "scorer" and first["outcome"] == "failed" and "26" in first["error"], first
 
 
+def test_a_reasoned_tier_answers_what_the_lettered_one_doubts(
+    gateway: Callable[..., Gateway], llama_server: LlamaServer
+) -> None:
+    """Two scorer tiers on one model: lettered (never sure enough here), then reasoned, which
+    writes a few tokens before its letter and says how many in its usage."""
+    text = cascade_policy(llama_server.api_base, "{choice: 1.0}").replace(
+        "type: scorer, backend: scorer,", "type: scorer, backend: scorer, mode: lettered,"
+    )
+    text = text.replace(
+        "    - {name: pool,",
+        "    - {name: reasoner, type: scorer, backend: scorer, mode: reasoned, reason_tokens: 16,"
+        " thresholds: {choice: 0.0}}\n    - {name: pool,",
+    )
+    gw = gateway(text)
+    with gw.http() as http:
+        r = http.post(
+            "/v1/decide",
+            json={"question": "What is the capital of France?", "type": "choice", "options": ["Berlin", "Paris"]},
+        )
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["tier"] == "reasoner" and [s["outcome"] for s in d["trace"]] == ["escalated", "accepted"]
+    assert d["probabilities_measured"] is True and sum(d["probabilities"].values()) == pytest.approx(1.0, abs=1e-5)
+    assert 0 < d["usage"]["completion_tokens"] <= 16, d["usage"]
+
+
 def test_a_last_tier_under_a_grammar_never_names_no_option(gateway: Callable[..., Gateway]) -> None:
     """The in-process model as the last tier, decoding under a grammar of the labels: a valid
     question always gets one of its options (SmolLM2 answered 'This review is positive' before)."""

@@ -20,6 +20,7 @@ from backends.lettered import (
     lettered_prompt,
     spellings,
 )
+from backends.logprob import PromptTooLong
 from backends.scorer import ScorerBackend
 from policies.cascade import YES_NO, Question
 from policies.errors import InvalidRequest
@@ -136,8 +137,13 @@ def test_spellings() -> None:
 def test_the_tier_mode_is_a_validated_setting() -> None:
     assert ScorerTier(name="s", type="scorer", backend="b").mode == "cloze"
     assert ScorerTier(name="s", type="scorer", backend="b", mode="lettered").mode == "lettered"
-    with pytest.raises(ValidationError, match="'cloze' or 'lettered'"):
+    with pytest.raises(ValidationError, match="'cloze', 'lettered' or 'reasoned'"):
         ScorerTier(name="s", type="scorer", backend="b", mode="letters")
+    reasoned = ScorerTier(name="s", type="scorer", backend="b", mode="reasoned", reason_tokens=32)
+    assert reasoned.reasoning_budget == 32
+    assert ScorerTier(name="s", type="scorer", backend="b", mode="lettered", reason_tokens=32).reasoning_budget == 0
+    with pytest.raises(ValidationError, match="reason_tokens"):
+        ScorerTier(name="s", type="scorer", backend="b", mode="reasoned", reason_tokens=0)
 
 
 def test_the_backend_scores_a_question() -> None:
@@ -159,3 +165,43 @@ def test_the_backend_scores_a_question() -> None:
             await backend.close()
 
     asyncio.run(main())
+
+
+def test_reasoned_scoring_writes_then_reads_the_labels(chat: ChatScorer) -> None:
+    """The model writes (greedy, as llama-cpp-python's own sampler at temperature 0), stops at its
+    answer cue or the budget, and the labels are read after ``Answer:``: the same distribution a
+    fresh context gives for that text (the prefix kept from the writing is reused correctly)."""
+    from llama_cpp import Llama
+
+    got = chat.score_question(CAPITAL, reason_tokens=24)
+    p = _probs(got.logprobs)
+    assert p.sum() == pytest.approx(1.0, abs=1e-9) and got.tokens == (1, 1, 1, 1)
+    assert 0 < got.generated_tokens <= 24 and got.reasoning and not got.reasoning.endswith("Answer:")
+    prompt = lettered_prompt(CAPITAL, reasoned=True)
+    assert "First state the facts" in prompt.messages[0]["content"] and prompt.labels == ("A", "B", "C", "D")
+
+    tokens = chat.prompt_tokens(prompt.messages)
+    llm = Llama(str(smollm2_path()), n_ctx=1024, n_threads=1, n_batch=128, verbose=False)
+    try:
+        out = llm.create_completion(tokens, max_tokens=24, temperature=0.0, stop=["Answer:"])
+        assert out["choices"][0]["text"].strip().startswith(got.reasoning[:40])
+    finally:
+        llm.close()
+
+    fresh = ChatScorer(smollm2_path(), n_ctx=1024, n_threads=1, n_batch=128)
+    try:
+        full = tokens + fresh.tokenize(f"{got.reasoning}\nAnswer:", bos=False)
+        row, reused = fresh._prefill(full)
+        want = fresh._read(row, fresh.label_ids(prompt.labels), len(full), reused)
+        np.testing.assert_allclose(got.logprobs, want.logprobs, atol=2e-3)
+    finally:
+        fresh.close()
+
+
+def test_reasoned_scoring_of_a_scale_and_its_limits(chat: ChatScorer) -> None:
+    scale = Question("score", "How positive is 'I loved it'?", ("1", "2", "3", "4", "5"), scale=(1, 5))
+    got = chat.score_question(scale, reason_tokens=8)
+    assert _probs(got.logprobs).sum() == pytest.approx(1.0) and got.generated_tokens <= 8
+    long = Question("choice", "word " * 900, ("a", "b"))
+    with pytest.raises(PromptTooLong, match="to reason in"):
+        chat.score_question(long, reason_tokens=200)

@@ -313,6 +313,10 @@ class _Run:
                     from backends.lettered import PROMPT_VERSION
 
                     key = f"scorer-{model}-lettered-v{PROMPT_VERSION}"
+                elif tier.mode == "reasoned":
+                    from backends.lettered import REASONED_VERSION
+
+                    key = f"scorer-{model}-reasoned{tier.reason_tokens}-v{REASONED_VERSION}"
                 else:
                     key = f"scorer-{model}-t{tier.templates.version}-{tier.length_norm}"
             else:
