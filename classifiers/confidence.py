@@ -13,6 +13,13 @@ logistic regression over these, followed by a Platt calibration fitted on out-of
 predictions, gives the probability the cascade compares with the tier's threshold (``gate:
 learned`` on a tier; docs/cascade.md).
 
+Beside it, where the fitting rows had embeddings, the model keeps whether escalating was right on
+each of them (the last tier's answer): :meth:`ConfidenceModel.p_after` is that share among the
+``k`` nearest, the same statistic, so a gate with an ``escalation_margin`` keeps an answer only
+when it is about as likely right as the answer escalating would get on such questions (a tier
+that is right 60% of the time on BoolQ is sure enough for a 0.52 threshold, but the tier after it
+is right 74% there).
+
 Serving needs only numpy; fitting lives in :mod:`classifiers.training.confidence_training`. Saved as
 ``confidence-<tier>.npz`` (arrays) + ``.json`` (the rest); nothing is unpickled.
 """
@@ -114,14 +121,24 @@ class ConfidenceModel:
     variant: Variant
     platt: tuple[float, float] = (1.0, 0.0)  # a * z + b on the regression's log-odds
     meta: dict[str, Any] = field(default_factory=dict)
-    reference: np.ndarray | None = None  # neighbours: (n, d) unit embeddings of the fitting rows
+    reference: np.ndarray | None = None  # (n, d) unit embeddings of the fitting rows (neighbours, or after)
     right: np.ndarray | None = None  # neighbours: (n,) 1 where the tier was right on that row
     k: int = 32
     prior: float = 8.0
+    after: np.ndarray | None = None  # (n,) 1 where escalating (the last tier) was right on that row
 
     @property
     def uses_embedding(self) -> bool:
-        return self.variant != "scalars"
+        return self.variant != "scalars" or self.after is not None
+
+    def p_after(self, s: Signals) -> float | None:
+        """P(escalating gets this question right): the last tier's shrunk share right among the
+        ``k`` fitting questions nearest this one; None without an embedding or that record."""
+        if self.after is None or self.reference is None or s.embedding is None:
+            return None
+        e = np.asarray(s.embedding, dtype=np.float64).ravel()
+        sims = (self.reference @ e)[None, :]
+        return float(neighbour_stats(sims, self.after, self.k, self.prior, float(self.after.mean()))[0, 0])
 
     def features(self, s: Signals) -> np.ndarray:
         x = scalars(s)
@@ -149,8 +166,11 @@ class ConfidenceModel:
         directory.mkdir(parents=True, exist_ok=True)
         name = confidence_name(self.tier)
         arrays = {"weight": self.weight, "mean": self.mean, "scale": self.scale}
-        if self.reference is not None and self.right is not None:
-            arrays |= {"reference": self.reference.astype(np.float32), "right": self.right.astype(np.float32)}
+        if self.reference is not None:
+            arrays["reference"] = self.reference.astype(np.float32)
+        for key, values in (("right", self.right), ("after", self.after)):
+            if values is not None:
+                arrays[key] = values.astype(np.float32)
         np.savez(directory / f"{name}.npz", **arrays)  # type: ignore[arg-type]
         doc = {
             "format": FORMAT,
@@ -181,6 +201,7 @@ class ConfidenceModel:
             weight, mean, scale = z["weight"], z["mean"], z["scale"]
             reference = z["reference"].astype(np.float64) if "reference" in z else None
             right = z["right"].astype(np.float64) if "right" in z else None
+            after = z["after"].astype(np.float64) if "after" in z else None
         return cls(
             doc["tier"],
             weight,
@@ -194,4 +215,5 @@ class ConfidenceModel:
             right,
             int(doc.get("k", 32)),
             float(doc.get("prior", 8.0)),
+            after,
         )

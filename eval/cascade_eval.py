@@ -32,8 +32,10 @@ from policies.cascade import (
     Gate,
     Reading,
     TierAnswer,
+    after,
     drive,
     gated,
+    keeps,
     read,
     run,
     signals,
@@ -55,6 +57,7 @@ class TierSpec:
     per_call: float = 0.0
     per_1k_tokens: float = 0.0
     gate_kind: str = "confidence"  # "learned": the thresholds are compared with the judge's P(right)
+    escalation_margin: float | None = None  # learned: keep only within this of P(escalating gets it right)
     judge: ConfidenceModel | None = None  # fitted on dev rows (for the report, whatever the gate)
     judge_dev: dict[str, float] = field(default_factory=dict)  # its out-of-fold P(right) per dev row
     judge_fit: dict[str, Any] = field(default_factory=dict)  # what the fit chose and measured on dev rows
@@ -66,7 +69,13 @@ class TierSpec:
     def gate(self) -> Gate:
         judge = self.judge if self.gate_kind == "learned" else None
         return Gate(
-            self.name, self.kind, dict(self.thresholds), dict(self.task_thresholds), dict(self.temperatures), judge
+            self.name,
+            self.kind,
+            dict(self.thresholds),
+            dict(self.task_thresholds),
+            dict(self.temperatures),
+            judge,
+            escalation_margin=self.escalation_margin,
         )
 
     def reading(self, row: Row) -> Reading | None:
@@ -102,10 +111,15 @@ def judge_p(tiers: Sequence[TierSpec], i: int, row: Row, reading: Reading) -> fl
 
 
 def gate_confidence(tiers: Sequence[TierSpec], i: int, row: Row, reading: Reading) -> float:
-    """What tier i's gate compares with its threshold for ``row``."""
+    """What tier i's gate compares with its threshold for ``row``; -1 (kept at no threshold) where
+    its escalation margin says escalating would do better."""
+    gate, before = tiers[i].gate(), previous(tiers, i, row)
     if tiers[i].gate_kind == "learned" and (p := judge_p(tiers, i, row, reading)) is not None:
-        return p
-    return gated(row.question, tiers[i].gate(), reading, previous(tiers, i, row), row.embedding)
+        conf = p
+    else:
+        conf = gated(row.question, gate, reading, before, row.embedding)
+    p_after = after(row.question, gate, reading, before, row.embedding)
+    return conf if keeps(conf, 0.0, p_after, gate.escalation_margin) else -1.0
 
 
 def fit_judges(tiers: Sequence[TierSpec], dev: Sequence[Row], upto: int | None = None) -> None:
@@ -116,15 +130,17 @@ def fit_judges(tiers: Sequence[TierSpec], dev: Sequence[Row], upto: int | None =
     for i, t in enumerate(tiers[: len(tiers) - 1 if upto is None else upto]):
         if t.kind == "recorded":
             continue
-        rows, sigs, ok = [], [], []
+        rows, sigs, ok, above = [], [], [], []
         for r in dev:
             if not _judgeable(t, r) or (rd := t.reading(r)) is None:
                 continue
             rows.append(r)
             sigs.append(signals(r.question, rd, previous(tiers, i, r), r.embedding))
             ok.append(right(r, rd.answer))
+            last = next((rl for u in reversed(tiers[i + 1 :]) if (rl := u.reading(r)) is not None), None)
+            above.append(last is not None and right(r, last.answer))
         try:
-            fitted = fit_confidence(t.name, sigs, ok)
+            fitted = fit_confidence(t.name, sigs, ok, after=above)
         except ValueError as exc:
             t.judge, t.judge_dev, t.judge_fit = None, {}, {"error": str(exc)}
             continue

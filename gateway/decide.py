@@ -132,6 +132,7 @@ def gates(spec: Cascade, overrides: Overrides | None, judges: Mapping[str, Judge
             _by_type(t.temperature),
             (judges or {}).get(t.name),
             t.task_temperature,
+            t.escalation_margin,
         )
         for t in spec.tiers
     ]

@@ -11,7 +11,10 @@ Confidence, per question type (after the tier's temperature for that type):
   escalate a yes/no question; the margin spreads yes/no answers over the whole [0, 1] range.
 A tier accepts when its confidence reaches its threshold for the type (a task threshold, where
 the question names a task the tier has one for, wins); a type with no threshold is never
-accepted by that tier. The last tier that answers is accepted whatever its confidence.
+accepted by that tier. A judged tier with an ``escalation_margin`` also needs its P(right) to
+come within that margin of P(escalating gets it right) on such questions (the judge's record of
+the last tier on the nearest fitting questions): a threshold alone keeps answers that are likely
+right but less likely than what escalating would give. The last tier that answers is accepted whatever its confidence.
 A tier that fails, times out or cannot take the question escalates and says so in the trace.
 When no tier answers, or the last tier failed after earlier ones answered below their
 thresholds, ``on_exhausted`` decides: ``error`` (the gateway answers 502 with the trace) or
@@ -69,6 +72,8 @@ class Judge(Protocol):
 
     def p_right(self, s: Signals) -> float: ...
 
+    def p_after(self, s: Signals) -> float | None: ...
+
 
 @dataclass(frozen=True)
 class Gate:
@@ -82,6 +87,7 @@ class Gate:
     temperatures: Mapping[str, float] = field(default_factory=dict)
     judge: Judge | None = None
     task_temperatures: Mapping[str, float] = field(default_factory=dict)
+    escalation_margin: float | None = None  # with a judge: keep only if P(right) >= P(escalating right) - this
 
     def temperature(self, q: Question) -> float:
         if q.task is not None and q.task in self.task_temperatures:
@@ -132,6 +138,7 @@ class Step:
     model: str | None = None  # the policy model that answered, for a model tier
     assumed: bool = False  # the confidence is the tier's assumed one: the engine gave no probabilities
     raw_confidence: float | None = None  # with a learned gate: the tier's own (``confidence`` is P(right))
+    escalation: float | None = None  # with an escalation margin: P(escalating gets it right)
     usage: Mapping[str, int] | None = None  # what asking this tier used (a model tier's is priced)
 
     def as_dict(self) -> dict[str, object]:
@@ -146,6 +153,7 @@ class Step:
             **({"model": self.model} if self.model else {}),
             **({"probabilities": "assumed"} if self.assumed else {}),
             **({"raw_confidence": _round(self.raw_confidence)} if self.raw_confidence is not None else {}),
+            **({"escalation_p_right": _round(self.escalation)} if self.escalation is not None else {}),
         }
 
 
@@ -251,6 +259,24 @@ def judged(
     return judge.p_right(signals(q, reading, previous, embedding))
 
 
+def after(
+    q: Question, gate: Gate, reading: Reading, previous: Reading | None, embedding: np.ndarray | None
+) -> float | None:
+    """With an escalation margin on a judged tier: P(escalating gets this question right), what
+    the tier's P(right) must come within the margin of to keep its answer; else None."""
+    judge = gate.judge
+    if judge is None or gate.escalation_margin is None or embedding is None or q.numeric or task_head(gate, q):
+        return None
+    return judge.p_after(signals(q, reading, previous, embedding))
+
+
+def keeps(conf: float, threshold: float | None, p_after: float | None, margin: float | None) -> bool:
+    """Whether a tier that is not the last keeps its answer."""
+    if threshold is None or conf < threshold:
+        return False
+    return p_after is None or margin is None or conf >= p_after - margin
+
+
 def gated(q: Question, gate: Gate, reading: Reading, previous: Reading | None, embedding: np.ndarray | None) -> float:
     """The confidence the gate compares with the threshold: the judge's, else the tier's own."""
     p = judged(q, gate, reading, previous, embedding)
@@ -297,7 +323,8 @@ def run(
         raw = None if p_right is None else reading.confidence
         threshold = gate.threshold(q)
         last = i == len(gates) - 1
-        accepted = last or (threshold is not None and conf >= threshold)
+        p_after = None if last or p_right is None else after(q, gate, reading, previous, embedding)
+        accepted = last or keeps(conf, threshold, p_after, gate.escalation_margin)
         trace.append(
             Step(
                 gate.name,
@@ -310,6 +337,7 @@ def run(
                 assumed=answer.assumed,
                 raw_confidence=raw,
                 usage=answer.usage,
+                escalation=p_after,
             )
         )
         if accepted:

@@ -38,7 +38,20 @@ class _Tier(Strict):
         description="what the thresholds are compared with: the tier's own confidence, or a learned model's "
         "P(this tier's answer is right) (`confidence-<tier>` in the cascade's artifacts, fitted by `triage train`)",
     )
+    escalation_margin: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="with gate: learned, keep an answer only if its P(right) is within this margin of P(escalating "
+        "gets it right) (the last tier's record on the nearest fitting questions), besides the threshold; unset: off",
+    )
     timeout_s: float = Field(30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _margin_needs_a_judge(self) -> _Tier:
+        if self.escalation_margin is not None and self.gate != "learned":
+            raise ValueError("escalation_margin compares a learned P(right): it needs gate: learned")
+        return self
 
 
 class EncoderTier(_Tier):

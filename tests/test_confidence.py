@@ -301,3 +301,100 @@ def test_the_of_top_target_escalates_least_while_keeping_the_share() -> None:
     cascade_eval._set_all(tiers, dev, lower)
     below = cascade_eval.pooled(cascade_eval.evaluate(tiers, dev, curves=False))
     assert below["of_top"] < 0.97 or below["reached_top"] >= on_dev["reached_top"]
+
+
+class _Versus(_Fixed):
+    """A judge that also knows how the tier after it does: kind 0 questions are right 0.6 of the
+    time here and 0.9 after escalating (BoolQ at the encoder, say); kind 1, 0.95 here and 0.7 after."""
+
+    def p_right(self, s: Signals) -> float:
+        assert s.embedding is not None
+        return 0.6 if s.embedding[0] > 0.5 else 0.95
+
+    def p_after(self, s: Signals) -> float | None:
+        assert s.embedding is not None
+        return 0.9 if s.embedding[0] > 0.5 else 0.7
+
+
+def test_an_escalation_margin_sends_on_what_escalating_does_better() -> None:
+    q = Question("choice", "which?", ("a", "b", "c"))
+    scores = {"scorer": TierAnswer(scores=(0.0, -3.0, -3.0)), "pool": TierAnswer(scores=(-3.0, 0.0, -3.0))}
+
+    def tiers(margin: float | None) -> list[Gate]:
+        return [
+            Gate("scorer", "scorer", {"choice": 0.5}, judge=_Versus(), escalation_margin=margin),
+            Gate("pool", "model", {}),
+        ]
+
+    # a threshold alone keeps the kind-0 answer (0.6 >= 0.5) ...
+    alone = drive(run(q, tiers(None), embedding=_direction(0)), lambda ask: scores[ask.tier])
+    assert alone.tier == "scorer" and "escalation_p_right" not in alone.trace[0].as_dict()
+    # ... with a margin it goes where it is likelier right, and the trace says what it was compared with
+    sent = drive(run(q, tiers(0.05), embedding=_direction(0)), lambda ask: scores[ask.tier])
+    assert sent.tier == "pool" and sent.trace[0].as_dict()["escalation_p_right"] == pytest.approx(0.9)
+    kept = drive(run(q, tiers(0.05), embedding=_direction(1)), lambda ask: scores[ask.tier])
+    assert kept.tier == "scorer" and kept.trace[0].as_dict()["escalation_p_right"] == pytest.approx(0.7)
+    # within the margin counts as no worse
+    assert drive(run(q, tiers(0.35), embedding=_direction(0)), lambda ask: scores[ask.tier]).tier == "scorer"
+
+
+def _versus_outputs(rows: list[Row], seed: int) -> tuple[dict[str, TierAnswer], dict[str, TierAnswer]]:
+    """A cheap tier right on 60% of kind 0 and 95% of kind 1, a top tier right on 90% and 70%."""
+    rng = np.random.default_rng(seed)
+    cheap, top = {}, {}
+    for i, r in enumerate(rows):
+        kind = i % 2
+        for out, p in ((cheap, (0.6, 0.95)[kind]), (top, (0.9, 0.7)[kind])):
+            pick = 0 if rng.random() < p else int(rng.integers(1, 4))
+            out[r.id] = TierAnswer(scores=tuple(2.0 if j == pick else 0.0 for j in range(4)))
+    return cheap, top
+
+
+def test_the_eval_fits_what_escalating_gets_and_the_margin_uses_it(tmp_path: Path) -> None:
+    dev, test = _rows(400, "dev", 0), _rows(400, "test", 1)
+    cheap, top = _versus_outputs(dev + test, 3)
+    results = {}
+    for margin in (None, 0.02):
+        tiers = [
+            cascade_eval.TierSpec("scorer", "scorer", cheap, gate_kind="learned", escalation_margin=margin),
+            cascade_eval.TierSpec("top", "recorded", top),
+        ]
+        cascade_eval.fit_judges(tiers, dev)
+        judge = tiers[0].judge
+        assert judge is not None and judge.after is not None and judge.uses_embedding
+        tiers[0].thresholds = {"choice": 0.5}
+        [results[margin]] = cascade_eval.evaluate(tiers, test)
+    # a threshold alone keeps nearly everything (the tier is right 0.6 or more on both kinds);
+    # the margin sends kind 0 on, where the top tier does better: above both tiers alone
+    assert results[None].past_first < 0.2
+    assert 0.35 < results[0.02].past_first < 0.65
+    assert results[0.02].cascade > max(results[0.02].alone.values()) + 0.05
+    assert results[0.02].cascade > results[None].cascade + 0.05  # measured 0.87 against 0.79
+    judge.save(tmp_path)
+    again = ConfidenceModel.load(tmp_path, "scorer")
+    s = Signals("choice", (0.7, 0.1, 0.1, 0.1), embedding=_direction(0))
+    assert again.p_after(s) == pytest.approx(judge.p_after(s), abs=1e-5) and again.p_after(s) > 0.8
+
+
+def test_an_escalation_margin_needs_a_learned_gate_and_reaches_the_gateways_gates() -> None:
+    from pydantic import ValidationError
+
+    from gateway.decide import gates
+    from policies.schema import Policy
+
+    def policy(gate: str) -> Policy:
+        tier = {"name": "first", "type": "model", "model": "m", "gate": gate, "escalation_margin": 0.02}
+        return Policy.model_validate(
+            {
+                "version": 1,
+                "backends": {"s": {"type": "scripted"}},
+                "models": {"m": {"backend": "s"}},
+                "cascade": {"tiers": [tier, {"name": "last", "type": "model", "model": "m"}]},
+            }
+        )
+
+    with pytest.raises(ValidationError, match=r"escalation_margin .* needs gate: learned"):
+        policy("confidence")
+    spec = policy("learned").cascade
+    assert spec is not None
+    assert [g.escalation_margin for g in gates(spec, None)] == [0.02, None]

@@ -101,9 +101,16 @@ class _Design:
 
 
 def fit_confidence(
-    tier: str, signals: Sequence[Signals], right: Sequence[bool], folds: int = 5, seed: int = 0
+    tier: str,
+    signals: Sequence[Signals],
+    right: Sequence[bool],
+    folds: int = 5,
+    seed: int = 0,
+    after: Sequence[bool] | None = None,
 ) -> Fitted:
-    """The tier's confidence model from its answers on labeled rows (``right[i]``: answer i was right)."""
+    """The tier's confidence model from its answers on labeled rows (``right[i]``: answer i was
+    right; ``after[i]``: escalating, the last tier's answer, was right; kept with the rows'
+    embeddings, where they have them, for :meth:`ConfidenceModel.p_after`)."""
     y = np.asarray(right, dtype=int)
     if len(y) < MIN_ROWS or y.min() == y.max():
         raise ValueError(
@@ -140,6 +147,7 @@ def fit_confidence(
     raw_top = design.scalars[:, 0]
     meta = {"variant": variant, "C": c, "rows": len(y), "right": int(y.sum()), "folds": folds}
     neighbours = variant == "neighbours" and embeddings is not None
+    kept_after = after is not None and embeddings is not None
     model = ConfidenceModel(
         tier,
         w,
@@ -149,9 +157,10 @@ def fit_confidence(
         variant,  # type: ignore[arg-type]
         (a, b),
         meta,
-        embeddings if neighbours else None,
+        embeddings if neighbours or kept_after else None,
         y.astype(np.float64) if neighbours else None,
         K,
         PRIOR,
+        np.asarray(after, dtype=np.float64) if kept_after and after is not None else None,
     )
     return Fitted(model, oof, tuple(tried), auroc(raw_top, y), auroc(oof, y))

@@ -332,6 +332,7 @@ class _Run:
                     per_call=tier.prices.per_call,
                     per_1k_tokens=tier.prices.per_1k_tokens,
                     gate_kind=tier.gate,
+                    escalation_margin=tier.escalation_margin,
                     thresholds=dict(tier.thresholds),
                     task_thresholds=dict(tier.task_thresholds),
                 )
@@ -403,6 +404,7 @@ class _Run:
                         "name": s.name,
                         "kind": s.kind,
                         "gate": s.gate_kind,
+                        "escalation_margin": s.escalation_margin,
                         "temperature": s.temperatures,
                         "thresholds": s.thresholds,
                         "confidence_model": s.judge_fit or None,
