@@ -10,8 +10,9 @@ encoder's embeddings; the share of the ``k`` nearest, shrunk towards the tier's 
 pseudo-rows, and the nearest one's similarity): that names the kind of question, the sets where
 the tier is good (the ``embedding`` variant, the raw vector as features, is tried too). A
 logistic regression over these, followed by a Platt calibration fitted on out-of-fold
-predictions, gives the probability the cascade compares with the tier's threshold (``gate:
-learned`` on a tier; docs/cascade.md).
+predictions (one per question type that has enough fitting rows, over one for all), gives the
+probability the cascade compares with the tier's threshold (``gate: learned`` on a tier;
+docs/cascade.md).
 
 Beside it, where the fitting rows had embeddings, the model keeps whether escalating was right on
 each of them (the last tier's answer): :meth:`ConfidenceModel.p_after` is that share among the
@@ -126,6 +127,7 @@ class ConfidenceModel:
     k: int = 32
     prior: float = 8.0
     after: np.ndarray | None = None  # (n,) 1 where escalating (the last tier) was right on that row
+    platt_by_type: dict[str, tuple[float, float]] = field(default_factory=dict)  # over ``platt``, per type
 
     @property
     def uses_embedding(self) -> bool:
@@ -154,12 +156,13 @@ class ConfidenceModel:
         base = float(self.right.mean())
         return np.concatenate([x, neighbour_stats(sims, self.right, self.k, self.prior, base)[0]])
 
-    def log_odds(self, x: np.ndarray) -> np.ndarray:
+    def log_odds(self, x: np.ndarray, qtype: str | None = None) -> np.ndarray:
         z = ((x - self.mean) / self.scale) @ self.weight + self.bias
-        return self.platt[0] * z + self.platt[1]
+        a, b = self.platt_by_type.get(qtype or "", self.platt)
+        return a * z + b
 
     def p_right(self, s: Signals) -> float:
-        z = float(self.log_odds(self.features(s)[None, :])[0])
+        z = float(self.log_odds(self.features(s)[None, :], s.qtype)[0])
         return 1.0 / (1.0 + math.exp(-min(max(z, -40.0), 40.0)))
 
     def save(self, directory: Path) -> Path:
@@ -179,6 +182,7 @@ class ConfidenceModel:
             "bias": self.bias,
             "variant": self.variant,
             "platt": list(self.platt),
+            "platt_by_type": {k: list(v) for k, v in self.platt_by_type.items()},
             "k": self.k,
             "prior": self.prior,
             "scalars": list(SCALARS),
@@ -216,4 +220,5 @@ class ConfidenceModel:
             int(doc.get("k", 32)),
             float(doc.get("prior", 8.0)),
             after,
+            {k: (float(v[0]), float(v[1])) for k, v in doc.get("platt_by_type", {}).items()},
         )

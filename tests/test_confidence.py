@@ -398,3 +398,31 @@ def test_an_escalation_margin_needs_a_learned_gate_and_reaches_the_gateways_gate
     spec = policy("learned").cascade
     assert spec is not None
     assert [g.escalation_margin for g in gates(spec, None)] == [0.02, None]
+
+
+def test_each_question_type_with_enough_rows_gets_its_own_calibration(tmp_path: Path) -> None:
+    """Yes/no answers are right more often than choice answers at the same top probability: one
+    Platt calibration for both is off for each; one per type is not."""
+    rng = np.random.default_rng(4)
+    sigs, right = [], []
+    for i in range(600):
+        top = rng.uniform(0.5, 0.95)
+        if i % 2:
+            sigs.append(Signals("yes_no", (top, 1 - top)))
+            right.append(bool(rng.random() < min(1.0, top + 0.1)))
+        else:
+            rest = (1 - top) / 3
+            sigs.append(Signals("choice", (top, rest, rest, rest)))
+            right.append(bool(rng.random() < top - 0.3))
+    fitted = fit_confidence("scorer", sigs, right)
+    assert set(fitted.model.platt_by_type) == {"choice", "yes_no"}
+    y = np.array(right)
+    for qtype in ("choice", "yes_no"):
+        m = np.array([s.qtype == qtype for s in sigs])
+        assert abs(fitted.out_of_fold[m].mean() - y[m].mean()) < 0.03  # calibrated in the mean, per type
+    fitted.model.save(tmp_path)
+    again = ConfidenceModel.load(tmp_path, "scorer")
+    assert set(again.platt_by_type) == {"choice", "yes_no"}
+    assert again.p_right(sigs[1]) == pytest.approx(fitted.model.p_right(sigs[1]))
+    few = fit_confidence("scorer", sigs[:60] + [Signals("score", (0.6, 0.4))] * 10, right[:60] + [True, False] * 5)
+    assert "score" not in few.model.platt_by_type  # 10 rows: the pooled calibration serves it

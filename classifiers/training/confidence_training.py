@@ -3,7 +3,8 @@
 Variants are chosen by out-of-fold log-loss on the rows given (never test rows): the scalar
 signals alone, and where every row has the question's embedding, with the neighbour statistics
 (the held-out rows' neighbours taken among the other folds' rows only) or with the raw vector,
-each at a few regularisation strengths. The chosen variant's out-of-fold log-odds fit a Platt calibration;
+each at a few regularisation strengths. The chosen variant's out-of-fold log-odds fit a Platt calibration
+(and one per question type with enough rows: a yes/no answer's odds do not mean a choice's);
 the final regression is refitted on all rows. The out-of-fold probabilities are returned too, so
 a caller that fits thresholds on the same rows does not fit them to the model's own training fit.
 """
@@ -20,6 +21,7 @@ from classifiers.confidence import ConfidenceModel, neighbour_stats, scalars
 from policies.cascade import Signals
 
 MIN_ROWS = 40
+MIN_TYPE_ROWS = 40  # a question type's own Platt calibration needs this many rows, both classes among them
 C_SCALARS = (0.1, 1.0, 10.0)
 C_EMBEDDING = (0.0003, 0.001, 0.003)  # the raw vector's 384 standardised columns overfit easily
 K, PRIOR = 32, 8.0
@@ -142,8 +144,16 @@ def fit_confidence(
     assert best is not None
     _, variant, c, z = best
     a, b = _platt(z, y)
+    qtypes = np.array([s.qtype for s in signals])
+    by_type: dict[str, tuple[float, float]] = {}
+    for qtype in sorted(set(qtypes)):
+        m = qtypes == qtype
+        if m.sum() >= MIN_TYPE_ROWS and 0 < y[m].sum() < m.sum():
+            by_type[str(qtype)] = _platt(z[m], y[m])
     w, bias, mean, scale = _fit_lr(design.of(variant, everything, everything), y, c)
-    oof = 1 / (1 + np.exp(-np.clip(a * z + b, -40, 40)))
+    slope = np.array([by_type.get(str(t), (a, b))[0] for t in qtypes])
+    shift = np.array([by_type.get(str(t), (a, b))[1] for t in qtypes])
+    oof = 1 / (1 + np.exp(-np.clip(slope * z + shift, -40, 40)))
     raw_top = design.scalars[:, 0]
     meta = {"variant": variant, "C": c, "rows": len(y), "right": int(y.sum()), "folds": folds}
     neighbours = variant == "neighbours" and embeddings is not None
@@ -162,5 +172,6 @@ def fit_confidence(
         K,
         PRIOR,
         np.asarray(after, dtype=np.float64) if kept_after and after is not None else None,
+        by_type,
     )
     return Fitted(model, oof, tuple(tried), auroc(raw_top, y), auroc(oof, y))
