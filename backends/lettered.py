@@ -205,7 +205,7 @@ class ChatScorer(OptionScorer):
                 f"the reasoned answer needs {len(full)} tokens, the scorer's context holds {self.n_ctx}"
             )
         row, reused = self._prefill(full)
-        scores = self._read(row, ids, len(full), reused)
+        scores = self._read(row, ids, len(tokens), min(reused, len(tokens)))  # the prompt's; what it wrote apart
         return replace(scores, generated_tokens=n, reasoning=reasoning)
 
     def _read(self, row: np.ndarray, ids: list[list[int]], prompt_tokens: int, reused: int) -> LetteredScores:

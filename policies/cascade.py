@@ -14,7 +14,8 @@ the question names a task the tier has one for, wins); a type with no threshold 
 accepted by that tier. A judged tier with an ``escalation_margin`` also needs its P(right) to
 come within that margin of P(escalating gets it right) on such questions (the judge's record of
 the last tier on the nearest fitting questions): a threshold alone keeps answers that are likely
-right but less likely than what escalating would give. The last tier that answers is accepted whatever its confidence.
+right but less likely than what escalating would give. The last tier that answers is accepted
+whatever its confidence.
 A tier that fails, times out or cannot take the question escalates and says so in the trace.
 When no tier answers, or the last tier failed after earlier ones answered below their
 thresholds, ``on_exhausted`` decides: ``error`` (the gateway answers 502 with the trace) or
