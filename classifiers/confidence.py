@@ -130,8 +130,14 @@ class ConfidenceModel:
     platt_by_type: dict[str, tuple[float, float]] = field(default_factory=dict)  # over ``platt``, per type
 
     @property
+    def needs_embedding(self) -> bool:
+        """P(right) cannot be read without the question's embedding."""
+        return self.variant != "scalars"
+
+    @property
     def uses_embedding(self) -> bool:
-        return self.variant != "scalars" or self.after is not None
+        """Something reads the embedding: P(right), or P(escalating gets it right)."""
+        return self.needs_embedding or self.after is not None
 
     def p_after(self, s: Signals) -> float | None:
         """P(escalating gets this question right): the last tier's shrunk share right among the

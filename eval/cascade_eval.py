@@ -105,7 +105,7 @@ def judge_p(tiers: Sequence[TierSpec], i: int, row: Row, reading: Reading) -> fl
         return None
     if row.id in t.judge_dev:
         return t.judge_dev[row.id]
-    if t.judge.uses_embedding and row.embedding is None:
+    if t.judge.needs_embedding and row.embedding is None:
         return None
     return t.judge.p_right(signals(row.question, reading, previous(tiers, i, row), row.embedding))
 

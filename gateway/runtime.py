@@ -270,6 +270,7 @@ def load_judges(policy: Policy, base_dir: Path) -> dict[str, ConfidenceModel]:
     out: dict[str, ConfidenceModel] = {}
     problems = []
     temperatures = {t.name: dict(t.temperature) for t in c.tiers} if c is not None else {}
+    margins = {t.name: t.escalation_margin for t in c.tiers} if c is not None else {}
     for name in learned:
         try:
             out[name] = ConfidenceModel.load(where, name)
@@ -282,9 +283,14 @@ def load_judges(policy: Policy, base_dir: Path) -> dict[str, ConfidenceModel]:
                 f"cascade.tiers.{name}: its learned gate was fitted at temperature {fitted}, the policy says "
                 f"{temperatures[name]}: run `triage train --policy POLICY` again"
             )
-        if out[name].uses_embedding and policy.classifier is None:
+        if out[name].needs_embedding and policy.classifier is None:
             problems.append(
                 f"cascade.tiers.{name}: its learned gate reads the question's embedding: the policy needs a classifier"
+            )
+        if margins.get(name) is not None and (out[name].after is None or policy.classifier is None):
+            problems.append(
+                f"cascade.tiers.{name}: escalation_margin compares with the last tier's record on the nearest "
+                "questions: it needs a classifier, and a gate fitted with embeddings (`triage train` on such a policy)"
             )
     if problems:
         raise PolicyInvalid(problems)

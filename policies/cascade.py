@@ -69,6 +69,9 @@ class Judge(Protocol):
     """A learned gate (``classifiers.confidence.ConfidenceModel``): P(the tier's answer is right)."""
 
     @property
+    def needs_embedding(self) -> bool: ...
+
+    @property
     def uses_embedding(self) -> bool: ...
 
     def p_right(self, s: Signals) -> float: ...
@@ -255,7 +258,7 @@ def judged(
     question (a number has no options to read; the encoder answers a task's question with the task's
     head, calibrated on its own data; a judge of embeddings needs one); else None."""
     judge = gate.judge
-    if judge is None or q.numeric or (judge.uses_embedding and embedding is None) or task_head(gate, q):
+    if judge is None or q.numeric or (judge.needs_embedding and embedding is None) or task_head(gate, q):
         return None
     return judge.p_right(signals(q, reading, previous, embedding))
 

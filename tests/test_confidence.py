@@ -95,7 +95,7 @@ def test_save_and_load_give_the_same_probabilities(tmp_path: Path) -> None:
 class _Fixed:
     """A judge that says P(right) = 0.95 for questions whose embedding points at kind 0, else 0.1."""
 
-    uses_embedding = True
+    uses_embedding = needs_embedding = True
 
     def __init__(self) -> None:
         self.seen: list[Signals] = []
@@ -426,3 +426,27 @@ def test_each_question_type_with_enough_rows_gets_its_own_calibration(tmp_path: 
     assert again.p_right(sigs[1]) == pytest.approx(fitted.model.p_right(sigs[1]))
     few = fit_confidence("scorer", sigs[:60] + [Signals("score", (0.6, 0.4))] * 10, right[:60] + [True, False] * 5)
     assert "score" not in few.model.platt_by_type  # 10 rows: the pooled calibration serves it
+
+
+def test_a_scalar_gate_that_keeps_a_record_of_escalating_still_judges_without_an_embedding(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from gateway.runtime import load_judges
+    from policies.cascade import judged, read
+
+    sigs, right = _signals(200)
+    bare = [Signals(s.qtype, s.probabilities, embedding=s.embedding) for s in sigs]
+    model = fit_confidence("first", [Signals(s.qtype, s.probabilities) for s in bare], right).model
+    model = replace(model, reference=np.vstack([s.embedding for s in bare]), after=np.ones(len(bare)))
+    assert model.uses_embedding and not model.needs_embedding
+    q = Question("choice", "which?", ("a", "b", "c"))
+    gate = Gate("first", "model", {"choice": 0.5}, judge=model, escalation_margin=0.02)
+    reading = read(q, gate, TierAnswer(scores=(0.0, -3.0, -3.0)))
+    assert judged(q, gate, reading, None, None) is not None  # P(right) needs no embedding
+    # a margin where the policy has no classifier to embed the question could never act: refused
+    model.save(tmp_path / "gates")
+    from policies.loader import load
+
+    (tmp_path / "p.yaml").write_text(GATED.replace("gate: learned,", "gate: learned, escalation_margin: 0.02,"))
+    with pytest.raises(PolicyInvalid, match="escalation_margin compares"):
+        load_judges(load(tmp_path / "p.yaml"), tmp_path)
