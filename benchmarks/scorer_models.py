@@ -35,6 +35,7 @@ from backends import gguf
 from backends.lettered import ChatScorer, LetteredInputError
 from backends.logprob import PromptTooLong
 from eval.tier_outputs import Row, typed_rows
+from policies.cascade import confidence
 from policies.prompts import scorer_prompt
 from policies.tiers import ScorerTier
 
@@ -170,14 +171,6 @@ def run_one(model: str, mode: str, rows: list[Row], outdir: Path, n_ctx: int, th
     return [done[r.id] for r in rows]
 
 
-def confidence(o: Outcome, row: Row) -> float:
-    """The gate's scale: the top probability, or for yes/no the margin |p(yes) - p(no)|."""
-    if not o.probs:
-        return 0.0
-    top = max(o.probs)
-    return 2 * top - 1 if row.question.type == "yes_no" else top
-
-
 def escalation(
     first: list[Outcome], second: list[Outcome], rows: dict[str, Row], thresholds: list[float]
 ) -> list[dict]:
@@ -188,7 +181,7 @@ def escalation(
     for t in thresholds:
         right, lat, up = [], [], 0
         for a, b in zip(first, second, strict=True):
-            keep = confidence(a, rows[a.id]) >= t
+            keep = bool(a.probs) and confidence(rows[a.id].question.type, a.probs) >= t  # the gate's scale
             o = a if keep else b
             up += not keep
             right.append(bool(o.probs) and int(np.argmax(o.probs)) == o.gold)
