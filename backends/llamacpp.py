@@ -1,25 +1,23 @@
-"""The ``llamacpp`` backend: in-process generation with a GGUF file through llama-cpp-python.
+"""The ``llamacpp`` backend: generation with a GGUF file through llama-cpp-python.
 
-The chat template comes from the GGUF file. Generation runs in a worker thread, one request at
-a time per loaded model (a llama.cpp context is not thread-safe), never on the event loop.
+The chat template comes from the GGUF file. Generation runs in the file's worker process
+(``backends.engine_worker``), one request at a time per context, so a native fault in llama.cpp
+costs this backend's requests in flight, never the gateway. The request is checked here, before
+it is queued: what reaches the engine is only what it is known to survive.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
-import threading
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator
 from typing import Any
-
-import jinja2
 
 from backends import gguf
 from backends.base import Attempt, Body, Call, Capabilities, ChunkStream, Completion, Stopwatch
+from backends.engine_host import EngineHandle, EngineSpec, open_engine
 from backends.registry import register
-from backends.serial import Serial
-from policies.errors import InvalidRequest, TriageError, UpstreamError, UpstreamTimeout
+from policies.errors import InvalidRequest, UpstreamError, UpstreamTimeout
 
 _CHAT_PARAMS = {
     "messages",
@@ -97,140 +95,94 @@ def _constraint(body: dict[str, Any]) -> dict[str, Any]:
                 'grammar: the local backend takes only literal alternatives, root ::= "A" | "B" | ...',
                 param="grammar",
             )
-        from llama_cpp import LlamaGrammar
-
-        out["grammar"] = LlamaGrammar.from_string(grammar, verbose=False)
+        out["grammar"] = grammar  # compiled in the worker
     return out
 
 
 class LlamaCppBackend:
+    """Generation in the file's supervised worker process (``backends.engine_host``)."""
+
     capabilities = Capabilities(n_choices=False)
 
     def __init__(self, name: str, spec: Any) -> None:
         self.name = name
         self.spec = spec
-        self._llm: Any = None
-        self._serial = Serial()
+        self.engine: EngineHandle | None = None
 
     async def start(self) -> None:
-        from llama_cpp import Llama  # heavy: imported when a policy uses this backend
-
         path = await asyncio.to_thread(gguf.resolve, self.spec.gguf.package, self.spec.gguf.path)  # may hash 250 MB
-        self._llm = await asyncio.to_thread(
-            Llama,
-            model_path=str(path),
-            n_ctx=self.spec.n_ctx,
-            n_threads=self.spec.n_threads,
-            n_threads_batch=self.spec.n_threads,
-            n_batch=self.spec.n_batch,
-            chat_format=self.spec.chat_format,
-            verbose=False,
-        )
+        s = self.spec
+        self.engine = EngineHandle(self.name, path, EngineSpec("chat", s.n_ctx, s.n_threads, s.n_batch, s.chat_format))
+        await open_engine(self.engine)
 
     async def close(self) -> None:
-        async with self._serial.lock:  # after the generation in progress, if any
-            llm, self._llm = self._llm, None
-            if llm is not None:
-                await asyncio.to_thread(llm.close)
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            await engine.close()
 
     def healthy(self) -> bool:
-        return self._llm is not None
+        return self.engine is not None and self.engine.healthy()
 
-    def _run(self, call: Call, stream: bool) -> Any:
-        fn = self._llm.create_chat_completion if call.kind == "chat" else self._llm.create_completion
-        with _mapped_errors():
-            return fn(**_kwargs(call), stream=stream)
+    def problem(self) -> str | None:
+        """Why the engine is down (``/ready`` shows it), None while it serves."""
+        return None if self.engine is None else self.engine.problem()
+
+    def _engine(self) -> EngineHandle:
+        if self.engine is None:
+            raise UpstreamError(f"backend {self.name} is not loaded")
+        return self.engine
 
     async def complete(self, call: Call) -> Completion:
-        if self._llm is None:
-            raise UpstreamError(f"backend {self.name} is not loaded")
+        engine = self._engine()
+        args = _kwargs(call)
         watch = Stopwatch()
-        t = self.spec.timeouts
-        fut = await self._serial.submit(lambda: self._run(call, False))
         try:
-            async with asyncio.timeout(t.total_s):
-                body = await asyncio.shield(fut)
-        except TimeoutError:
+            body = await engine.call(call.kind, args, self.spec.timeouts.total_s)
+        except UpstreamTimeout:
             call.attempts.append(Attempt(self.name, "local", "timeout", watch.elapsed()))
-            raise UpstreamTimeout(f"local model {self.name} timed out") from None
+            raise
+        except UpstreamError:
+            call.attempts.append(Attempt(self.name, "local", "stream_error", watch.elapsed()))
+            raise
         call.attempts.append(Attempt(self.name, "local", "ok", watch.elapsed()))
         return Completion(body, "local")
 
     async def open_stream(self, call: Call) -> ChunkStream:
-        if self._llm is None:
-            raise UpstreamError(f"backend {self.name} is not loaded")
+        engine = self._engine()
+        args = _kwargs(call)  # validated before waiting for the model
+        t = self.spec.timeouts
         watch = Stopwatch()
-        _kwargs(call)  # validate before waiting for the model
-        chunks = self._bridge(call)
+        chunks = engine.stream(call.kind, args, t.first_byte_s, t.idle_s, t.total_s)
         try:
-            async with asyncio.timeout(self.spec.timeouts.first_byte_s):
-                first = await anext(chunks)
-        except TimeoutError:
+            first = await anext(chunks)
+        except StopAsyncIteration:
+            raise UpstreamError("local generation stopped unexpectedly", retryable=False) from None
+        except UpstreamTimeout:
             await chunks.aclose()
             call.attempts.append(Attempt(self.name, "local", "timeout", watch.elapsed()))
-            raise UpstreamTimeout(f"local model {self.name} timed out") from None
+            raise
         except (InvalidRequest, UpstreamError):
             await chunks.aclose()
             raise
         call.attempts.append(Attempt(self.name, "local", "ok", watch.elapsed()))
-        return ChunkStream(first, chunks, "local")
-
-    async def _bridge(self, call: Call) -> AsyncGenerator[Body, None]:
-        """Run the blocking generator in a thread; hand its chunks to the loop."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        stop = threading.Event()
-        put = lambda item: loop.call_soon_threadsafe(queue.put_nowait, item)  # noqa: E731
-
-        def work() -> None:
-            try:
-                with _mapped_errors():
-                    for chunk in self._run(call, True):
-                        if stop.is_set():
-                            break
-                        put(("chunk", chunk))
-                put(("end", self._llm.n_tokens))
-            except (InvalidRequest, UpstreamError) as exc:
-                put(("error", exc))
-            finally:
-                put(("done", None))
-
-        await self._serial.submit(work)
-        produced, ended, cid = 0, False, "usage"
-        try:
-            while True:
-                kind, item = await queue.get()
-                if kind == "chunk":
-                    produced += 1
-                    cid = item.get("id", cid)
-                    yield item
-                elif kind == "end":
-                    ended = True
-                    if (call.body.get("stream_options") or {}).get("include_usage"):
-                        yield _usage_chunk(call, cid, item, produced)
-                elif kind == "error":
-                    raise item
-                elif ended:
-                    return
-                else:  # "done" without "end"
-                    raise UpstreamError("local generation stopped unexpectedly", retryable=False)
-        finally:
-            stop.set()  # the thread stops at its next token; the lock goes when it has
+        return ChunkStream(first, _rest(call, first, chunks), "local")
 
 
-@contextlib.contextmanager
-def _mapped_errors() -> Iterator[None]:
-    """The thread edge: llama-cpp-python's errors become the gateway's. A request it cannot take
-    (context overflow, a template that refuses the messages, malformed tools) is the client's;
-    anything else the engine raises is an upstream failure, never an unhandled 500."""
+async def _rest(call: Call, first: Body, chunks: AsyncGenerator[Any, None]) -> AsyncGenerator[Body, None]:
+    """The stream after its first chunk; the worker's last item is its result (the context's
+    token count), which becomes the usage chunk when the client asked for one."""
+    produced, cid = 1, first.get("id", "usage")
     try:
-        yield
-    except TriageError:
-        raise
-    except (ValueError, TypeError, KeyError, jinja2.TemplateError) as exc:
-        raise InvalidRequest(f"the local model cannot take this request: {exc}") from None
-    except Exception as exc:  # the edge between the engine's thread and the gateway
-        raise UpstreamError(f"local generation failed: {exc}", retryable=False) from None
+        async for item in chunks:
+            if isinstance(item, dict) and "n_tokens" in item and "choices" not in item:
+                if (call.body.get("stream_options") or {}).get("include_usage"):
+                    yield _usage_chunk(call, cid, int(item["n_tokens"]), produced)
+                return
+            produced += 1
+            cid = item.get("id", cid)
+            yield item
+    finally:
+        await chunks.aclose()
 
 
 def _usage_chunk(call: Call, cid: str, n_tokens: int, produced: int) -> Body:

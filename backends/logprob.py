@@ -13,8 +13,10 @@ A llama.cpp context is not thread-safe: callers serialise access (see ``backends
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,17 +41,30 @@ def _log_softmax_at(row: np.ndarray, ids: list[int]) -> list[float]:
     return [float(row[i]) - lse for i in ids]
 
 
+def load_model(path: Path) -> Any:
+    """The file's weights (``llama_cpp._internals.LlamaModel``), which several contexts may share."""
+    import llama_cpp
+    from llama_cpp import _internals as internals
+    from llama_cpp._logger import set_verbose
+
+    set_verbose(False)  # llama.cpp's own log lines go to stderr otherwise
+    return internals.LlamaModel(path_model=str(path), params=llama_cpp.llama_model_default_params(), verbose=False)
+
+
 class OptionScorer:
-    def __init__(self, path: Path, n_ctx: int = 2048, n_threads: int = 1, n_batch: int = 512) -> None:
+    """``model``: weights already loaded (shared with another context, which owns them); else
+    the file is loaded and closed with this scorer."""
+
+    def __init__(
+        self, path: Path, n_ctx: int = 2048, n_threads: int = 1, n_batch: int = 512, model: Any = None
+    ) -> None:
         import llama_cpp
         from llama_cpp import _internals as internals
-        from llama_cpp._logger import set_verbose
-
-        set_verbose(False)  # llama.cpp's own log lines go to stderr otherwise
 
         self._lib = llama_cpp
-        mparams = llama_cpp.llama_model_default_params()
-        self._model = internals.LlamaModel(path_model=str(path), params=mparams, verbose=False)
+        self._owns_model = model is None
+        self.cancelled: Callable[[], bool] = lambda: False  # checked before each token a reasoned ask writes
+        self._model = load_model(path) if model is None else model
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = cparams.n_ubatch = n_batch
@@ -66,8 +81,9 @@ class OptionScorer:
         self._cached: list[int] = []  # tokens held in sequence 0
 
     def close(self) -> None:
-        for obj in (self._batch, self._ctx, self._model):
-            obj.close()
+        for obj in (self._batch, self._ctx, self._model if self._owns_model else None):
+            if obj is not None:
+                obj.close()
 
     def tokenize(self, text: str, bos: bool) -> list[int]:
         return list(self._model.tokenize(text.encode("utf-8", "replace"), add_bos=bos, special=False))

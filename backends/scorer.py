@@ -2,7 +2,8 @@
 
 It is a backend like the others (started and closed by the runtime, kept across reloads when
 its spec is unchanged) but it serves no chat: a model that points at it fails validation, and
-``complete`` refuses. Scoring runs in a worker thread, one question at a time per context.
+``complete`` refuses. Scoring runs in the file's worker process (``backends.engine_host``), one question at a
+time per context.
 
 Modes, chosen per tier: ``score`` (cloze: each option as a continuation of a prompt the
 tier wrote) and ``score_question`` (lettered: the options listed with letters in the model's
@@ -13,15 +14,14 @@ writes; see ``backends.lettered``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from backends import gguf
 from backends.base import Call, Capabilities, ChunkStream, Completion
-from backends.lettered import ChatScorer, LetteredInputError
-from backends.logprob import OptionScores, PromptTooLong
+from backends.engine_host import EngineHandle, EngineSpec, open_engine
+from backends.engine_wire import question_to_wire, scores_from_wire
+from backends.logprob import OptionScores
 from backends.registry import register
-from backends.serial import Serial
 from policies.cascade import Question
 from policies.errors import InvalidRequest, UpstreamError, UpstreamTimeout
 
@@ -32,49 +32,42 @@ class ScorerBackend:
     def __init__(self, name: str, spec: Any) -> None:
         self.name = name
         self.spec = spec
-        self._scorer: ChatScorer | None = None
-        self._serial = Serial()
+        self.engine: EngineHandle | None = None
 
     async def start(self) -> None:
         path = await asyncio.to_thread(gguf.resolve, self.spec.gguf.package, self.spec.gguf.path)
-        self._scorer = await asyncio.to_thread(
-            ChatScorer, path, self.spec.n_ctx, self.spec.n_threads, self.spec.n_batch
-        )
+        s = self.spec
+        self.engine = EngineHandle(self.name, path, EngineSpec("scorer", s.n_ctx, s.n_threads, s.n_batch))
+        await open_engine(self.engine)
 
     async def close(self) -> None:
-        async with self._serial.lock:
-            scorer, self._scorer = self._scorer, None
-            if scorer is not None:
-                await asyncio.to_thread(scorer.close)
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            await engine.close()
 
     def healthy(self) -> bool:
-        return self._scorer is not None
+        return self.engine is not None and self.engine.healthy()
+
+    def problem(self) -> str | None:
+        """Why the engine is down (``/ready`` shows it), None while it serves."""
+        return None if self.engine is None else self.engine.problem()
 
     async def score(self, prompt: str, options: list[str], timeout_s: float) -> OptionScores:
         """Cloze: log P(option | prompt) per option."""
-        return await self._run(lambda s: s.score(prompt, options), timeout_s)
+        return await self._run("score", {"prompt": prompt, "options": options}, timeout_s)
 
     async def score_question(self, question: Question, timeout_s: float, reason_tokens: int = 0) -> OptionScores:
         """Lettered: log P(label) per option, renormalised over the labels (one token each); with
         ``reason_tokens``, after the model has written up to that many (reasoned)."""
-        return await self._run(lambda s: s.score_question(question, reason_tokens), timeout_s)
+        args = {"question": question_to_wire(question), "reason_tokens": reason_tokens}
+        return await self._run("score_question", args, timeout_s)
 
-    async def _run(self, fn: Callable[[ChatScorer], OptionScores], timeout_s: float) -> OptionScores:
-        scorer = self._scorer
-        if scorer is None:
+    async def _run(self, method: str, args: dict[str, Any], timeout_s: float) -> OptionScores:
+        if self.engine is None:
             raise UpstreamError(f"scorer {self.name} is not loaded")
-
-        def work() -> OptionScores:
-            try:
-                return fn(scorer)
-            except (PromptTooLong, LetteredInputError) as exc:
-                raise InvalidRequest(str(exc)) from None
-            except (RuntimeError, ValueError) as exc:  # llama_decode failures, bad option counts
-                raise UpstreamError(f"scorer {self.name} failed: {exc}", retryable=False) from None
-
         try:
-            return await self._serial.run(work, timeout_s)
-        except TimeoutError:
+            return scores_from_wire(await self.engine.call(method, args, timeout_s))
+        except UpstreamTimeout:
             raise UpstreamTimeout(f"scorer {self.name} timed out after {timeout_s:g}s") from None
 
     async def complete(self, call: Call) -> Completion:

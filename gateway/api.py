@@ -568,10 +568,18 @@ async def ready(request: Request) -> Response:
     ]
     ok = bool(backends) and not down
     body: dict[str, Any] = {"status": "ready" if ok else "not_ready", "backends": backends}
+    problems = {name: p for name, b in rt.backends.items() if not backends[name] and (p := _problem(b))}
+    if problems:  # a local engine's reason: it does not load, or its worker is restarting
+        body["problems"] = problems
     if rt.store_problem is not None and not await quotas.recovered(rt):  # serving, limited keys refused (503)
         body["state"] = {"store": rt.policy.state.store, "degraded": True}  # why: the log's state_store_down
         body["status"] = "degraded" if ok else body["status"]
     return _json(body, 200 if ok else 503)
+
+
+def _problem(backend: Any) -> str | None:
+    problem = getattr(backend, "problem", None)
+    return problem() if callable(problem) else None
 
 
 @router.get("/metrics")

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
@@ -37,6 +37,16 @@ _BUSY = ("triage_admission_in_flight", "Requests holding a replica slot")
 _OFFSET = ("triage_cascade_threshold_offset", "The escalation budget's shift of the first tiers' thresholds")
 _TARGET = ("triage_cascade_escalation_target", "The share the budget holds")
 _SHARE = ("triage_cascade_escalated_share", "Share of recent questions the first tier escalated")
+_RESTARTS = ("triage_engine_restarts", "Restarts of a local engine's worker process (it died or hung)")
+_UP = ("triage_engine_up", "1 while a local engine's worker serves it, 0 while it is down or restarting")
+
+
+def _engines(backends: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """The backends that run a local engine in a worker process (``backends.engine_host``)."""
+    for name, backend in backends:
+        engine = getattr(backend, "engine", None)
+        if engine is not None and hasattr(engine, "host"):
+            yield name, backend
 
 
 class Metrics:
@@ -97,8 +107,10 @@ class Metrics:
         flight per replica (read at scrape time; sampled, across workers)."""
         if self.shared_dir is None:
             self.registry.register(_AdmissionCollector(backends))
+            self.registry.register(_EngineCollector(backends))
         else:
             self._samplers.append(_AdmissionSampler(backends, self.registry).sample)
+            self._samplers.append(_EngineSampler(backends, self.registry).sample)
 
     def watch_budget(self, budget: Callable[[], Any]) -> None:
         """Gauges of the current policy's escalation budget, if it has one (read at scrape time;
@@ -150,6 +162,20 @@ class _AdmissionCollector(Collector):
         yield busy
 
 
+class _EngineCollector(Collector):
+    def __init__(self, backends: Callable[[], Iterable[tuple[str, Any]]]) -> None:
+        self.backends = backends
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        restarts = CounterMetricFamily(*_RESTARTS, labels=["backend"])
+        up = GaugeMetricFamily(*_UP, labels=["backend"])
+        for name, backend in _engines(self.backends()):
+            restarts.add_metric([name], backend.engine.host.restarts)
+            up.add_metric([name], 1.0 if backend.healthy() else 0.0)
+        yield restarts
+        yield up
+
+
 class _BudgetCollector(Collector):
     def __init__(self, budget: Callable[[], Any]) -> None:
         self.budget = budget
@@ -188,6 +214,26 @@ class _AdmissionSampler:
         for labels, value in now.items():
             (self.waiting if len(labels) == 1 else self.busy).labels(*labels).set(value)
         self.seen = set(now)
+
+
+class _EngineSampler:
+    """The engines' restarts (counted up by what each worker saw since its last sample) and
+    whether each is up, across workers."""
+
+    def __init__(self, backends: Callable[[], Iterable[tuple[str, Any]]], registry: CollectorRegistry) -> None:
+        self.backends = backends
+        self.restarts = Counter(_RESTARTS[0], _RESTARTS[1], ["backend"], registry=registry)
+        self.up = Gauge(*_UP, ["backend"], registry=registry, multiprocess_mode="livemin")
+        self.seen: dict[int, int] = {}  # id(host) -> restarts already counted
+
+    def sample(self) -> None:
+        for name, backend in _engines(self.backends()):
+            host = backend.engine.host
+            counted = self.seen.get(id(host), 0)
+            if host.restarts > counted:
+                self.restarts.labels(name).inc(host.restarts - counted)
+                self.seen[id(host)] = host.restarts
+            self.up.labels(name).set(1.0 if backend.healthy() else 0.0)
 
 
 class _BudgetSampler:

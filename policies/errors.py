@@ -184,3 +184,21 @@ class PolicyInvalid(TriageError):
     def __init__(self, problems: list[str]) -> None:
         super().__init__("invalid policy:\n" + "\n".join(problems))
         self.problems = problems
+
+
+class EngineCrashed(UpstreamError):
+    """A local engine's worker process died while it held the request (a native fault, an
+    out-of-memory kill): the gateway is unharmed and the worker restarts."""
+
+    default_code = "engine_crashed"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
+class EngineUnavailable(UpstreamError):
+    """A local engine cannot serve: its file does not load, or its worker keeps dying at load."""
+
+    status = 503
+    type = "server_error"
+    default_code = "engine_unavailable"

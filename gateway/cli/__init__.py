@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from gateway.cli import evaluate, keys, route, serve, train, validate
+from gateway.cli import doctor, evaluate, keys, route, serve, train, validate
 
 app = typer.Typer(
     name="triage",
@@ -15,6 +15,7 @@ app = typer.Typer(
 )
 app.command("serve")(serve.serve)
 app.command("validate")(validate.validate)
+app.command("doctor")(doctor.doctor)
 app.command("train")(train.train)
 app.command("route")(route.route)
 app.command("eval")(evaluate.evaluate)
