@@ -13,7 +13,7 @@ import re
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from backends import gguf
+from backends import gguf, schema_bounds
 from backends.base import Attempt, Body, Call, Capabilities, ChunkStream, Completion, Stopwatch
 from backends.engine_host import EngineHandle, EngineSpec, open_engine
 from backends.registry import register
@@ -80,11 +80,22 @@ def _constraint(body: dict[str, Any]) -> dict[str, Any]:
     knows only as ``json_object`` with a ``schema`` (passed as is, it would be ignored)."""
     out: dict[str, Any] = {}
     fmt = body.get("response_format")
+    schema: Any = None
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         spec = fmt.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise InvalidRequest("response_format.json_schema.schema must be an object", param="response_format")
+        where = "response_format.json_schema.schema"
+    elif isinstance(fmt, dict) and fmt.get("schema") is not None:  # llama-cpp-python's own json_object + schema
+        schema, where = fmt["schema"], "response_format.schema"
+        if not isinstance(schema, dict):
+            raise InvalidRequest(f"{where} must be an object", param="response_format")
+    if schema is not None:
+        try:  # what the engine survives: docs/operations.md, 'Local engines'
+            schema_bounds.check(schema, where)
+        except schema_bounds.SchemaOutOfBounds as exc:
+            raise InvalidRequest(str(exc), param="response_format", code="schema_out_of_bounds") from None
         out["response_format"] = {"type": "json_object", "schema": schema}
     grammar = body.get("grammar")
     if grammar is not None:

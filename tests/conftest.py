@@ -38,6 +38,7 @@ SLOW_MODULES = frozenset(
         "test_scorer",
         "test_lettered",
         "test_llamacpp_backend",
+        "test_engines",
         "test_options",
         "test_guard",
         "test_tokens",
