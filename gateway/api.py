@@ -22,6 +22,7 @@ from gateway import openapi as openapi_doc
 from gateway import pipeline as flow
 from gateway.dispatch import Served
 from gateway.exchange import Exchange
+from gateway.runtime import Runtime
 from gateway.schemas import check, parse_any_json, parse_json
 from gateway.state import GatewayState
 from policies import spend
@@ -379,7 +380,18 @@ async def create_response(request: Request) -> Response:
         req = parse_json(raw)
         ex.model = req.get("model") if isinstance(req.get("model"), str) else None
         checked = check(responses.ResponsesRequest, req)
-        earlier = state.responses.get(checked.previous_response_id).messages if checked.previous_response_id else []
+        owner, operator = _owner(ex.rt, request)
+        earlier: list[Any] = []
+        if checked.previous_response_id:
+            before = state.responses.get(checked.previous_response_id, owner, operator)
+            limit = ex.rt.policy.limits.max_body_bytes
+            if before.size + len(raw) > limit:  # the conversation is sent upstream whole: it counts as the body
+                raise InvalidRequest(
+                    f"the conversation up to this turn is {before.size + len(raw)} bytes, over the "
+                    f"{limit}-byte body limit: start a new one",
+                    param="previous_response_id",
+                )
+            earlier = before.messages
         body, turns = responses.chat_body(req, earlier)
         result = await pipeline(request, ex, "chat", body)
         response_id = responses.new_id("resp")
@@ -388,7 +400,7 @@ async def create_response(request: Request) -> Response:
             completion = result.typed if result.typed is not None else result.served.completion.body  # type: ignore[union-attr]
             out, turn = responses.from_chat(req, response_id, completion)
             if store:
-                state.responses.put(out, [*turns, turn])
+                state.responses.put(out, [*turns, turn], owner)
             if body.get("stream"):  # a whole answer (a typed decision) as the event sequence
                 translator = responses.StreamTranslator(req, response_id, out["model"])
                 events = translator.start() + translator.feed(_as_chunk(completion)) + translator.finish()[0]
@@ -397,7 +409,7 @@ async def create_response(request: Request) -> Response:
             await ex.finish(200)
             return _json(out, headers=result.headers)
         assert result.served is not None and result.served.stream is not None
-        keep = (lambda out, turn: state.responses.put(out, [*turns, turn])) if store else None
+        keep = (lambda out, turn: state.responses.put(out, [*turns, turn], owner)) if store else None
         translator = responses.StreamTranslator(req, response_id, result.served.model, keep)
         stream = _translated(ex, result.served, translator)
         return _SSEResponse(ex, result.served, result.headers, stream)  # it finishes the exchange when it ends
@@ -485,6 +497,15 @@ async def create_message(request: Request) -> Response:
         raise
 
 
+def _owner(rt: Runtime, request: Request) -> tuple[str | None, bool]:
+    """Who a stored object belongs to (the key's sha256; None without keys), and whether that key
+    is an operator's (it sees every key's)."""
+    if not rt.keys_required:
+        return None, False
+    owner = rt.key_digest(request.headers.get("authorization"))
+    return owner, owner in rt.operator_hashes
+
+
 async def get_response(request: Request) -> Response:
     return await _stored(request, "get")
 
@@ -499,10 +520,11 @@ async def _stored(request: Request, action: str) -> Response:
     response_id = request.path_params["response_id"]
     try:
         await rt.authenticate(request.headers.get("authorization"))
+        owner, operator = _owner(rt, request)
         if action == "delete":
-            state.responses.delete(response_id)
+            state.responses.delete(response_id, owner, operator)
             return _json({"id": response_id, "object": "response.deleted", "deleted": True})
-        return _json(state.responses.get(response_id).response)
+        return _json(state.responses.get(response_id, owner, operator).response)
     except TriageError as exc:
         return error_response(exc)
 
