@@ -73,8 +73,11 @@ def _check_line(doc: dict[str, Any], endpoint: str, models: set[str]) -> dict[st
     body = doc.get("body")
     if not isinstance(body, dict):
         raise InvalidRequest("body must be a JSON object")
-    if endpoint != "/v1/decide" and body.get("model") not in models:
-        raise InvalidRequest(f"the model {body.get('model')!r} does not exist")
+    model = body.get("model")
+    if endpoint != "/v1/decide" and not isinstance(model, str):
+        raise InvalidRequest("body.model must be a string")
+    if endpoint != "/v1/decide" and model not in models:
+        raise InvalidRequest(f"the model {model!r} does not exist")
     if body.get("stream"):
         raise InvalidRequest("a batch request cannot stream")
     return body
