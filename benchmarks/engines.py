@@ -90,7 +90,7 @@ async def measure(path: Path, rounds: int, tokens: int, kills: int, threads: int
             if row == "worker":
                 body = await chat_h.call("completion", args, 300)
             else:
-                body = await asyncio.to_thread(lambda: llm.create_completion(PROMPT, max_tokens=tokens, temperature=0.0))
+                body = await asyncio.to_thread(llm.create_completion, PROMPT, max_tokens=tokens, temperature=0.0)
             rates[row].append(body["usage"]["completion_tokens"] / (time.perf_counter() - t0))
     assert host.pid is not None
     memory = pss_kib(host.pid)
