@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import sys
 import threading
 import traceback
@@ -273,6 +274,9 @@ def main(argv: list[str] | None = None) -> None:
     # writes into a frame.
     proto = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)
+    # the gateway decides when this process ends (its stdin closes): a Ctrl-C in the terminal
+    # reaches the whole process group, and must not kill the engine under a draining gateway
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from llama_cpp._logger import set_verbose
 
     set_verbose(False)

@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -297,7 +298,11 @@ def test_doctor_reports_the_machine_and_runs_a_token_through_each_engine(tmp_pat
     policy.write_text(POLICY)
     env = {**os.environ, "COLUMNS": "200"}
     done = subprocess.run(
-        ["triage", "doctor", "--policy", str(policy)], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, "-m", "gateway.cli", "doctor", "--policy", str(policy)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     for row in ("cpu", "llama.cpp AMX kernels", "onnxruntime", "engine local", "engine scorer", "state store"):
@@ -313,7 +318,7 @@ def test_doctor_fails_with_what_to_do_when_a_model_does_not_load(tmp_path: Path)
         f'version: 1\nbackends:\n  b: {{type: llamacpp, gguf: {{path: "{broken}"}}}}\nmodels:\n  m: {{backend: b}}\n'
     )
     done = subprocess.run(
-        ["triage", "doctor", "--policy", str(policy)],
+        [sys.executable, "-m", "gateway.cli", "doctor", "--policy", str(policy)],
         capture_output=True,
         text=True,
         env={**os.environ, "COLUMNS": "200"},
