@@ -359,8 +359,7 @@ async def embeddings_route(request: Request) -> Response:
     ex = Exchange.begin(state.holder, state.metrics, state.gate, "embeddings", request.headers.get("x-request-id"))
     try:
         raw = await _admitted_body(request, ex)
-        await quotas.admit(ex.rt, ex.key, None)
-        out = await _unless_gone(request, embeddings.answer(ex, raw))
+        out = await _unless_gone(request, embeddings.answer(ex, raw))  # it admits the key for the model
     except TriageError as exc:
         await ex.finish(exc.status, exc)
         return error_response(exc)

@@ -24,6 +24,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from classifiers.artifacts import MODEL_NAME
+from gateway import quotas
 from gateway.dispatch import dispatch
 from gateway.exchange import Exchange
 from gateway.runtime import Runtime
@@ -109,6 +110,7 @@ async def answer(ex: Exchange, raw: bytes) -> dict[str, Any]:
     ex.model = body.get("model") if isinstance(body.get("model"), str) else None
     req = check(EmbeddingsRequest, body)
     rt = ex.rt
+    await quotas.admit(rt, ex.key, req.model)  # the key's models and limits, as every door checks them
     if req.model not in served_models(rt) and _engine_models(rt, req.model):
         return await _proxied(ex, body)
     if req.model not in served_models(rt):

@@ -119,3 +119,26 @@ models:
     assert out.model == "smollm2" and got.shape == ref.shape and np.allclose(got, ref, atol=1e-5)
     # a chat model without an embeddings API falls down its chain to one that has it
     assert gw.client().embeddings.create(model="echo", input="a cat").model == "smollm2"
+
+
+def test_a_keys_models_list_holds_on_proxied_embeddings(
+    gateway: Callable[..., Gateway], embedding_server: LlamaServer
+) -> None:
+    import hashlib
+
+    import openai
+
+    digest = hashlib.sha256(b"sk-chat-only").hexdigest()
+    gw = gateway(f"""version: 1
+backends:
+  engine: {{type: openai, replicas: [{{api_base: "{embedding_server.api_base}"}}], health: {{enabled: false}}}}
+  script: {{type: scripted}}
+models:
+  smollm2: {{backend: engine, upstream: smollm2}}
+  scripted: {{backend: script}}
+keys:
+  - {{name: chat-only, sha256: '{digest}', models: [scripted]}}
+""")
+    with pytest.raises(openai.PermissionDeniedError) as info:
+        gw.client("sk-chat-only").embeddings.create(model="smollm2", input="a cat")
+    assert info.value.body["code"] == "model_not_allowed"  # type: ignore[index]
