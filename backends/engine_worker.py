@@ -65,7 +65,6 @@ class Engine:
         self.wire = wire
         self.index = index  # the host's jobs by id (what a cancel finds), each dropped when it ends
         self.jobs: queue.Queue[Job | None] = queue.Queue()
-        self.current: Job | None = None
         self.thread = threading.Thread(target=self._loop, name=f"engine-{eid}", daemon=True)
 
     def start(self) -> None:
@@ -77,7 +76,6 @@ class Engine:
                 self.index.pop(job.id, None)
                 self.wire.send({"ev": "error", "id": job.id, "kind": "cancelled", "message": "cancelled"})
                 continue
-            self.current = job
             self.wire.send({"ev": "started", "id": job.id})
             try:
                 self.wire.send({"ev": "done", "id": job.id, "data": self.run(job)})
@@ -86,7 +84,6 @@ class Engine:
             except Exception as exc:  # the worker's edge: every failure becomes an error frame
                 self.wire.send({"ev": "error", "id": job.id, **_classify(exc)})
             finally:
-                self.current = None
                 self.index.pop(job.id, None)
 
     def run(self, job: Job) -> Any:

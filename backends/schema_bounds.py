@@ -4,7 +4,7 @@ llama-cpp-python turns a ``json_schema`` response format into a GBNF grammar, an
 parses that grammar recursively: an optional run (``maxLength`` minus ``minLength`` characters,
 ``maxItems`` minus ``minItems`` items) becomes that many nested groups, and past about a
 thousand of them the parser overflows its stack (SIGSEGV). Measured on SmolLM2 through the
-worker (llama-cpp-python 0.3.36, AVX-512 VNNI, 2026-12-03): ``maxLength`` 1,000 and
+worker (llama-cpp-python 0.3.36, AMD EPYC with AVX-512 VNNI, 2026-12-03, a one-off script): ``maxLength`` 1,000 and
 ``maxItems`` 1,000 serve, 2,000 and 10,000 kill the process; ``minItems`` = ``maxItems`` = 1,000
 (flat, 15 deep) serves. The bounds below keep a factor of two under the first crash. The worker
 process keeps a schema beyond them from taking the gateway down in any case; this check turns

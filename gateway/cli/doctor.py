@@ -76,27 +76,30 @@ def onnx_check() -> Check:
 
 
 async def engine_checks(policy: Policy) -> list[Check]:
-    """One token through every local model, in its worker process (as the gateway runs it)."""
+    """One token through every local model, in its worker process (as the gateway runs it: backends
+    on one file share one worker, so each file is loaded once)."""
     from backends import registry
 
+    local = {n: s for n, s in policy.backends.items() if isinstance(s, LlamaCppBackendSpec | GGUFScorerBackendSpec)}
+    backends = {name: registry.build(name, spec) for name, spec in local.items()}
     out: list[Check] = []
-    for name, spec in policy.backends.items():
-        if not isinstance(spec, LlamaCppBackendSpec | GGUFScorerBackendSpec):
-            continue
-        backend = registry.build(name, spec)
-        try:
-            await backend.start()  # loads the file and runs one token in the worker
+    try:
+        for name, backend in backends.items():
+            kind = local[name].type
+            try:
+                await backend.start()  # loads the file (once per file) and runs one token in the worker
+            except Exception as exc:  # the doctor's edge: any failure to start is a row of the table
+                out.append(Check(f"engine {name}", FAIL, f"{kind}: {type(exc).__name__}: {exc}"))
+                continue
             engine = getattr(backend, "engine", None)
-            problem = engine.problem() if engine is not None else None
             if backend.healthy() and engine is not None:
-                pid = engine.host.pid
-                out.append(Check(f"engine {name}", OK, f"{spec.type}: loaded, one token run (worker pid {pid})"))
+                out.append(Check(f"engine {name}", OK, f"{kind}: loaded, one token run (worker pid {engine.host.pid})"))
             else:
+                problem = engine.problem() if engine is not None else None
                 todo = "see docs/operations.md, 'Local engines'"
-                out.append(Check(f"engine {name}", FAIL, f"{spec.type}: {problem or 'not healthy'}", todo))
-        except Exception as exc:  # the doctor's edge: any failure to start is a row of the table
-            out.append(Check(f"engine {name}", FAIL, f"{spec.type}: {type(exc).__name__}: {exc}"))
-        finally:
+                out.append(Check(f"engine {name}", FAIL, f"{kind}: {problem or 'not healthy'}", todo))
+    finally:
+        for backend in backends.values():
             await backend.close()
     return out
 
