@@ -34,6 +34,7 @@ import orjson
 import structlog
 
 from backends.engine_wire import frame, frame_length
+from backends.remote import too_long
 from policies.errors import EngineCrashed, EngineUnavailable, InvalidRequest, UpstreamError, UpstreamTimeout
 
 log = structlog.get_logger("triage.engines")
@@ -361,7 +362,7 @@ class Host:
             self._served = True
             kind, message = m.get("kind"), str(m.get("message"))
             if kind == "invalid":
-                exc: Exception = InvalidRequest(message)
+                exc: Exception = InvalidRequest(message, code="context_length_exceeded" if too_long(message) else None)
             elif kind == "cancelled":
                 exc = UpstreamTimeout(f"local model {self.label}: the job was cancelled")
             else:

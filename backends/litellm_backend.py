@@ -46,7 +46,7 @@ class LiteLLMBackend(OpenAICompatBackend):
         try:
             return await fn(**self._args(replica, call, stream))
         except openai.OpenAIError as exc:  # litellm raises the openai SDK's exception classes
-            raise _mapped(self.name, exc) from None
+            raise _mapped(self.name, exc, self.spec.error_text) from None
 
     async def _call_once(self, replica: ReplicaState, call: Call) -> Body:
         response = await self._invoke(replica, call, stream=False)
@@ -64,13 +64,13 @@ class LiteLLMBackend(OpenAICompatBackend):
             raise UpstreamError(f"upstream {self.name} failed mid-stream", retryable=False, detail=str(exc)) from None
 
 
-def _mapped(name: str, exc: openai.OpenAIError) -> UpstreamError | UpstreamRejected:
+def _mapped(name: str, exc: openai.OpenAIError, text: str = "generic") -> UpstreamError | UpstreamRejected:
     message = getattr(exc, "message", None) or str(exc)
     if isinstance(exc, openai.APITimeoutError):
         return UpstreamTimeout(f"upstream {name} timed out", detail=message)
     if isinstance(exc, openai.APIConnectionError):
         return UpstreamError(f"cannot reach upstream {name}", detail=message)
-    return upstream_failure(name, getattr(exc, "status_code", None) or 502, message)
+    return upstream_failure(name, getattr(exc, "status_code", None) or 502, message, getattr(exc, "code", None), text)
 
 
 @register("litellm")

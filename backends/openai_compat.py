@@ -66,7 +66,7 @@ class OpenAICompatBackend(RemoteBackend):
             raw = await _read(resp, self.name)
             resp.release()
             message, code = _error_of(raw, resp.status)
-            raise upstream_failure(self.name, resp.status, message, code)
+            raise upstream_failure(self.name, resp.status, message, code, self.spec.error_text)
         return resp
 
     async def _call_once(self, replica: ReplicaState, call: Call) -> Body:

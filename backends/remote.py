@@ -35,17 +35,31 @@ def scrub(text: str) -> str:
     return _LEAKS.sub("[redacted]", text)
 
 
+# An upstream's error code a client may read: a short identifier, never free text.
+_CODE = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
+# What engines say when a prompt does not fit (vLLM, llama.cpp's server, OpenAI, litellm's providers).
+_TOO_LONG = re.compile(r"(?i)maximum context length|context (?:length|window)|exceeds? the context|too many tokens")
+
+
+def too_long(message: str) -> bool:
+    """Whether an engine's words say the prompt does not fit its context."""
+    return _TOO_LONG.search(message) is not None
+
+
 def upstream_failure(
     name: str,
     status: int,
     message: str,
     code: str | None = None,
+    text: str = "generic",
 ) -> UpstreamError | UpstreamRejected:
     """An upstream's error answer as the client may see it; its own message goes to the log.
 
     401 and 403 are about the gateway's credentials for that replica, never the client's: a
     replica fault (ejected, tried elsewhere). 429 and 5xx are replica faults too. Any other 4xx
-    is the request's fault and passes through, scrubbed."""
+    is the request's fault: its status passes through with a generic message (``text``
+    "scrubbed": the upstream's words, scrubbed), the upstream's code when it is an identifier,
+    and ``context_length_exceeded`` when the upstream said the prompt does not fit."""
     if status in (401, 403):
         return UpstreamError(
             f"upstream {name} refused the gateway's credentials (HTTP {status})",
@@ -55,7 +69,12 @@ def upstream_failure(
         )
     if status >= 500 or status == 429:
         return UpstreamError(f"upstream {name} answered {status}", upstream_status=status, detail=message)
-    return UpstreamRejected(scrub(message), status=status, code=code)
+    code = code if isinstance(code, str) and _CODE.fullmatch(code) else None
+    if too_long(message):
+        code = "context_length_exceeded"
+    said = "the prompt does not fit its context" if code == "context_length_exceeded" else "refused the request"
+    shown = scrub(message) if text == "scrubbed" else f"upstream {name} {said} (HTTP {status})"
+    return UpstreamRejected(shown, status=status, code=code, detail=message)
 
 
 class RemoteBackend:
@@ -257,6 +276,14 @@ class RemoteBackend:
         """Record a failed try; re-raise what must not be retried, return what may be."""
         if isinstance(exc, UpstreamRejected):
             self._record(call, replica, "rejected", watch)
+            log.info(
+                "upstream_rejected",
+                backend=self.name,
+                request_id=call.request_id,
+                status=exc.status,
+                code=exc.code,
+                detail=exc.detail[:2000],
+            )
             raise exc
         if isinstance(exc, TimeoutError):
             exc = UpstreamTimeout(f"upstream {self.name} timed out")

@@ -257,11 +257,13 @@ async def _decide(request: Request, batch: bool) -> Response:
         body = await read_body(request, ex.rt.policy.limits.max_body_bytes)
         ex.take_slot()  # only once the body is in: a slow sender holds no slot
         await quotas.admit(ex.rt, ex.key, None)
+        decide.barred(ex.rt, spec, ex.key)  # 403 when the key may ask no tier
         raw = parse_any_json(body)
         if not batch:
             q, overrides = decide.parse_one(ex.rt, raw)
             ex.prompt = q.question
-            decision = await _unless_gone(request, decide.decide(ex.rt, q, overrides, ex.request_id, ex.attempts))
+            work = decide.decide(ex.rt, q, overrides, ex.request_id, ex.attempts, ex.key)
+            decision = await _unless_gone(request, work)
             ex.decided(decision)
             await ex.finish(200)
             return _json(decide.body(decision, ex.request_id), headers=decision_headers(ex, decision))
@@ -290,7 +292,7 @@ async def _decide_batch(ex: Exchange, raw: Any, spec: Any, tasks: set[str]) -> l
         except InvalidRequest as exc:
             parsed.append(exc)
     good = [(i, p) for i, p in enumerate(parsed) if not isinstance(p, InvalidRequest)]
-    results = await decide.decide_many(ex.rt, [p for _, p in good], ex.request_id, ex.attempts)
+    results = await decide.decide_many(ex.rt, [p for _, p in good], ex.request_id, ex.attempts, ex.key)
     ex.decided(*(r for r in results if isinstance(r, Decision)))
     ex.charges += [
         c for r in results if isinstance(r, CascadeExhausted) for c in spend.trace_charges(ex.rt.policy.models, r.trace)

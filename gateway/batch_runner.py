@@ -44,7 +44,7 @@ from policies import spend
 from policies.cascade import CascadeExhausted
 from policies.errors import PolicyInvalid, TriageError
 from policies.plans import public_models
-from policies.schema import BatchSettings, Policy
+from policies.schema import ApiKey, BatchSettings, Policy
 
 log = structlog.get_logger("triage.batches")
 T = TypeVar("T")
@@ -338,7 +338,7 @@ class BatchRunner:
         rid = new_id("batch_req_")
         try:
             try:
-                status, body, charges = await self._serve(claim.endpoint, req, rid)
+                status, body, charges = await self._serve(claim.endpoint, req, rid, claim.owner)
                 written = await self.store.finish_request(
                     claim.batch_id, req.line, status == 200, _result(rid, req.custom_id, status, body)
                 )
@@ -361,10 +361,13 @@ class BatchRunner:
             await self._settle(held)
         return True
 
-    async def _serve(self, endpoint: str, req: Pending, rid: str) -> tuple[int, dict[str, Any], Charges]:
+    async def _serve(
+        self, endpoint: str, req: Pending, rid: str, owner: str | None
+    ) -> tuple[int, dict[str, Any], Charges]:
         rt = self.holder.acquire()
         try:
-            return await serve(rt, endpoint, dict(req.body), rid, req.affinity)
+            key = await rt.keyring.owner(owner) if owner is not None and rt.keyring is not None else None
+            return await serve(rt, endpoint, dict(req.body), rid, req.affinity, key)
         finally:
             await self.holder.release(rt)
 
@@ -438,17 +441,20 @@ async def serve(
     body: dict[str, Any],
     request_id: str,
     affinity: str | None,
+    key: ApiKey | None = None,
 ) -> tuple[int, dict[str, Any], Charges]:
     """One batch request through the gateway's own paths; an error is a status and an OpenAI error
-    body. With it, what it cost: each model it asked at its prices (a cascade's every tier)."""
+    body. With it, what it cost: each model it asked at its prices (a cascade's every tier).
+    ``key``: the batch's owner, whose models hold for every line (403 for a line that names another)."""
     attempts: list[Any] = []
     models = rt.policy.models
     try:
         if endpoint == "/v1/decide":
             q, overrides = decide.parse_one(rt, body)  # the route's checks and statuses
-            d = await decide.decide(rt, q, overrides, request_id, attempts)
+            d = await decide.decide(rt, q, overrides, request_id, attempts, key)
             return 200, decide.body(d, request_id), spend.decision_charges(models, d)
         kind: Kind = "chat" if endpoint == "/v1/chat/completions" else "completion"
+        quotas.allowed(rt, key, body.get("model") if isinstance(body.get("model"), str) else None)
         out = await pipeline.run(rt, kind, {**body, "stream": False}, request_id, attempts, affinity)
         if out.typed is not None:
             assert out.decision is not None

@@ -19,8 +19,9 @@ from gateway.runtime import Runtime
 from gateway.stores import StoreDown
 from policies import cascade
 from policies.cascade import Decision, Gate, Judge, Question, Step
-from policies.errors import InvalidRequest, NotFound
-from policies.tiers import Cascade, QuestionType
+from policies.errors import Forbidden, InvalidRequest, NotFound, TriageError
+from policies.schema import ApiKey
+from policies.tiers import Cascade, ModelTier, QuestionType
 
 log = structlog.get_logger("triage.decide")
 CACHE_FORMAT = 1  # the kept decision's shape: a change of Decision or Step bumps it (old entries then miss)
@@ -80,7 +81,7 @@ def parse(body: Any, spec: Cascade, tasks: set[str]) -> tuple[Question, Override
         err = exc.errors(include_url=False)[0]
         param = ".".join(str(p) for p in err["loc"]) or None
         raise InvalidRequest(f"Invalid value for '{param}': {err['msg']}", param=param) from None
-    return question(req, spec, tasks), req.policy_overrides
+    return question(req, spec, tasks), checked(spec, req.policy_overrides)
 
 
 def question(req: DecideRequest, spec: Cascade, tasks: set[str]) -> Question:
@@ -114,15 +115,21 @@ def _by_type(*parts: Mapping[QuestionType, float]) -> dict[str, float]:
     return {k: v for part in parts for k, v in part.items()}
 
 
-def gates(spec: Cascade, overrides: Overrides | None, judges: Mapping[str, Judge] | None = None) -> list[Gate]:
-    extra = (overrides.thresholds if overrides is not None else None) or {}
+def checked(spec: Cascade, overrides: Overrides | None) -> Overrides | None:
+    """``overrides`` when every tier it names is the cascade's; else 400 naming the field."""
     names = {t.name for t in spec.tiers}
-    for name in extra:
+    for name in (overrides.thresholds if overrides is not None else None) or {}:
         if name not in names:
             raise InvalidRequest(
                 f"policy_overrides.thresholds: no tier named '{name}' (tiers: {', '.join(t.name for t in spec.tiers)})",
                 param="policy_overrides.thresholds",
             )
+    return overrides
+
+
+def gates(spec: Cascade, overrides: Overrides | None, judges: Mapping[str, Judge] | None = None) -> list[Gate]:
+    checked(spec, overrides)
+    extra = (overrides.thresholds if overrides is not None else None) or {}
     return [
         Gate(
             t.name,
@@ -139,35 +146,60 @@ def gates(spec: Cascade, overrides: Overrides | None, judges: Mapping[str, Judge
 
 
 async def decide(
-    rt: Runtime, q: Question, overrides: Overrides | None, request_id: str, attempts: list[Attempt]
+    rt: Runtime,
+    q: Question,
+    overrides: Overrides | None,
+    request_id: str,
+    attempts: list[Attempt],
+    key: ApiKey | None = None,
 ) -> Decision:
     """The cascade's decision; with ``cascade.cache_ttl_s``, from the decision cache when the same
-    question was decided under the same policy version (a hit asks no tier and costs nothing)."""
+    question was decided under the same policy version (a hit asks no tier and costs nothing).
+    ``key``: the caller's; a model tier whose model it may not reach is skipped (403 when no tier is left)."""
     spec = served_cascade(rt)
+    shut = barred(rt, spec, key)
     if spec.cache_ttl_s is None or rt.budget is not None:  # a budget's thresholds move: not a pure function
-        return await _decide(rt, q, overrides, request_id, attempts)
-    key = cache_key(rt.version, q, overrides)
+        return await _decide(rt, q, overrides, request_id, attempts, shut)
+    ckey = cache_key(rt.version, q, overrides, sorted(shut))
     try:
-        hit = await rt.store.cache_get(key)
+        hit = await rt.store.cache_get(ckey)
     except StoreDown as exc:  # the cache only saves work: decide without it
         log.warning("decision_cache_unavailable", error=exc.message)
-        return await _decide(rt, q, overrides, request_id, attempts)
+        return await _decide(rt, q, overrides, request_id, attempts, shut)
     if hit is not None and (kept := unpack(hit)) is not None:
         return dataclasses.replace(kept, cached=True)
-    decision = dataclasses.replace(await _decide(rt, q, overrides, request_id, attempts), cached=False)
+    decision = dataclasses.replace(await _decide(rt, q, overrides, request_id, attempts, shut), cached=False)
     try:
-        await rt.store.cache_put(key, pack(decision), spec.cache_ttl_s)
+        await rt.store.cache_put(ckey, pack(decision), spec.cache_ttl_s)
     except StoreDown as exc:
         log.warning("decision_cache_unavailable", error=exc.message)
     return decision
 
 
-def cache_key(version: str, q: Question, overrides: Overrides | None) -> str:
+def barred(rt: Runtime, spec: Cascade, key: ApiKey | None) -> dict[str, str]:
+    """The model tiers ``key`` may not ask (tier name -> why); Forbidden (403) when it may ask none."""
+    allowed = rt.reach(key)
+    if allowed is None or key is None:
+        return {}
+    shut = {
+        t.name: f"the key '{key.name}' may not use the model '{t.model}'"
+        for t in spec.tiers
+        if isinstance(t, ModelTier) and t.model not in allowed
+    }
+    if len(shut) == len(spec.tiers):
+        listed = ", ".join(key.models or [])
+        raise Forbidden(f"the key '{key.name}' may use no tier of the cascade (its models: {listed})")
+    return shut
+
+
+def cache_key(version: str, q: Question, overrides: Overrides | None, shut: list[str] | None = None) -> str:
     """What a decision is a pure function of: the policy's version (its text, tiers and trained
-    files) and the question; a request's own thresholds too."""
+    files) and the question; a request's own thresholds, and the tiers its key may not ask, too."""
     parts: list[Any] = [CACHE_FORMAT, version, q.type, q.question, q.options, q.context, q.task, q.scale]
     if overrides is not None:
         parts.append(overrides.model_dump(mode="json"))
+    if shut:
+        parts.append(shut)
     return "decide:" + hashlib.sha256(orjson.dumps(parts)).hexdigest()
 
 
@@ -187,14 +219,19 @@ def unpack(raw: bytes) -> Decision | None:
 
 
 async def _decide(
-    rt: Runtime, q: Question, overrides: Overrides | None, request_id: str, attempts: list[Attempt]
+    rt: Runtime,
+    q: Question,
+    overrides: Overrides | None,
+    request_id: str,
+    attempts: list[Attempt],
+    shut: Mapping[str, str],
 ) -> Decision:
     spec = served_cascade(rt)
     by_name = {t.name: t for t in spec.tiers}
-    chosen = gates(spec, overrides, rt.judges)
+    chosen = [dataclasses.replace(g, barred=shut.get(g.name)) for g in gates(spec, overrides, rt.judges)]
     if rt.budget is not None and overrides is None:  # a request's own thresholds are its own
         chosen = rt.budget.gates(chosen)
-    budget = rt.budget if overrides is None else None
+    budget = rt.budget if overrides is None and not shut else None  # a key's narrower cascade is not the policy's
     embedding = await tier_answers.question_embedding(rt, q, chosen)
     gen = tracing.cascade(cascade.run(q, chosen, spec.on_exhausted, embedding), q)  # spans, when traced
     ask = next(gen)
@@ -218,11 +255,12 @@ async def decide_many(
     items: list[tuple[Question, Overrides | None]],
     request_id: str,
     attempts: list[Attempt],
+    key: ApiKey | None = None,
     concurrency: int = 8,
 ) -> list[Decision | Exception]:
-    """Several questions, answers in order. Questions sharing a context go back to back, so the
-    local scorer finds the passage in its cache; up to ``concurrency`` run at once (the encoder
-    batches them)."""
+    """Several questions, answers in order (an item that fails is its error). Questions sharing a
+    context go back to back, so the local scorer finds the passage in its cache; up to
+    ``concurrency`` run at once (the encoder batches them)."""
     order = sorted(range(len(items)), key=lambda i: (items[i][0].context or "", items[i][0].question))
     results: dict[int, Decision | Exception] = {}
     limit = asyncio.Semaphore(concurrency)
@@ -230,8 +268,8 @@ async def decide_many(
     async def one(i: int) -> None:
         async with limit:
             try:
-                results[i] = await decide(rt, items[i][0], items[i][1], f"{request_id}-{i}", attempts)
-            except cascade.CascadeExhausted as exc:
+                results[i] = await decide(rt, items[i][0], items[i][1], f"{request_id}-{i}", attempts, key)
+            except TriageError as exc:  # the item's own error entry (the cascade exhausted, an engine down)
                 results[i] = exc
 
     await asyncio.gather(*(one(i) for i in order))

@@ -21,7 +21,7 @@ import base64
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from classifiers.artifacts import MODEL_NAME
 from gateway import quotas
@@ -44,6 +44,15 @@ class EmbeddingsRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _bounded(cls, v: Any) -> Any:
+        """OpenAI's cap on inputs per request, for the encoder and a proxied engine alike (a list
+        of token ids is one input)."""
+        if isinstance(v, list) and v and not isinstance(v[0], int) and len(v) > MAX_INPUTS:
+            raise ValueError(f"at most {MAX_INPUTS} inputs per request, not {len(v)}")
+        return v
 
 
 def model_name(config: ClassifierSpec) -> str:
@@ -68,8 +77,6 @@ def _texts(req: EmbeddingsRequest) -> list[str]:
             "this model takes text: 'input' as token ids is not supported (its tokenizer is not the client's)",
             param="input",
         )
-    if len(texts) > MAX_INPUTS:
-        raise InvalidRequest(f"at most {MAX_INPUTS} inputs per request, not {len(texts)}", param="input")
     for i, t in enumerate(texts):
         if not t.strip():
             raise InvalidRequest(f"input {i} is empty", param="input")

@@ -66,8 +66,13 @@ class Keyring:
 
     async def name_of(self, digest: str) -> str | None:
         """The name of the key with this sha256, live or revoked (what its spend is kept under)."""
-        key, _ = await self._known(digest)
+        key = await self.owner(digest)
         return key.name if key is not None else None
+
+    async def owner(self, digest: str) -> ApiKey | None:
+        """The key with this sha256, live or revoked (a batch it made runs under its models)."""
+        key, _ = await self._known(digest)
+        return key
 
     async def _known(self, digest: str) -> tuple[ApiKey | None, float | None]:
         """The key with this sha256 and when it is or was revoked: the policy's, else the store's,

@@ -29,9 +29,7 @@ async def admit(rt: Runtime, key: ApiKey | None, model: str | None) -> None:
     """Raise when ``key`` (the policy's, or the admin API's) may not send this request now; else count it."""
     if key is None:
         return
-    known = model is not None and (model in rt.policy.models or model in rt.policy.virtual_models)
-    if key.models is not None and known and model not in key.models:  # an unknown name is the route's 404
-        raise Forbidden(f"the key '{key.name}' may not use the model '{model}'", param="model")
+    allowed(rt, key, model)
     lim = key.limits
     if lim.rpm is None and lim.tpm is None and lim.budget_per_day is None and lim.budget_per_month is None:
         return
@@ -64,6 +62,15 @@ async def admit(rt: Runtime, key: ApiKey | None, model: str | None) -> None:
         resets_at=resets_at,
         retry_after=wait,
     )
+
+
+def allowed(rt: Runtime, key: ApiKey | None, model: str | None) -> None:
+    """Forbidden (403) when ``key`` lists its models and ``model`` is not one (an unknown name is
+    the route's 404; None: the door names no model)."""
+    if key is None or key.models is None or model is None or model in key.models:
+        return
+    if model in rt.policy.models or model in rt.policy.virtual_models:
+        raise Forbidden(f"the key '{key.name}' may not use the model '{model}'", param="model")
 
 
 async def check_budget(rt: Runtime, key: ApiKey | None) -> None:

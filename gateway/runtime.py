@@ -22,6 +22,7 @@ from backends.base import Backend
 from backends.secrets import MissingSecret, resolve
 from gateway.keyring import Keyring, as_key
 from gateway.stores import MemoryStore, Store, StoreDown, open_store
+from policies import plans
 from policies.budget import EscalationBudget
 from policies.errors import NotReady, PolicyInvalid, Unauthorized
 from policies.schema import ApiKey, Policy
@@ -53,6 +54,18 @@ class Runtime:
     keyring: Keyring | None = None  # who may call (None: the policy's keys only, no store keys)
     admin_digest: str | None = None  # the admin API's key's sha256 (None: /admin is off)
     version: str = ""  # the policy and its artifacts, hashed: what the decision cache is keyed on
+    _reach: dict[tuple[str, ...], frozenset[str]] = field(default_factory=dict)
+
+    def reach(self, key: ApiKey | None) -> frozenset[str] | None:
+        """Every model ``key`` may be served by (:func:`policies.plans.reach`); None: any."""
+        if key is None or key.models is None:
+            return None
+        names = tuple(key.models)
+        if (found := self._reach.get(names)) is None:
+            if len(self._reach) >= 1024:  # store keys come and go: bounded
+                self._reach.clear()
+            found = self._reach[names] = plans.reach(self.policy, names)
+        return found
 
     @property
     def keys_required(self) -> bool:

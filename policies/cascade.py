@@ -92,6 +92,7 @@ class Gate:
     judge: Judge | None = None
     task_temperatures: Mapping[str, float] = field(default_factory=dict)
     escalation_margin: float | None = None  # with a judge: keep only if P(right) >= P(escalating right) - this
+    barred: str | None = None  # why this tier may not be asked for this request (skipped, never asked)
 
     def temperature(self, q: Question) -> float:
         if q.task is not None and q.task in self.task_temperatures:
@@ -310,10 +311,16 @@ def run(
     ``embedding``: the question's, for learned gates that read it."""
     if not gates:
         raise ValueError("a cascade needs at least one tier")
+    open_ = [i for i, g in enumerate(gates) if g.barred is None]
+    if not open_:
+        raise ValueError("every tier is barred: the edge refuses such a request before the cascade runs")
     trace: list[Step] = []
     best: tuple[Reading, Gate, TierAnswer, float] | None = None
     previous: Reading | None = None
     for i, gate in enumerate(gates):
+        if gate.barred is not None:
+            trace.append(Step(gate.name, "skipped", 0.0, error=gate.barred))
+            continue
         answer = yield Ask(gate.name, gate.kind, q)
         if answer.skipped or answer.error is not None:
             outcome: Outcome = "skipped" if answer.skipped else "failed"
@@ -326,7 +333,7 @@ def run(
         conf = reading.confidence if p_right is None else p_right
         raw = None if p_right is None else reading.confidence
         threshold = gate.threshold(q)
-        last = i == len(gates) - 1
+        last = i == open_[-1]
         p_after = None if last or p_right is None else after(q, gate, reading, previous, embedding)
         accepted = last or keeps(conf, threshold, p_after, gate.escalation_margin)
         trace.append(
@@ -345,6 +352,8 @@ def run(
             )
         )
         if accepted:
+            if last:  # the tiers after the last open one are barred: said in the trace
+                trace += [Step(g.name, "skipped", 0.0, error=g.barred) for g in gates[i + 1 :]]
             return _decided(q, gate, reading, answer, trace, conf)
         if best is None or conf > best[3]:
             best = (reading, gate, answer, conf)

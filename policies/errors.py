@@ -165,13 +165,16 @@ class UpstreamTimeout(UpstreamError):
 
 
 class UpstreamRejected(TriageError):
-    """The upstream refused the request itself (a 4xx): the client's fault, passed through."""
+    """The upstream refused the request itself (a 4xx): the client's fault; its status passes through."""
 
     type = "invalid_request_error"
 
-    def __init__(self, message: str, *, status: int, param: str | None = None, code: str | None = None):
+    def __init__(
+        self, message: str, *, status: int, param: str | None = None, code: str | None = None, detail: str = ""
+    ):
         super().__init__(message, param=param, code=code)
         self.status = status  # type: ignore[misc]
+        self.detail = detail  # what the upstream said: for the log only
 
 
 class PolicyInvalid(TriageError):

@@ -13,10 +13,12 @@ tokenizer) resolves a name here and nowhere else, into one of three plans:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from policies.errors import ModelNotFound
 from policies.schema import AliasModel, CascadeModel, Policy, RoutedModel, SemanticModel
+from policies.tiers import ModelTier
 
 
 @dataclass(frozen=True)
@@ -80,3 +82,28 @@ def resolve(policy: Policy, name: str) -> Plan:
     if isinstance(vm, RoutedModel):
         return EncoderPlan(name, vm, _chain(policy, sorted(vm.routes(), key=lambda m: -_price(policy, m))))
     return EncoderPlan(name, vm, _chain(policy, [vm.default]))
+
+
+def reach(policy: Policy, names: Iterable[str]) -> frozenset[str]:
+    """Every model a key that lists ``names`` may be served by: each name, and what its plan may
+    pick (a chain's fallbacks, an encoder's routes, a cascade model's tiers and open route), to
+    the end. A key may ask only for the names it lists; what those names route to comes with them."""
+    seen: set[str] = set()
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            plan = resolve(policy, name)
+        except ModelNotFound:  # validated away for a policy's keys; a store key may outlive a model
+            continue
+        todo.extend(plan.chain)
+        if isinstance(plan, EncoderPlan):
+            todo.extend(plan.model.routes())
+        if isinstance(plan, TypedPlan):
+            todo.append(plan.open.name)
+            tiers = policy.cascade.tiers if policy.cascade is not None else []
+            todo.extend(t.model for t in tiers if isinstance(t, ModelTier))
+    return frozenset(seen)

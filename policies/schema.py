@@ -109,6 +109,12 @@ class _Remote(Strict):
     admission: AdmissionSpec | None = Field(
         None, description="a waiting room that orders online requests by the replicas' caches; off when absent"
     )
+    error_text: Literal["generic", "scrubbed"] = Field(
+        "generic",
+        description="what a client reads when this upstream refuses a request (4xx): generic (the status, the "
+        "backend and a code only; the upstream's words go to the log) or scrubbed (its words, with anything "
+        "like a credential or an address taken out: for engines you run yourself)",
+    )
 
     @model_validator(mode="after")
     def _one_prefix_rule(self) -> _Remote:

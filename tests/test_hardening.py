@@ -291,6 +291,8 @@ INSERT INTO batches VALUES ('batch_old', '{"id": "batch_old", "status": "complet
 # --- 7. upstream credentials and addresses never reach the client -------------------------------------------
 
 SECRET = "sk-upstream-0123456789abcdef"
+# what no pattern list finds: an access key id, a token, a header, a password, Basic credentials, a bare host
+OTHER_LEAKS = "AKIAIOSFODNN7EXAMPLE ghp_abcdefghijklmnop x-api-key: hunter2 password=hunter3 Basic dXNlcjpwYXNz db7"
 
 
 def fake_engine(request: Request) -> JSONResponse:
@@ -299,12 +301,16 @@ def fake_engine(request: Request) -> JSONResponse:
         return JSONResponse(
             {
                 "error": {
-                    "message": f"bad request at 10.1.2.3:8000 from http://pool.internal:81/v1 with Bearer {SECRET}",
+                    "message": f"bad request at 10.1.2.3:8000 from http://pool.internal:81/v1 with Bearer {SECRET}, "
+                    f"{OTHER_LEAKS}",
                     "type": "invalid_request_error",
                 }
             },
             400,
         )
+    if request.url.path.startswith("/toolong"):
+        text = "This model's maximum context length is 2048 tokens; your prompt has 9000 (at pool.internal)"
+        return JSONResponse({"error": {"message": text, "type": "BadRequestError", "code": 400}}, 400)
     return JSONResponse(
         {
             "error": {
@@ -348,11 +354,13 @@ backends:
   unauthorized: {{type: openai, replicas: [{{api_base: "{engine}/v1"}}], health: {{enabled: false}}}}
   refused: {{type: openai, replicas: [{{api_base: "{refused}"}}], health: {{enabled: false}}}}
   leaky: {{type: openai, replicas: [{{api_base: "{engine}/leaky"}}], health: {{enabled: false}}}}
+  toolong: {{type: openai, replicas: [{{api_base: "{engine}/toolong"}}], health: {{enabled: false}}}}
 models:
   scripted: {{backend: mixed}}
   unauthorized: {{backend: unauthorized, upstream: scripted}}
   refused: {{backend: refused, upstream: scripted}}
   leaky: {{backend: leaky, upstream: scripted}}
+  toolong: {{backend: toolong, upstream: scripted}}
 """)
     client = gw.client()
     with structlog.testing.capture_logs() as logs:
@@ -360,19 +368,24 @@ models:
             assert client.chat.completions.create(model="scripted", messages=MSG).choices[0].message.content
         answers = {}
         with gw.http() as http:
-            for model in ("unauthorized", "refused", "leaky"):
+            for model in ("unauthorized", "refused", "leaky", "toolong"):
                 answers[model] = http.post("/v1/chat/completions", json={"model": model, "messages": MSG})
-    for model, status in (("unauthorized", 502), ("refused", 502), ("leaky", 400)):
+    for model, status in (("unauthorized", 502), ("refused", 502), ("leaky", 400), ("toolong", 400)):
         resp = answers[model]
         assert resp.status_code == status, (model, resp.text)
         err, raw = error_of(resp), resp.text
         leaks = (SECRET, "Bearer", "127.0.0.1", engine.rsplit(":", 1)[1], refused_port, "10.1.2.3", "pool.internal")
-        assert not [leak for leak in leaks if leak in raw], (model, raw)
+        assert not [leak for leak in leaks + tuple(OTHER_LEAKS.split()) if leak in raw], (model, raw)
         assert err["type"] == ("upstream_error" if status == 502 else "invalid_request_error")
     assert error_of(answers["unauthorized"])["code"] == "upstream_auth_failed"  # never the client's invalid_api_key
     failed = [e for e in logs if e["event"] == "upstream_failed"]
     assert any(e["status"] == 401 and SECRET in e["detail"] and e["replica"] == engine + "/v1" for e in failed)
     assert any(refused_port in (e["detail"] or "") for e in failed)  # the operator sees where
+    # a refused request: the client reads the status and a generic text; the upstream's words are logged
+    assert error_of(answers["leaky"])["message"] == "upstream leaky refused the request (HTTP 400)"
+    assert error_of(answers["toolong"])["code"] == "context_length_exceeded"  # said by a code, not the words
+    rejected = {e["backend"]: e for e in logs if e["event"] == "upstream_rejected"}
+    assert OTHER_LEAKS in rejected["leaky"]["detail"] and rejected["leaky"]["request_id"]
 
 
 # --- 8. after a 500 the keep-alive connection still works ---------------------------------------------------
