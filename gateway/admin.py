@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway import keyring
+from gateway.api import read_body
 from gateway.runtime import Runtime
 from gateway.schemas import parse_json
 from policies import spend
@@ -27,6 +28,7 @@ from policies.plans import public_models
 from policies.schema import KeyLimits
 
 router = APIRouter(prefix="/admin")
+MAX_BODY_BYTES = 64 * 1024  # an admin body is a key's name, models and limits: far less
 log = structlog.get_logger("triage.admin")
 NAME = r"^[A-Za-z0-9_.@-]{1,64}$"
 MAX_GRACE_S = 7 * 86400
@@ -60,7 +62,7 @@ def _admin(request: Request) -> Runtime:
 
 
 async def _body(request: Request, model: type[BaseModel], empty_ok: bool = False) -> Any:
-    raw = await request.body()
+    raw = await read_body(request, request.app.state.triage.holder.current.policy.limits, MAX_BODY_BYTES)
     if not raw.strip() and empty_ok:
         return model()
     try:

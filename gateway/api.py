@@ -38,6 +38,7 @@ from policies.errors import (
     TriageError,
 )
 from policies.plans import public_models
+from policies.schema import Limits
 from policies.semantic import Route
 
 router = APIRouter()
@@ -45,7 +46,6 @@ T = TypeVar("T")
 log = structlog.get_logger("triage.api")
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-BODY_TIMEOUT_S = 30.0  # for a request's whole body once its headers are in: a stalled client is cut off
 
 
 ANTHROPIC_PATHS = frozenset({"/v1/messages"})  # whose errors are in Anthropic's shape
@@ -92,22 +92,24 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
     return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, at most ``limit`` bytes, within ``BODY_TIMEOUT_S`` (slowloris: a client that sends
-    its headers and then stalls holds nothing but its socket, and not for long)."""
+async def read_body(request: Request, limits: Limits, most: int | None = None) -> bytes:
+    """The body, at most ``limits.max_body_bytes`` (or ``most``), within ``limits.body_timeout_s``
+    (slowloris: a client that sends its headers and then stalls holds nothing but its socket,
+    and not for long)."""
+    limit = most if most is not None else limits.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"Request body of {declared} bytes is over the limit of {limit} bytes")
     parts, size = [], 0
     try:
-        async with asyncio.timeout(BODY_TIMEOUT_S):
+        async with asyncio.timeout(limits.body_timeout_s):
             async for part in request.stream():
                 size += len(part)
                 if size > limit:
                     raise PayloadTooLarge(f"Request body is over the limit of {limit} bytes")
                 parts.append(part)
     except TimeoutError:
-        raise RequestTimeout(f"The request body did not arrive within {BODY_TIMEOUT_S:g} s") from None
+        raise RequestTimeout(f"The request body did not arrive within {limits.body_timeout_s:g} s") from None
     except ClientDisconnect:
         raise ClientGone("the client closed the connection before its request body was in") from None
     return b"".join(parts)
@@ -155,7 +157,7 @@ async def _admitted_body(request: Request, ex: Exchange) -> bytes:
     """The key checked, the body read, then a slot taken (only once the body is in: a slow
     sender holds no slot)."""
     await _authorize(request, ex)
-    raw = await read_body(request, ex.rt.policy.limits.max_body_bytes)
+    raw = await read_body(request, ex.rt.policy.limits)
     ex.take_slot()
     return raw
 
@@ -254,7 +256,7 @@ async def _decide(request: Request, batch: bool) -> Response:
     try:
         await _authorize(request, ex)
         spec = decide.served_cascade(ex.rt)
-        body = await read_body(request, ex.rt.policy.limits.max_body_bytes)
+        body = await read_body(request, ex.rt.policy.limits)
         ex.take_slot()  # only once the body is in: a slow sender holds no slot
         await quotas.admit(ex.rt, ex.key, None)
         decide.barred(ex.rt, spec, ex.key)  # 403 when the key may ask no tier
@@ -472,7 +474,7 @@ async def create_message(request: Request) -> Response:
         key = request.headers.get("x-api-key")
         sent = request.headers.get("authorization") or (f"Bearer {key}" if key else None)
         ex.key = await ex.rt.authenticate(sent, send="x-api-key: <key>")
-        raw = await read_body(request, ex.rt.policy.limits.max_body_bytes)
+        raw = await read_body(request, ex.rt.policy.limits)
         ex.take_slot()  # only once the body is in: a slow sender holds no slot
         req = parse_json(raw)
         ex.model = req.get("model") if isinstance(req.get("model"), str) else None

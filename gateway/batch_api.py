@@ -22,7 +22,7 @@ from gateway.batch_model import ACTIVE, new_id
 from gateway.batch_runner import BatchRunner
 from gateway.batches import Batches
 from gateway.schemas import BatchCreate, check, parse_json
-from policies.errors import ClientGone, InvalidRequest, NotFound, NotReady, PayloadTooLarge
+from policies.errors import ClientGone, InvalidRequest, NotFound, NotReady, PayloadTooLarge, RequestTimeout
 from policies.schema import ApiKey
 
 log = structlog.get_logger("triage.batches")
@@ -66,7 +66,9 @@ async def upload(request: Request) -> Response:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit + _OVERHEAD:
         raise PayloadTooLarge(f"the file is over the limit of {limit} bytes")
-    async with _counted(request, limit + _OVERHEAD).form() as form:  # closes the spooled upload however this ends
+    wait_s = caller.runner.holder.current.policy.limits.body_timeout_s
+    # the form closes the spooled upload however this ends
+    async with _counted(request, limit + _OVERHEAD, wait_s).form() as form:
         purpose, upload_ = form.get("purpose"), form.get("file")
         if purpose != "batch":
             raise InvalidRequest("purpose must be 'batch'", param="purpose")
@@ -99,14 +101,23 @@ def _expires_after(form: FormData, shortest: int) -> int | None:
     return int(seconds)
 
 
-def _counted(request: Request, limit: int) -> Request:
+def _counted(request: Request, limit: int, wait_s: float) -> Request:
     """The request with its body counted as it arrives: past ``limit`` bytes, a 413 before any
-    more is read or spooled (a chunked upload has no Content-Length to refuse it by)."""
+    more is read or spooled (a chunked upload has no Content-Length to refuse it by). Timed as
+    every body is: a 408 after ``wait_s`` without a byte, or once the whole upload took ``wait_s``
+    plus a second per MiB of ``limit`` (a trickle holds nothing for long)."""
     seen = 0
+    loop = asyncio.get_running_loop()
+    whole = wait_s + limit / (1 << 20)
+    deadline = loop.time() + whole
 
     async def receive() -> Message:
         nonlocal seen
-        message = await request.receive()
+        try:
+            async with asyncio.timeout_at(min(deadline, loop.time() + wait_s)):
+                message = await request.receive()
+        except TimeoutError:
+            raise RequestTimeout(f"the upload stalled for {wait_s:g} s or took over {whole:.0f} s in all") from None
         if message["type"] == "http.disconnect":  # gone mid-upload: the client's doing, not ours (499)
             raise ClientGone("the client closed the connection before its upload was in")
         seen += len(message.get("body", b""))
@@ -155,7 +166,7 @@ async def _file(caller: _Caller, file_id: str) -> dict[str, Any]:
 async def create_batch(request: Request) -> Response:
     caller = await _caller(request)
     rt = caller.runner.holder.current
-    raw = parse_json(await read_body(request, rt.policy.limits.max_body_bytes))
+    raw = parse_json(await read_body(request, rt.policy.limits))
     body = check(BatchCreate, raw)  # a 400 naming the field; an unknown endpoint or window among them
     await quotas.check_budget(rt, caller.key)  # a spent budget takes no new batch (one running finishes)
     file_id, endpoint = body.input_file_id, body.endpoint

@@ -334,6 +334,14 @@ _LINKS: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
     ("POST", "/v1/responses"): {
         "GetResponse": _by_id("GET", "/v1/responses/{response_id}"),
         "DeleteResponse": _by_id("DELETE", "/v1/responses/{response_id}"),
+        "ContinueResponse": {
+            "operationId": _op_id("POST", "/v1/responses"),
+            "requestBody": {
+                "model": "$request.body#/model",
+                "input": "and then?",
+                "previous_response_id": "$response.body#/id",
+            },
+        },
     },
 }
 

@@ -116,7 +116,11 @@ def worker_main(
     threading.Thread(target=_stop_when_orphaned, args=(os.getppid(),), daemon=True).start()
     import uvicorn
 
+    from gateway import connections
     from gateway.app import create_app
+    from policies import loader
+    from policies.errors import PolicyInvalid
+    from policies.schema import Limits
 
     if isinstance(listen, tuple):
         try:
@@ -126,7 +130,12 @@ def worker_main(
             sys.exit(STARTUP_FAILURE)
     else:
         sock = listen
-    server = uvicorn.Server(uvicorn.Config(create_app(Settings.model_validate_json(settings_json)), **options))
+    settings = Settings.model_validate_json(settings_json)
+    try:  # checked by the parent; read again here for the server's guards
+        limits = loader.load(settings.policy_path).limits
+    except PolicyInvalid:  # changed since: the app's start-up says what is wrong
+        limits = Limits()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), **connections.uvicorn_options(options, limits)))
     threading.Thread(target=_say_when_serving, args=(server, serving), daemon=True).start()
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C reaches the workers too: a stop, not a failure
         server.run(sockets=[sock])

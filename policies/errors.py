@@ -132,6 +132,12 @@ class NotReady(TriageError):
     default_code = "not_ready"
 
 
+class TooManyConnections(NotReady):
+    """The server holds its ``limits.max_connections``: a new one is answered and closed at once."""
+
+    default_code = "too_many_connections"
+
+
 class UpstreamError(TriageError):
     """The upstream answered with an error, refused the connection, or died.
 

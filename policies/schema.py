@@ -454,6 +454,15 @@ class BatchSettings(Strict):
 class Limits(Strict):
     max_body_bytes: int = Field(1_048_576, ge=1024)
     max_concurrency: int = Field(256, ge=1, description="requests in flight before 429")
+    body_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="a request's whole body must arrive within this once its headers are in (408)"
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="a request's headers must arrive within this, else 408 and closed (at start)"
+    )
+    max_connections: int = Field(
+        1024, ge=16, description="connections open at once per process; one more gets 503 and is closed (at start)"
+    )
 
 
 class KeyLimits(Strict):

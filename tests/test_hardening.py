@@ -439,13 +439,8 @@ def read_all(s: socket.socket) -> bytes:
     return b"".join(chunks)
 
 
-def test_stalled_senders_hold_no_slot_and_are_cut_off(
-    gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from gateway import api
-
-    monkeypatch.setattr(api, "BODY_TIMEOUT_S", 1.5)  # time, shortened: 30 s in service
-    gw = gateway(policy(extra="limits: {max_concurrency: 16}\n"))
+def test_stalled_senders_hold_no_slot_and_are_cut_off(gateway: Callable[..., Gateway]) -> None:
+    gw = gateway(policy(extra="limits: {max_concurrency: 16, body_timeout_s: 1.5}\n"))  # 30 s by default
     stalled = [raw_socket(gw) for _ in range(16)]
     for s in stalled:  # headers and 13 bytes of a declared 1,000-byte body, then nothing
         s.sendall(

@@ -59,11 +59,12 @@ def serve(
         raise typer.Exit(2) from None
     if workers > 1:
         logs.configure(loaded.logging)  # the parent's own events, as the workers log theirs
-        if code := several.serve(settings, host, port, workers, UVICORN):
+        if code := several.serve(settings, host, port, workers, UVICORN):  # each worker guards its connections
             raise typer.Exit(code)
         return
     import uvicorn
 
+    from gateway import connections
     from gateway.app import create_app
 
-    uvicorn.run(create_app(settings), host=host, port=port, **UVICORN)
+    uvicorn.run(create_app(settings), host=host, port=port, **connections.uvicorn_options(UVICORN, loaded.limits))

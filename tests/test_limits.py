@@ -1,0 +1,135 @@
+"""The limits a request meets before and around the API (issue 36): a real ``triage serve``
+guards its connections (headers within ``limits.header_timeout_s``, at most
+``limits.max_connections`` open), every body-reading route is bounded in size and time (the admin
+API, multipart uploads), and the fields checked at the door (``logit_bias``, the embeddings' cap)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from backends.remote import upstream_failure
+from gateway.connections import guarded
+from policies.errors import UpstreamRejected
+from tests.conftest import Gateway
+from tests.test_workers import Served, serve  # noqa: F401 (a fixture)
+
+ADMIN, USER = "sk-admin-limits", "sk-user-limits"
+AUTH = {"authorization": f"Bearer {USER}"}
+POLICY = f"""version: 1
+backends: {{script: {{type: scripted, text: "ok"}}}}
+models: {{scripted: {{backend: script}}}}
+limits: {{header_timeout_s: HEADER, max_connections: 20}}
+access: {{admin_key: "{hashlib.sha256(ADMIN.encode()).hexdigest()}"}}
+keys: [{{name: user, sha256: "{hashlib.sha256(USER.encode()).hexdigest()}"}}]
+"""
+BODY = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=15)
+
+
+def answer(sock: socket.socket) -> tuple[int, dict]:
+    """The status and JSON body of the one answer on ``sock``, read until the server closes it."""
+    data = b""
+    with sock:
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def test_headers_must_arrive_in_time_on_every_request_of_a_connection(serve: Callable[..., Served]) -> None:  # noqa: F811
+    s = serve(POLICY.replace("HEADER", "1"), "--no-watch")
+    silent, partial, kept = connect(s.url), connect(s.url), connect(s.url)
+    partial.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")
+    body = json.dumps(BODY).encode()
+    kept.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {USER}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    first = kept.recv(65536)
+    assert first.startswith(b"HTTP/1.1 200"), first
+    kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # the next request on it stalls in its headers
+    started = time.monotonic()
+    for sock in (silent, partial, kept):
+        status, err = answer(sock)
+        assert status == 408 and err["error"]["code"] == "request_timeout", err
+    assert time.monotonic() - started < 10
+    assert httpx.post(s.url + "/v1/chat/completions", json=BODY, headers=AUTH, timeout=10).status_code == 200
+    assert "header_timeout" in s.output()
+
+
+def test_connections_past_the_cap_get_503_and_the_server_serves_on(serve: Callable[..., Served]) -> None:  # noqa: F811
+    s = serve(POLICY.replace("HEADER", "3"), "--no-watch")
+    held = [connect(s.url) for _ in range(20)]  # they never send a byte
+    time.sleep(0.3)
+    extra = connect(s.url)
+    status, err = answer(extra)
+    assert status == 503 and err["error"]["code"] == "too_many_connections", err
+    for sock in held:  # the header timeout frees them
+        assert answer(sock)[0] == 408
+    assert httpx.post(s.url + "/v1/chat/completions", json=BODY, headers=AUTH, timeout=10).status_code == 200
+    assert "connection_refused" in s.output()
+
+
+def test_admin_bodies_are_bounded_in_size_and_time(serve: Callable[..., Served]) -> None:  # noqa: F811
+    s = serve(POLICY.replace("HEADER", "5"), "--no-watch")
+    auth = {"authorization": f"Bearer {ADMIN}"}
+    big = b'{"name": "' + b"x" * (128 * 1024) + b'"}'
+    r = httpx.post(s.url + "/admin/keys", content=big, headers={**auth, "content-type": "application/json"}, timeout=10)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large", r.text
+    ok = httpx.post(s.url + "/admin/keys", json={"name": "fine"}, headers=auth, timeout=10)
+    assert ok.status_code == 201, ok.text
+
+
+@pytest.mark.parametrize("path", ["/admin/keys", "/v1/files"])
+def test_a_stalled_body_is_a_408_on_admin_and_uploads(
+    gateway: Callable[..., Gateway], path: str, tmp_path: Path
+) -> None:
+    policy = POLICY.replace("header_timeout_s: HEADER", "body_timeout_s: 1, header_timeout_s: 5")
+    gw = gateway(policy + f'batches: {{dir: "{tmp_path / "b"}"}}\n')
+    sock = connect(gw.base_url)
+    admin = path.startswith("/admin")
+    kind = "application/json" if admin else "multipart/form-data; boundary=b"
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN if admin else USER}\r\n"
+        f"Content-Type: {kind}\r\nContent-Length: 1000\r\n\r\n".encode()
+        + b"--b\r\n"
+    )
+    started = time.monotonic()
+    status, err = answer(sock)
+    assert status == 408 and err["error"]["code"] == "request_timeout", err
+    assert time.monotonic() - started < 5
+    with gw.http() as http:
+        assert http.get("/health").status_code == 200
+
+
+def test_fields_checked_at_the_door(gateway: Callable[..., Gateway]) -> None:
+    gw = gateway(POLICY.replace("HEADER", "5"))
+    with gw.http() as http:
+        for bias, param in (([1, 2], "logit_bias"), ({"x": 1}, "logit_bias.x.[key]"), ({"5": 101}, "logit_bias.5")):
+            r = http.post("/v1/chat/completions", json={**BODY, "logit_bias": bias}, headers=AUTH)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        ok = http.post("/v1/chat/completions", json={**BODY, "logit_bias": {"5": -100}}, headers=AUTH)
+        assert ok.status_code == 200, ok.text
+
+
+def test_the_upstream_words_reach_a_client_only_where_the_backend_says() -> None:
+    words = "bad field at http://10.0.0.1:81 with Bearer sk-abcdefgh"
+    generic = upstream_failure("pool", 422, words, "invalid_field")
+    assert isinstance(generic, UpstreamRejected) and generic.status == 422 and generic.code == "invalid_field"
+    assert generic.message == "upstream pool refused the request (HTTP 422)" and generic.detail == words
+    scrubbed = upstream_failure("pool", 422, words, "Free text, not a code", text="scrubbed")
+    assert scrubbed.message == "bad field at [redacted] with [redacted]" and scrubbed.code is None
+    assert guarded(1.0, 16).__name__ == "Guarded"
