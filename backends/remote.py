@@ -38,7 +38,10 @@ def scrub(text: str) -> str:
 # An upstream's error code a client may read: a short identifier, never free text.
 _CODE = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
 # What engines say when a prompt does not fit (vLLM, llama.cpp's server, OpenAI, litellm's providers).
-_TOO_LONG = re.compile(r"(?i)maximum context length|context (?:length|window)|exceeds? the context|too many tokens")
+_TOO_LONG = re.compile(
+    r"(?i)maximum context length|context (?:length|window)|exceeds? the context|too many tokens"
+    r"|longer than the maximum model length|prompt is too long"
+)
 
 
 def too_long(message: str) -> bool:
