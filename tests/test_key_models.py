@@ -113,3 +113,18 @@ def test_every_line_of_a_batch_runs_under_its_owners_models(gateway: Callable[..
     decided = run("/v1/decide", [YES])["l0"]
     assert decided["status_code"] == 200 and decided["body"]["tier"] == "cheap", decided
     assert decided["body"]["trace"][1]["outcome"] == "skipped"
+
+
+def test_what_a_listed_name_reaches_comes_with_it(tmp_path: Path) -> None:
+    from policies import loader
+    from policies.plans import reach
+
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        policy(tmp_path).replace("  other: {backend: small}\n", "  other: {backend: small, fallbacks: [big]}\n")
+    )
+    p = loader.load(path)
+    assert reach(p, ["small"]) == {"small"}
+    assert reach(p, ["other"]) == {"other", "big"}  # its fallback comes with it
+    assert reach(p, ["auto"]) == {"auto", "small", "big"}  # a cascade model: its open route and its tiers
+    assert reach(p, ["gone"]) == {"gone"}  # a store key may outlive a model: nothing more
