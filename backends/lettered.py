@@ -62,7 +62,7 @@ def labels_for(qtype: str, options: tuple[str, ...] | list[str]) -> tuple[str, .
         if tuple(o.lower() for o in options) != ("yes", "no"):
             raise LetteredInputError("a yes_no question's options are ('yes', 'no')")
         return ("yes", "no")
-    if qtype == "score" and all(len(o) == 1 and o.isdigit() for o in options):
+    if qtype == "score" and all(len(o) == 1 and o.isascii() and o.isdigit() for o in options):
         return tuple(options)
     if len(options) > len(LETTERS):
         raise LetteredInputError(f"lettered scoring takes at most {len(LETTERS)} options (A-Z), not {len(options)}")
@@ -80,7 +80,7 @@ def lettered_prompt(q: Question, reasoned: bool = False) -> LetteredPrompt:
     context = f"{q.context}\n\n" if q.context else ""
     if q.type == "yes_no":
         text, kind = f"{context}Question: {q.question}", "yes or no"
-    elif labels[0].isdigit():
+    elif labels[0].isascii() and labels[0].isdigit():
         lo, hi = q.scale or (int(labels[0]), int(labels[-1]))
         text, kind = f"{context}Question: {q.question}", f"one whole number from {lo} to {hi}"
     else:

@@ -46,6 +46,10 @@ def _counts(node: Any, where: str) -> None:
 # form feed or backspace in an ``enum`` or ``const`` (``\\f``, ``\\b``; found by the fuzz suite)
 # and for a regex escape it does not translate in a ``pattern`` (``\\d``, ``\\.``).
 ESCAPES = frozenset('xuUtrn\\"[]-')
+# What GBNF has outside literals and character classes: rule names, ``::=``, alternatives, groups,
+# repetitions. Anything else there means a literal closed early: llama-cpp-python's converter
+# writes an ``enum`` value holding ``"`` so (its literal ends at the quote, the rest is garbage).
+_BARE = frozenset('abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_ \t\r\n:=|()*+?{},."[')
 
 
 def nesting(grammar: str) -> int:
@@ -67,6 +71,11 @@ def nesting(grammar: str) -> int:
                 escaped = True
             elif ch == quote:
                 quote = None
+        elif ch not in _BARE:
+            raise SchemaOutOfBounds(
+                f"the grammar does not parse at {grammar[max(0, i - 30) : i + 10]!r} (the converter's output for "
+                "a quote or a backslash in an enum or const value?); the local engine cannot take it"
+            )
         elif ch == '"':
             quote = '"'
         elif ch == "[":

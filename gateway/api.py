@@ -98,7 +98,7 @@ async def read_body(request: Request, limits: Limits, most: int | None = None) -
     and not for long)."""
     limit = most if most is not None else limits.max_body_bytes
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"Request body of {declared} bytes is over the limit of {limit} bytes")
     parts, size = [], 0
     try:

@@ -64,7 +64,7 @@ async def upload(request: Request) -> Response:
     settings = caller.runner.holder.current.policy.batches
     limit = settings.max_file_bytes
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit + _OVERHEAD:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit + _OVERHEAD:
         raise PayloadTooLarge(f"the file is over the limit of {limit} bytes")
     wait_s = caller.runner.holder.current.policy.limits.body_timeout_s
     # the form closes the spooled upload however this ends
@@ -93,12 +93,13 @@ def _expires_after(form: FormData, shortest: int) -> int | None:
         return None
     if anchor != "created_at":
         raise InvalidRequest("expires_after[anchor] must be 'created_at'", param="expires_after.anchor")
-    if not isinstance(seconds, str) or not seconds.isdigit() or not shortest <= int(seconds) <= _MAX_EXPIRES_AFTER:
+    given = seconds if isinstance(seconds, str) and seconds.isascii() and seconds.isdigit() else None  # "³" is a digit
+    if given is None or not shortest <= int(given) <= _MAX_EXPIRES_AFTER:
         raise InvalidRequest(
             f"expires_after[seconds] must be an integer from {shortest} to {_MAX_EXPIRES_AFTER}",
             param="expires_after.seconds",
         )
-    return int(seconds)
+    return int(given)
 
 
 def _counted(request: Request, limit: int, wait_s: float) -> Request:
@@ -223,7 +224,7 @@ async def _live(store: Batches, doc: dict[str, Any]) -> dict[str, Any]:
 async def list_batches(request: Request) -> Response:
     caller = await _caller(request)
     raw_limit = request.query_params.get("limit", "20")
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 100:
+    if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= 100:  # "³" is a digit too
         raise InvalidRequest("limit must be between 1 and 100", param="limit")
     limit, after = int(raw_limit), request.query_params.get("after")
     docs = await caller.store.batches(limit + 1, after, caller.viewer)

@@ -337,6 +337,7 @@ HOSTILE = [
     {"type": "array", "items": {"type": "integer"}, "maxItems": 2000},
     {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": {"enum": ["\x0c"]}},
     {"type": "string", "pattern": "^\\d+$"},
+    {"enum": ['"']},
 ]
 
 
@@ -373,7 +374,9 @@ def surfaces(schema: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 @pytest.mark.parametrize(
-    "schema", HOSTILE, ids=["maxLength-10k", "maxLength-30k", "maxItems-1M", "maxItems-2k", "form-feed", "pattern-d"]
+    "schema",
+    HOSTILE,
+    ids=["maxLength-10k", "maxLength-30k", "maxItems-1M", "maxItems-2k", "form-feed", "pattern-d", "quote"],
 )
 def test_a_schema_the_engine_cannot_survive_is_a_400_on_every_surface(local: Gateway, schema: dict[str, Any]) -> None:
     host = host_of(local)

@@ -115,9 +115,12 @@ def test_a_stalled_body_is_a_408_on_admin_and_uploads(
         assert http.get("/health").status_code == 200
 
 
-def test_fields_checked_at_the_door(gateway: Callable[..., Gateway]) -> None:
-    gw = gateway(POLICY.replace("HEADER", "5"))
+def test_fields_checked_at_the_door(gateway: Callable[..., Gateway], tmp_path: Path) -> None:
+    gw = gateway(POLICY.replace("HEADER", "5") + f'batches: {{dir: "{tmp_path / "b"}"}}\n')
     with gw.http() as http:
+        for limit in ("³", "0", "x"):  # "³".isdigit(), and int("³") raises: found by the fuzz suite
+            r = http.get("/v1/batches", params={"limit": limit}, headers=AUTH)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "limit", r.text
         for bias, param in (([1, 2], "logit_bias"), ({"x": 1}, "logit_bias.x.[key]"), ({"5": 101}, "logit_bias.5")):
             r = http.post("/v1/chat/completions", json={**BODY, "logit_bias": bias}, headers=AUTH)
             assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
