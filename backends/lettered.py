@@ -5,7 +5,7 @@ next token over the labels. One prefill, one position, no generation.
 A label's probability is the mass of its single-token spellings (``A`` and `` A``; ``yes``,
 ``Yes``, `` yes``; ...), renormalised over the labels; ``label_mass`` says how much of the
 next token's distribution fell on any label at all (a model that wants to start its answer with
-"The" puts little there). The prompt is the pool tier's question text (``gateway.tier_answers``), so a
+"The" puts little there). The prompt is the pool tier's question text (``gateway.service.tier_answers``), so a
 tier's answer means the same whichever engine reads it. A file without a chat template (a base
 model, such as the packaged Gemma 3 270M) gets that text as plain text, followed by ``Answer:``.
 

@@ -19,7 +19,7 @@ from backends.replicas import ReplicaState
 from policies.errors import InvalidRequest, UpstreamError
 
 _PATHS = {"chat": "/chat/completions", "completion": "/completions", "embedding": "/embeddings"}
-# W3C trace context (traceparent, tracestate) for the calls made now: set by gateway.tracing around one
+# W3C trace context (traceparent, tracestate) for the calls made now: set by gateway.obs.tracing around one
 # upstream call of a traced request, sent with each try
 TRACE_HEADERS: ContextVar[dict[str, str] | None] = ContextVar("triage_trace_headers", default=None)
 

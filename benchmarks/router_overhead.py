@@ -24,7 +24,7 @@ from classifiers.training.export import ensure_exported
 from classifiers.training.quality_training import fit_quality
 from classifiers.training.router_training import labels_for
 from classifiers.training.train_all import embedding_cache
-from gateway.encoding import quality_route
+from gateway.service.encoding import quality_route
 from policies import loader
 from policies.routed import candidate_costs, prompt_tokens
 from policies.schema import RoutedModel

@@ -1,7 +1,7 @@
 """The one exception tree of triage.
 
 Every error the gateway can answer with is a subclass of :class:`TriageError`; each class
-carries its HTTP status and OpenAI error ``type``. The edge (``gateway.app``) maps them once to
+carries its HTTP status and OpenAI error ``type``. The edge (``gateway.http.app``) maps them once to
 an OpenAI-shaped body, or to an SSE error event when a stream has already started. Pure code
 (``policies/``, ``backends/``) raises these and never builds HTTP responses itself.
 

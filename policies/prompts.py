@@ -1,6 +1,6 @@
 """The prompts a tier sends, the pure part: a scorer's prompt and options from its templates, a
 model tier's chat request with the engine's constrained decoding, the labels' regex and grammar.
-The gateway's tiers (``gateway.tier_answers``) and the eval's (``eval.tier_runs``) both build them here."""
+The gateway's tiers (``gateway.service.tier_answers``) and the eval's (``eval.tier_runs``) both build them here."""
 
 from __future__ import annotations
 

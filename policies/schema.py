@@ -549,7 +549,7 @@ class Logging(Strict):
 
 
 class Tracing(Strict):
-    """OpenTelemetry spans (``gateway/tracing.py``), exported by OTLP/HTTP to ``otlp_endpoint``, else to
+    """OpenTelemetry spans (``gateway/obs/tracing.py``), exported by OTLP/HTTP to ``otlp_endpoint``, else to
     ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``; off when none is set
     (or ``OTEL_SDK_DISABLED=true``). Read at start: a reload does not change it."""
 

@@ -20,8 +20,8 @@ import uvicorn
 
 from backends.gguf import smollm2_path
 from benchmarks import vllm as vllm_engine
-from gateway.app import create_app
-from gateway.settings import Settings
+from gateway.http.app import create_app
+from gateway.http.settings import Settings
 from tests.servers import database, free_port, pg, redis_url  # noqa: F401 - fixtures: real Redis, PostgreSQL
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -15,8 +15,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from gateway.batch_model import Row
-from gateway.batch_store import BatchStore, StoreBusy
+from gateway.state.batch_model import Row
+from gateway.state.batch_store import BatchStore, StoreBusy
 from tests.conftest import Gateway, LlamaServer, free_port, wait_http
 
 FEW_SHOT = "You answer in one word.\nQ: colour of the sky? A: blue\nQ: colour of grass? A: green\nQ: "
@@ -253,7 +253,7 @@ def test_dispatch_keeps_the_order_and_never_waits_for_a_group_to_end() -> None:
     barrier between groups would deadlock here: the slow one ends only after the last)."""
     import asyncio
 
-    from gateway.batch_runner import in_order
+    from gateway.service.batch_runner import in_order
 
     async def main() -> list[str]:
         last_done = asyncio.Event()

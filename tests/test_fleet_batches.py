@@ -24,10 +24,10 @@ import asyncpg
 import openai
 import pytest
 
-from gateway.batch_lines import plan_rows
-from gateway.batch_model import FileRow, Row
-from gateway.batch_store import BatchStore
-from gateway.batches import Batches, SqliteBatches
+from gateway.service.batch_lines import plan_rows
+from gateway.state.batch_model import FileRow, Row
+from gateway.state.batch_store import BatchStore
+from gateway.state.batches import Batches, SqliteBatches
 from tests.conftest import Gateway, free_port, wait_http
 from tests.servers import PgServer
 from tests.test_batches import jsonl, line, wait_batch
@@ -303,7 +303,7 @@ async def opened(kind: str, root: Path, dsn: str | None) -> AsyncIterator[Batche
     if kind == "sqlite":
         store: Batches = SqliteBatches(BatchStore(root))
     else:
-        from gateway.batch_pg import PgBatches
+        from gateway.state.batch_pg import PgBatches
 
         assert dsn is not None
         store = await PgBatches.open(dsn, root)
@@ -406,7 +406,7 @@ def test_both_stores_claim_lease_and_write_each_result_once(
 
 def test_two_gateways_at_once_claim_each_group_once(database: str, tmp_path: Path) -> None:
     """Many runners claiming at the same moment (SKIP LOCKED): every group goes to exactly one."""
-    from gateway.batch_pg import PgBatches
+    from gateway.state.batch_pg import PgBatches
 
     async def go() -> list[tuple[str, int]]:
         stores = [await PgBatches.open(database, tmp_path) for _ in range(4)]
@@ -437,8 +437,8 @@ def test_two_gateways_at_once_claim_each_group_once(database: str, tmp_path: Pat
 
 def test_a_prefix_group_goes_to_one_replica_from_every_gateway(tmp_path: Path) -> None:
     from backends.prefix import approx_tokens
-    from gateway import runtime
-    from gateway.runtime import RuntimeHolder
+    from gateway.service import runtime
+    from gateway.service.runtime import RuntimeHolder
     from policies import loader
 
     text = """version: 1
@@ -495,8 +495,8 @@ def test_state_database_is_a_postgresql_url_or_an_env_reference() -> None:
 
 
 def test_a_database_named_by_an_unset_variable_stops_the_start(tmp_path: Path) -> None:
-    from gateway.batches import open_batches
-    from gateway.stores import StoreDown
+    from gateway.state.batches import open_batches
+    from gateway.state.stores import StoreDown
     from policies.schema import StateSpec
 
     with pytest.raises(StoreDown, match="TRIAGE_TEST_NO_SUCH_DB"):

@@ -18,7 +18,7 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from gateway.openapi import document  # noqa: E402
+from gateway.http.openapi import document  # noqa: E402
 from tests.conftest import Gateway, GatewayRunner  # noqa: E402
 from tests.test_hardening import policy  # noqa: E402
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from backends.remote import upstream_failure
-from gateway.connections import guarded
+from gateway.http.connections import guarded
 from policies.errors import UpstreamRejected
 from tests.conftest import Gateway
 from tests.test_workers import Served, serve  # noqa: F401 (a fixture)

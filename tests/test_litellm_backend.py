@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from gateway import runtime
+from gateway.service import runtime
 from policies import loader
 from policies.errors import PolicyInvalid
 from tests.conftest import Gateway, LlamaServer, free_port

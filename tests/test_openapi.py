@@ -11,7 +11,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from gateway import api, batch_api
+from gateway.http import api, batch_api
 from tests.conftest import Gateway
 from tests.test_hardening import policy
 
@@ -101,8 +101,8 @@ def test_the_batch_body_model_takes_the_endpoints_the_runner_serves(
 ) -> None:
     import typing
 
-    from gateway.batch_runner import ENDPOINTS
-    from gateway.schemas import BatchCreate
+    from gateway.service.batch_runner import ENDPOINTS
+    from gateway.service.schemas import BatchCreate
 
     assert typing.get_args(BatchCreate.model_fields["endpoint"].annotation) == ENDPOINTS
     gw = gateway(policy(extra=f'batches: {{dir: "{tmp_path / "b"}"}}\n'))

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.stores import Check, MemoryStore, RedisStore, StoreDown, open_store
+from gateway.state.stores import Check, MemoryStore, RedisStore, StoreDown, open_store
 from policies.schema import StateSpec
 from tests.conftest import Gateway, free_port
 

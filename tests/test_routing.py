@@ -19,7 +19,7 @@ import pytest
 import structlog
 
 from classifiers.training.export import ensure_exported
-from gateway import runtime
+from gateway.service import runtime
 from policies import loader
 from policies.errors import PolicyInvalid
 from tests.conftest import SHARED_DATA, Gateway, LlamaServer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from backends.scripted import ScriptedBackend
-from gateway.runtime import Runtime, RuntimeHolder
+from gateway.service.runtime import Runtime, RuntimeHolder
 from policies import loader
 
 POLICY = loader.parse("version: 1\nbackends: {b: {type: scripted}}\nmodels: {m: {backend: b}}\n")

@@ -148,7 +148,7 @@ def test_a_follow_up_switches_to_another_rule_only_when_sure() -> None:
 
 
 def test_the_rule_header_survives_any_label() -> None:
-    from gateway.api import route_headers
+    from gateway.http.api import route_headers
 
     route = decide(RULED, typed(heads("math", 0.9, 0.6), "open", 0.9, "transfer", 0.95), familiar=True)
     assert route_headers(route, "none")["x-triage-rule"] == "0 intents=transfer 0.9500"

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway import tracing
+from gateway.obs import tracing
 from policies.schema import Tracing
 from tests.conftest import Gateway, GatewayRunner, free_port, wait_http
 
@@ -286,8 +286,8 @@ OFF_SCRIPT = textwrap.dedent(
     import json, sys
     from pathlib import Path
     from starlette.testclient import TestClient
-    from gateway.app import create_app
-    from gateway.settings import Settings
+    from gateway.http.app import create_app
+    from gateway.http.settings import Settings
 
     settings = Settings(policy_path=Path(sys.argv[1]), watch_policy=False, handle_sighup=False, configure_logging=False)
     with TestClient(create_app(settings)) as client:

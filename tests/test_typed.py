@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.typed import typed_ask
+from gateway.service.typed import typed_ask
 from policies.errors import InvalidRequest
 from policies.tiers import Cascade
 

@@ -33,7 +33,7 @@ backends: {script: {type: scripted, text: "TEXT"}}
 models: {scripted: {backend: script}}
 """
 BODY = {"model": "scripted", "messages": [{"role": "user", "content": "hi there"}]}
-ID_PREFIX = 12  # gateway.exchange: a generated request id starts with its process's own prefix
+ID_PREFIX = 12  # gateway.service.exchange: a generated request id starts with its process's own prefix
 
 
 @dataclass
@@ -322,7 +322,7 @@ def test_the_postgresql_batch_api_is_served_by_every_worker(
 SAMPLER = """
 import os, sys
 from types import SimpleNamespace as NS
-from gateway.metrics import Metrics
+from gateway.obs.metrics import Metrics
 m = Metrics()
 assert m.shared_dir == os.environ["PROMETHEUS_MULTIPROC_DIR"]
 waiting, budget = int(sys.argv[1]), sys.argv[2] == "budget"

@@ -105,7 +105,7 @@ async def engine_checks(policy: Policy) -> list[Check]:
 
 
 async def store_checks(policy: Policy) -> list[Check]:
-    from gateway.stores import StoreDown, open_store
+    from gateway.state.stores import StoreDown, open_store
 
     state = policy.state
     out: list[Check] = []
@@ -145,7 +145,7 @@ def doctor(
     ] = None,
 ) -> None:
     """Check that this machine can serve the policy; exit 1 with what to do if not."""
-    from gateway import logs
+    from gateway.obs import logs
     from policies.schema import Logging
 
     logs.configure(Logging(level="error", format="console"))

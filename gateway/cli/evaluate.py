@@ -142,7 +142,7 @@ def fit_gates(console: Console, policy: Path, data: list[Path], dev_cap: int, ou
     fitted on the dev rows of ``data`` from the tiers' answers (cached in ``out/cache``, shared with
     ``triage eval --out out``), at the policy's own temperatures; saved where the runtime reads it."""
     from eval import cascade_eval
-    from gateway.runtime import judges_dir
+    from gateway.service.runtime import judges_dir
 
     pol = load_or_exit(policy, "cascade")
     assert pol.cascade is not None  # load_or_exit: the policy has one
@@ -283,7 +283,7 @@ class _Run:
     def _tier_outputs(self, pol: Any) -> list:
         from eval import cascade_eval, tier_runs
         from eval.tier_outputs import TierCache
-        from gateway.live_tier import Live
+        from gateway.service.live_tier import Live
         from policies.tiers import EncoderTier, ScorerTier
 
         base, rows, specs = self.policy.resolve().parent, self.dev + self.test, []

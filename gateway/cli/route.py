@@ -136,7 +136,7 @@ def _routed(pol: Policy, policy: Path, name: str, vm: RoutedModel, clf: Classifi
 
     from classifiers.quality import QualityHead, quality_head_name
     from classifiers.service import artifacts_dir
-    from gateway.encoding import input_tokens, quality_route
+    from gateway.service.encoding import input_tokens, quality_route
 
     assert pol.classifier is not None
     try:

@@ -40,18 +40,19 @@ def serve(
     ] = 1,
 ) -> None:
     """Serve the OpenAI-compatible API. SIGHUP reloads the policy (in every worker)."""
-    from gateway import logs
-    from gateway import workers as several
-    from gateway.settings import Settings
+    from gateway.http import workers as several
+    from gateway.http.settings import Settings
+    from gateway.obs import logs
     from policies import loader
     from policies.errors import PolicyInvalid
+    from policies.processes import per_process_problems
 
     settings = Settings(policy_path=policy or default_policy_path(), watch_policy=watch, freeze_gc=True)
     try:
         loaded = loader.load(settings.policy_path)  # refuse to start on a bad policy, with every problem
         if missing := loader.unset_secrets(settings.policy_path):  # or on secrets this host does not have
             raise PolicyInvalid(missing)
-        if problems := several.per_process_problems(loaded, workers):  # or on limits a worker would keep alone
+        if problems := per_process_problems(loaded, workers):  # or on limits a worker would keep alone
             raise PolicyInvalid(problems)
     except PolicyInvalid as exc:
         for problem in exc.problems:
@@ -64,7 +65,7 @@ def serve(
         return
     import uvicorn
 
-    from gateway import connections
-    from gateway.app import create_app
+    from gateway.http import connections
+    from gateway.http.app import create_app
 
     uvicorn.run(create_app(settings), host=host, port=port, **connections.uvicorn_options(UVICORN, loaded.limits))

@@ -1,0 +1,1 @@
+"""The HTTP edge: the app, a route per surface, the OpenAPI document, the server's process."""

@@ -1,0 +1,196 @@
+"""``create_app(settings)``: the FastAPI app. Nothing happens at import; the policy is loaded
+and the backends are started in the lifespan, and stopped when the server stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+from collections.abc import AsyncIterator
+
+import structlog
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.http import admin, batch_api
+from gateway.http.api import HOT_ROUTES, error_response, router
+from gateway.http.app_state import GatewayState
+from gateway.http.settings import Settings
+from gateway.obs import logs, tracing
+from gateway.obs.metrics import Metrics
+from gateway.service import runtime
+from gateway.service.batch_runner import BatchRunner
+from gateway.service.reload import Reloader
+from gateway.service.runtime import RuntimeHolder
+from gateway.state.batch_store import StoreBusy
+from gateway.state.batches import open_batches
+from gateway.state.stores import StoreDown
+from policies import loader
+from policies.errors import ClientGone, InvalidRequest, NotFound, PolicyInvalid, TriageError
+from policies.processes import per_process_problems
+from policies.schema import Policy
+
+log = structlog.get_logger("triage.app")
+
+
+async def _batch_runner(policy: Policy, settings: Settings, holder: RuntimeHolder) -> BatchRunner | None:
+    """The Batch API's store and runner: the folder is the policy's (relative to the policy file),
+    else one per policy file in the triage cache; jobs left unfinished by the last run resume now.
+    A SQLite store another gateway process holds leaves this one without the Batch API (503); a
+    PostgreSQL one (``state.database``) that cannot be reached stops the start (PolicyInvalid)."""
+    import hashlib
+
+    from backends.gguf import cache_dir
+
+    path = settings.policy_path.resolve()
+    root = (
+        path.parent / policy.batches.dir
+        if policy.batches.dir
+        else cache_dir() / "batches" / hashlib.sha1(str(path).encode()).hexdigest()[:16]
+    )
+    try:
+        store = await open_batches(policy.state, root.resolve())
+    except StoreBusy as exc:
+        log.warning("batches_unavailable", reason=str(exc))
+        return None
+    except StoreDown as exc:
+        raise PolicyInvalid([f"state.database: {exc.message}"]) from None
+    runner = BatchRunner(store, holder, base_dir=path.parent)
+    runner.start()
+    return runner
+
+
+def create_app(settings: Settings) -> FastAPI:
+    traces = tracing.Tracing()  # started with the policy: off unless an OTLP endpoint is set
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        policy = await asyncio.to_thread(loader.load, settings.policy_path)
+        if problems := per_process_problems(policy, settings.workers):  # a worker of --workers N
+            raise PolicyInvalid(problems)
+        if settings.configure_logging:
+            logs.configure(policy.logging)
+        metrics = Metrics()
+        holder = RuntimeHolder(await runtime.build(policy, base_dir=settings.policy_path.parent))
+        try:
+            batches = await _batch_runner(policy, settings, holder)
+        except BaseException:
+            await holder.close()
+            raise
+        app.state.triage = GatewayState(holder, metrics, batches=batches)
+        metrics.watch_backends(lambda: holder.current.backends.items())
+        metrics.watch_budget(lambda: holder.current.budget)
+        reloader = Reloader(settings.policy_path, holder, metrics, lambda p: per_process_problems(p, settings.workers))
+        app.state.reloader = reloader
+        sighup = settings.handle_sighup and reloader.install_sighup()
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(reloader.watch(stop)) if settings.watch_policy else None
+        if settings.freeze_gc:
+            gc.collect()
+            gc.freeze()  # start-up objects (libraries, policy, models) are never scanned again
+        log.info(
+            "gateway_started",
+            policy=str(settings.policy_path),
+            models=list(policy.models),
+            backends=list(policy.backends),
+            sighup=sighup,
+            watch=settings.watch_policy,
+        )
+        sampler = asyncio.create_task(metrics.run(stop))  # with workers: the gauges they share
+        await asyncio.to_thread(traces.start, policy.tracing)
+        try:
+            yield
+        finally:
+            stop.set()
+            try:
+                await sampler
+                if watcher is not None:
+                    await watcher
+            finally:
+                await asyncio.to_thread(traces.close)  # the last spans exported, first
+                if sighup:
+                    reloader.remove_sighup()
+                if batches is not None:
+                    await batches.close()
+                await holder.close()
+                log.info("gateway_stopped")
+
+    # /openapi.json is gateway.http.api's own route: behind the key when the policy has keys
+    app = FastAPI(title="triage", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.router.routes.extend(HOT_ROUTES)
+    app.include_router(router)
+    app.include_router(batch_api.router)
+    app.include_router(admin.router)
+
+    @app.exception_handler(TriageError)
+    async def _triage_error(request: Request, exc: TriageError) -> Response:
+        if isinstance(exc, ClientGone):  # a route outside the exchange (an upload): the client's doing
+            log.info("client_gone", method=request.method, path=request.url.path, status=exc.status)
+            app.state.triage.metrics.errors.labels(exc.type, str(exc.status)).inc()
+        return error_response(exc, request.url.path)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            return error_response(NotFound(f"No route for {request.method} {request.url.path}"), request.url.path)
+        err = InvalidRequest(str(exc.detail))
+        response = error_response(err, request.url.path)
+        response.status_code = exc.status_code
+        response.headers.update(exc.headers or {})
+        if exc.status_code == 405:  # every method the path takes (Starlette names only its first route's)
+            response.headers["Allow"] = ", ".join(_allowed(request))
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
+        return error_response(InvalidRequest(str(exc.errors()[0].get("msg", "invalid request"))), request.url.path)
+
+    app.add_middleware(_Edge)
+    app.add_middleware(tracing.Middleware, tracing=traces)  # outside the edge: its 500s are in the span
+    return app
+
+
+def _allowed(request: Request) -> list[str]:
+    """The methods some route of the app serves at this request's path, as a 405's ``Allow`` (RFC 9110):
+    each method tried against the routes, which match in full only where path and method both do."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+        if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes)
+    ]
+
+
+class _Edge:
+    """The edge: the one place that catches everything, so the server keeps serving. An exception a
+    route lets out becomes a 500 in the API's shape and a log event with its traceback, and goes no
+    further: Starlette's last-resort handler would re-raise it to uvicorn, which then drops the
+    keep-alive connection without a ``Connection: close``. An answer already started cannot be
+    replaced: that exception goes on, and the server closes the connection, as it must."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception:  # the edge (see above)
+            log.exception("unhandled_error", method=scope.get("method"), path=scope.get("path"), started=started)
+            if started:
+                raise
+            failed = TriageError("The server had an error while processing your request")
+            await error_response(failed, scope.get("path"))(scope, receive, send)

@@ -1,0 +1,1 @@
+"""What the gateway says about itself: metrics, traces, logs."""

@@ -1,0 +1,257 @@
+"""Prometheus metrics, one registry per app (so several apps can live in one process).
+
+Under ``triage serve --workers N`` the workers share their metrics through prometheus-client's
+multiprocess mode: the serve command points ``PROMETHEUS_MULTIPROC_DIR`` at a private folder before
+the first worker starts (prometheus-client reads it when it is imported). Each worker then keeps
+its counters and histograms in its own file there, and ``/metrics``, whichever worker answers,
+adds up every worker's files, a dead worker's counts included, so totals never go back. The
+gauges read at scrape time from a process's own objects (the admission rooms, the escalation
+budget) cannot be read across processes: each worker samples them into shared gauges every
+second (and the answering worker just before it renders), summed over the live workers
+(``livesum``: requests in flight, waiting, holding a slot) or one series per worker (``liveall``,
+a ``pid`` label: the budget, which each worker keeps for itself, and each worker's start time).
+In that mode there is one app per process (the files are per process). Without the variable
+(one process), metrics are what they always were.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+from backends.base import Attempt
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client reads it when imported; set by gateway.http.workers
+SAMPLE_EVERY_S = 1.0
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_WAITING = ("triage_admission_waiting", "Requests waiting for a replica slot")
+_BUSY = ("triage_admission_in_flight", "Requests holding a replica slot")
+_OFFSET = ("triage_cascade_threshold_offset", "The escalation budget's shift of the first tiers' thresholds")
+_TARGET = ("triage_cascade_escalation_target", "The share the budget holds")
+_SHARE = ("triage_cascade_escalated_share", "Share of recent questions the first tier escalated")
+_RESTARTS = ("triage_engine_restarts", "Restarts of a local engine's worker process (it died or hung)")
+_UP = ("triage_engine_up", "1 while a local engine's worker serves it, 0 while it is down or restarting")
+
+
+def _engines(backends: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """The backends that run a local engine in a worker process (``backends.engine_host``)."""
+    for name, backend in backends:
+        engine = getattr(backend, "engine", None)
+        if engine is not None and hasattr(engine, "host"):
+            yield name, backend
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        # the folder several worker processes share (set by `triage serve --workers N`), or None
+        self.shared_dir: str | None = os.environ.get(MULTIPROC_ENV) or None
+        self._samplers: list[Callable[[], None]] = []
+        r = self.registry
+        self.requests = Counter("triage_requests", "Requests answered", ["endpoint", "model", "status"], registry=r)
+        self.errors = Counter("triage_errors", "Error answers by OpenAI error type", ["type", "status"], registry=r)
+        self.latency = Histogram(
+            "triage_request_latency_seconds",
+            "Request latency (to the last byte)",
+            ["endpoint", "model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.attempts = Counter(
+            "triage_upstream_attempts", "Tries at upstream replicas", ["backend", "replica", "outcome"], registry=r
+        )
+        self.tokens = Counter("triage_tokens", "Tokens reported by upstreams", ["model", "kind"], registry=r)
+        self.spend = Counter(
+            "triage_spend", "Cost of served requests at the policy's prices, by key name", ["key", "model"], registry=r
+        )
+        self.in_flight = Gauge(
+            "triage_in_flight_requests", "Requests being served", registry=r, multiprocess_mode="livesum"
+        )
+        self.reloads = Counter("triage_policy_reloads", "Policy reloads", ["outcome"], registry=r)
+        self.decisions = Counter(
+            "triage_decisions", "Typed decisions by the tier that answered", ["tier", "type"], registry=r
+        )
+        self.started = (
+            Gauge(
+                "triage_worker_start_time_seconds",
+                "When each worker process started serving (unix time; 0 while it starts)",
+                registry=r,
+                multiprocess_mode="liveall",
+            )
+            if self.shared_dir
+            else None
+        )
+
+    def observe(
+        self, endpoint: str, model: str, status: int, latency_s: float, attempts: list[Attempt], usage: dict | None
+    ) -> None:
+        self.requests.labels(endpoint, model, str(status)).inc()
+        self.latency.labels(endpoint, model).observe(latency_s)
+        for a in attempts:
+            self.attempts.labels(a.backend, a.replica, a.outcome).inc()
+        for kind in ("prompt", "completion"):
+            count = (usage or {}).get(f"{kind}_tokens")
+            if isinstance(count, int) and count >= 0:
+                self.tokens.labels(model, kind).inc(count)
+
+    def watch_backends(self, backends: Callable[[], Iterable[tuple[str, Any]]]) -> None:
+        """Gauges of the current backends: each admission waiting room's queue and its requests in
+        flight per replica (read at scrape time; sampled, across workers)."""
+        if self.shared_dir is None:
+            self.registry.register(_AdmissionCollector(backends))
+            self.registry.register(_EngineCollector(backends))
+        else:
+            self._samplers.append(_AdmissionSampler(backends, self.registry).sample)
+            self._samplers.append(_EngineSampler(backends, self.registry).sample)
+
+    def watch_budget(self, budget: Callable[[], Any]) -> None:
+        """Gauges of the current policy's escalation budget, if it has one (read at scrape time;
+        sampled, across workers)."""
+        if self.shared_dir is None:
+            self.registry.register(_BudgetCollector(budget))
+        else:
+            self._samplers.append(_BudgetSampler(budget, self.registry).sample)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """While the app serves: with workers, mark this one started and sample its live gauges
+        every second until ``stop``. Nothing to do in one process."""
+        if self.started is None:
+            return
+        self.started.set_to_current_time()
+        while not stop.is_set():
+            self.sample()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), SAMPLE_EVERY_S)
+
+    def sample(self) -> None:
+        for sample in self._samplers:
+            sample()
+
+    def render(self) -> bytes:
+        if self.shared_dir is None:
+            return generate_latest(self.registry)
+        self.sample()  # this worker's own gauges, fresh; the others' are at most a second old
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=self.shared_dir)
+        return generate_latest(merged)
+
+
+class _AdmissionCollector(Collector):
+    def __init__(self, backends: Callable[[], Iterable[tuple[str, Any]]]) -> None:
+        self.backends = backends
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        waiting = GaugeMetricFamily(*_WAITING, labels=["backend"])
+        busy = GaugeMetricFamily(*_BUSY, labels=["backend", "replica"])
+        for name, backend in self.backends():
+            room = getattr(backend, "admission", None)
+            if room is None:
+                continue
+            waiting.add_metric([name], room.waiting)
+            for r in room.replicas:
+                busy.add_metric([name, r.state.api_base], r.in_flight)
+        yield waiting
+        yield busy
+
+
+class _EngineCollector(Collector):
+    def __init__(self, backends: Callable[[], Iterable[tuple[str, Any]]]) -> None:
+        self.backends = backends
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        restarts = CounterMetricFamily(*_RESTARTS, labels=["backend"])
+        up = GaugeMetricFamily(*_UP, labels=["backend"])
+        for name, backend in _engines(self.backends()):
+            restarts.add_metric([name], backend.engine.host.restarts)
+            up.add_metric([name], 1.0 if backend.healthy() else 0.0)
+        yield restarts
+        yield up
+
+
+class _BudgetCollector(Collector):
+    def __init__(self, budget: Callable[[], Any]) -> None:
+        self.budget = budget
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        b = self.budget()
+        if b is None:
+            return
+        yield GaugeMetricFamily(*_OFFSET, b.offset)
+        yield GaugeMetricFamily(*_TARGET, b.target)
+        if b.share is not None:
+            yield GaugeMetricFamily(*_SHARE, b.share)
+
+
+class _AdmissionSampler:
+    """The admission gauges as shared gauges, summed over the live workers. A room or replica that
+    a reload removed reads 0 (a shared file keeps every series it ever had)."""
+
+    def __init__(self, backends: Callable[[], Iterable[tuple[str, Any]]], registry: CollectorRegistry) -> None:
+        self.backends = backends
+        self.waiting = Gauge(*_WAITING, ["backend"], registry=registry, multiprocess_mode="livesum")
+        self.busy = Gauge(*_BUSY, ["backend", "replica"], registry=registry, multiprocess_mode="livesum")
+        self.seen: set[tuple[str, ...]] = set()
+
+    def sample(self) -> None:
+        now: dict[tuple[str, ...], float] = {}
+        for name, backend in self.backends():
+            room = getattr(backend, "admission", None)
+            if room is None:
+                continue
+            now[(name,)] = room.waiting
+            for r in room.replicas:
+                now[(name, r.state.api_base)] = r.in_flight
+        for labels in self.seen - now.keys():
+            now[labels] = 0
+        for labels, value in now.items():
+            (self.waiting if len(labels) == 1 else self.busy).labels(*labels).set(value)
+        self.seen = set(now)
+
+
+class _EngineSampler:
+    """The engines' restarts (counted up by what each worker saw since its last sample) and
+    whether each is up, across workers."""
+
+    def __init__(self, backends: Callable[[], Iterable[tuple[str, Any]]], registry: CollectorRegistry) -> None:
+        self.backends = backends
+        self.restarts = Counter(_RESTARTS[0], _RESTARTS[1], ["backend"], registry=registry)
+        self.up = Gauge(*_UP, ["backend"], registry=registry, multiprocess_mode="livemin")
+        self.seen: dict[int, int] = {}  # id(host) -> restarts already counted
+
+    def sample(self) -> None:
+        for name, backend in _engines(self.backends()):
+            host = backend.engine.host
+            counted = self.seen.get(id(host), 0)
+            if host.restarts > counted:
+                self.restarts.labels(name).inc(host.restarts - counted)
+                self.seen[id(host)] = host.restarts
+            self.up.labels(name).set(1.0 if backend.healthy() else 0.0)
+
+
+class _BudgetSampler:
+    """The budget's gauges, one series per worker (each worker holds its own window); made at the
+    first sample that finds a budget, so a policy without one shows none."""
+
+    def __init__(self, budget: Callable[[], Any], registry: CollectorRegistry) -> None:
+        self.budget = budget
+        self.registry = registry
+        self.gauges: dict[str, Gauge] = {}
+
+    def sample(self) -> None:
+        b = self.budget()
+        if b is None:
+            return
+        for (name, doc), value in ((_OFFSET, b.offset), (_TARGET, b.target), (_SHARE, b.share)):
+            if value is None:
+                continue
+            if name not in self.gauges:
+                self.gauges[name] = Gauge(name, doc, registry=self.registry, multiprocess_mode="liveall")
+            self.gauges[name].set(value)

@@ -1,0 +1,293 @@
+"""Typed decisions at the edge: ``/v1/decide`` bodies, the cascade driven against live tiers,
+and the answer's shape."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import orjson
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from backends.base import Attempt
+from gateway.obs import tracing
+from gateway.service import tier_answers
+from gateway.service.runtime import Runtime
+from gateway.state.stores import StoreDown
+from policies import cascade
+from policies.cascade import Decision, Gate, Judge, Question, Step
+from policies.errors import Forbidden, InvalidRequest, NotFound, TriageError
+from policies.schema import ApiKey
+from policies.tiers import Cascade, ModelTier, QuestionType
+
+log = structlog.get_logger("triage.decide")
+CACHE_FORMAT = 1  # the kept decision's shape: a change of Decision or Step bumps it (old entries then miss)
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Scale(_Closed):
+    min: int
+    max: int
+
+    @model_validator(mode="after")
+    def _order(self) -> Scale:
+        if self.max <= self.min:
+            raise ValueError("scale.max must be greater than scale.min")
+        return self
+
+
+class Overrides(_Closed):
+    thresholds: dict[str, dict[QuestionType, Annotated[float, Field(ge=0, le=1)]]] | None = Field(
+        None, description="tier name -> question type -> threshold, over the policy's"
+    )
+
+
+class DecideRequest(_Closed):
+    question: str = Field(min_length=1)
+    context: str | None = None
+    type: QuestionType
+    options: list[str] | None = None
+    scale: Scale | None = None
+    task: str | None = None
+    policy_overrides: Overrides | None = None
+
+
+def served_cascade(rt: Runtime) -> Cascade:
+    """The policy's cascade; every door to a decision (the routes, a batch's line) answers 404 without one."""
+    if rt.policy.cascade is None:
+        raise NotFound("this policy has no cascade section: /v1/decide is not served")
+    return rt.policy.cascade
+
+
+def known_tasks(rt: Runtime) -> set[str]:
+    return set(rt.policy.classifier.tasks) if rt.policy.classifier is not None else set()
+
+
+def parse_one(rt: Runtime, body: Any) -> tuple[Question, Overrides | None]:
+    """One ``/v1/decide`` body read against the served policy (404 without a cascade, 400 when bad)."""
+    return parse(body, served_cascade(rt), known_tasks(rt))
+
+
+def parse(body: Any, spec: Cascade, tasks: set[str]) -> tuple[Question, Overrides | None]:
+    try:
+        req = DecideRequest.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        param = ".".join(str(p) for p in err["loc"]) or None
+        raise InvalidRequest(f"Invalid value for '{param}': {err['msg']}", param=param) from None
+    return question(req, spec, tasks), checked(spec, req.policy_overrides)
+
+
+def question(req: DecideRequest, spec: Cascade, tasks: set[str]) -> Question:
+    if req.task is not None and req.task not in tasks:
+        raise InvalidRequest(
+            f"unknown task '{req.task}' (the policy names: {', '.join(sorted(tasks)) or 'none'})", param="task"
+        )
+    scale = None
+    if req.type == "choice":
+        if not req.options or not 2 <= len(req.options) <= spec.max_options:
+            raise InvalidRequest(f"a choice question needs 2 to {spec.max_options} options", param="options")
+        options = tuple(req.options)
+    elif req.type == "yes_no":
+        if req.options is not None and len(req.options) != 2:
+            raise InvalidRequest("a yes_no question has two options (yes first), or none", param="options")
+        options = tuple(req.options) if req.options else cascade.YES_NO
+    else:
+        if req.options is not None:
+            raise InvalidRequest("a score question takes a scale, not options", param="options")
+        if req.scale is not None:
+            values = req.scale.max - req.scale.min + 1
+            if values > spec.max_scale:
+                raise InvalidRequest(f"a scale may have at most {spec.max_scale} values, not {values}", param="scale")
+            scale = (req.scale.min, req.scale.max)
+        options = tuple(str(v) for v in range(scale[0], scale[1] + 1)) if scale else ()
+    return Question(req.type, req.question, options, req.context, req.task, scale)
+
+
+def _by_type(*parts: Mapping[QuestionType, float]) -> dict[str, float]:
+    """Numbers per question type as a gate takes them (str keys), a later part's winning."""
+    return {k: v for part in parts for k, v in part.items()}
+
+
+def checked(spec: Cascade, overrides: Overrides | None) -> Overrides | None:
+    """``overrides`` when every tier it names is the cascade's; else 400 naming the field."""
+    names = {t.name for t in spec.tiers}
+    for name in (overrides.thresholds if overrides is not None else None) or {}:
+        if name not in names:
+            raise InvalidRequest(
+                f"policy_overrides.thresholds: no tier named '{name}' (tiers: {', '.join(t.name for t in spec.tiers)})",
+                param="policy_overrides.thresholds",
+            )
+    return overrides
+
+
+def gates(spec: Cascade, overrides: Overrides | None, judges: Mapping[str, Judge] | None = None) -> list[Gate]:
+    checked(spec, overrides)
+    extra = (overrides.thresholds if overrides is not None else None) or {}
+    return [
+        Gate(
+            t.name,
+            t.type,
+            _by_type(t.thresholds, extra.get(t.name, {})),
+            t.task_thresholds,
+            _by_type(t.temperature),
+            (judges or {}).get(t.name),
+            t.task_temperature,
+            t.escalation_margin,
+        )
+        for t in spec.tiers
+    ]
+
+
+async def decide(
+    rt: Runtime,
+    q: Question,
+    overrides: Overrides | None,
+    request_id: str,
+    attempts: list[Attempt],
+    key: ApiKey | None = None,
+) -> Decision:
+    """The cascade's decision; with ``cascade.cache_ttl_s``, from the decision cache when the same
+    question was decided under the same policy version (a hit asks no tier and costs nothing).
+    ``key``: the caller's; a model tier whose model it may not reach is skipped (403 when no tier is left)."""
+    spec = served_cascade(rt)
+    shut = barred(rt, spec, key)
+    if spec.cache_ttl_s is None or rt.budget is not None:  # a budget's thresholds move: not a pure function
+        return await _decide(rt, q, overrides, request_id, attempts, shut)
+    ckey = cache_key(rt.version, q, overrides, sorted(shut))
+    try:
+        hit = await rt.store.cache_get(ckey)
+    except StoreDown as exc:  # the cache only saves work: decide without it
+        log.warning("decision_cache_unavailable", error=exc.message)
+        return await _decide(rt, q, overrides, request_id, attempts, shut)
+    if hit is not None and (kept := unpack(hit)) is not None:
+        return dataclasses.replace(kept, cached=True)
+    decision = dataclasses.replace(await _decide(rt, q, overrides, request_id, attempts, shut), cached=False)
+    try:
+        await rt.store.cache_put(ckey, pack(decision), spec.cache_ttl_s)
+    except StoreDown as exc:
+        log.warning("decision_cache_unavailable", error=exc.message)
+    return decision
+
+
+def barred(rt: Runtime, spec: Cascade, key: ApiKey | None) -> dict[str, str]:
+    """The model tiers ``key`` may not ask (tier name -> why); Forbidden (403) when it may ask none."""
+    allowed = rt.reach(key)
+    if allowed is None or key is None:
+        return {}
+    shut = {
+        t.name: f"the key '{key.name}' may not use the model '{t.model}'"
+        for t in spec.tiers
+        if isinstance(t, ModelTier) and t.model not in allowed
+    }
+    if len(shut) == len(spec.tiers):
+        listed = ", ".join(key.models or [])
+        raise Forbidden(f"the key '{key.name}' may use no tier of the cascade (its models: {listed})")
+    return shut
+
+
+def cache_key(version: str, q: Question, overrides: Overrides | None, shut: list[str] | None = None) -> str:
+    """What a decision is a pure function of: the policy's version (its text, tiers and trained
+    files) and the question; a request's own thresholds, and the tiers its key may not ask, too."""
+    parts: list[Any] = [CACHE_FORMAT, version, q.type, q.question, q.options, q.context, q.task, q.scale]
+    if overrides is not None:
+        parts.append(overrides.model_dump(mode="json"))
+    if shut:
+        parts.append(shut)
+    return "decide:" + hashlib.sha256(orjson.dumps(parts)).hexdigest()
+
+
+def pack(d: Decision) -> bytes:
+    return orjson.dumps(dataclasses.asdict(d))
+
+
+def unpack(raw: bytes) -> Decision | None:
+    """A kept decision; None when it does not read as one (another version of triage wrote it)."""
+    try:
+        doc = orjson.loads(raw)
+        doc["trace"] = tuple(Step(**s) for s in doc["trace"])
+        return Decision(**doc)
+    except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError):
+        log.warning("decision_cache_unreadable")
+        return None
+
+
+async def _decide(
+    rt: Runtime,
+    q: Question,
+    overrides: Overrides | None,
+    request_id: str,
+    attempts: list[Attempt],
+    shut: Mapping[str, str],
+) -> Decision:
+    spec = served_cascade(rt)
+    by_name = {t.name: t for t in spec.tiers}
+    chosen = [dataclasses.replace(g, barred=shut.get(g.name)) for g in gates(spec, overrides, rt.judges)]
+    if rt.budget is not None and overrides is None:  # a request's own thresholds are its own
+        chosen = rt.budget.gates(chosen)
+    budget = rt.budget if overrides is None and not shut else None  # a key's narrower cascade is not the policy's
+    embedding = await tier_answers.question_embedding(rt, q, chosen)
+    gen = tracing.cascade(cascade.run(q, chosen, spec.on_exhausted, embedding), q)  # spans, when traced
+    ask = next(gen)
+    while True:
+        reply = await tier_answers.answer(rt, by_name[ask.tier], ask, request_id, attempts, embedding)
+        try:
+            ask = gen.send(reply)
+        except StopIteration as stop:
+            decision: Decision = stop.value
+            if budget is not None and decision.trace:
+                budget.observe(decision.trace[0])
+            return decision
+        except cascade.CascadeExhausted as exc:
+            if budget is not None and exc.trace:
+                budget.observe(exc.trace[0])
+            raise
+
+
+async def decide_many(
+    rt: Runtime,
+    items: list[tuple[Question, Overrides | None]],
+    request_id: str,
+    attempts: list[Attempt],
+    key: ApiKey | None = None,
+    concurrency: int = 8,
+) -> list[Decision | Exception]:
+    """Several questions, answers in order (an item that fails is its error). Questions sharing a
+    context go back to back, so the local scorer finds the passage in its cache; up to
+    ``concurrency`` run at once (the encoder batches them)."""
+    order = sorted(range(len(items)), key=lambda i: (items[i][0].context or "", items[i][0].question))
+    results: dict[int, Decision | Exception] = {}
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        async with limit:
+            try:
+                results[i] = await decide(rt, items[i][0], items[i][1], f"{request_id}-{i}", attempts, key)
+            except TriageError as exc:  # the item's own error entry (the cascade exhausted, an engine down)
+                results[i] = exc
+
+    await asyncio.gather(*(one(i) for i in order))
+    return [results[i] for i in range(len(items))]
+
+
+def body(d: Decision, request_id: str) -> dict[str, Any]:
+    return {
+        "id": f"decide-{request_id}",
+        "object": "decision",
+        "answer": d.answer,
+        "probabilities": {k: round(v, 6) for k, v in d.probabilities.items()},
+        "confidence": round(d.confidence, 6),
+        # false: the answering tier gave no probabilities; these are its policy's assumed confidence
+        "probabilities_measured": not d.assumed,
+        "tier": d.tier,
+        "trace": [s.as_dict() for s in d.trace],
+        "usage": dict(d.usage) if d.usage else None,
+        **({"cache": "hit" if d.cached else "miss"} if d.cached is not None else {}),
+    }

@@ -1,0 +1,188 @@
+"""One request's bookkeeping: runtime pin, concurrency slot, the log event and the metrics.
+
+``finish`` runs exactly once, when the last byte has gone (or the request failed), whether the
+answer was a JSON body or a stream.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import structlog
+
+from backends.base import Attempt, Stopwatch
+from gateway.obs import tracing
+from gateway.obs.metrics import Metrics
+from gateway.service import quotas
+from gateway.service.runtime import Runtime, RuntimeHolder
+from policies import spend
+from policies.cascade import CascadeExhausted, Decision
+from policies.errors import RateLimited, TriageError
+from policies.plans import public_models
+from policies.schema import ApiKey
+from policies.semantic import Route
+
+log = structlog.get_logger("triage.request")
+_PREFIX = uuid.uuid4().hex[:12]  # per process; ids are unique without a syscall per request
+_COUNTER = itertools.count(1)
+
+
+def _next_id() -> str:
+    return f"{_PREFIX}{next(_COUNTER):012x}"
+
+
+@dataclass
+class ConcurrencyGate:
+    """The in-flight counter behind the 429."""
+
+    in_flight: int = 0
+
+    def enter(self, limit: int) -> None:
+        if self.in_flight >= limit:
+            raise RateLimited(f"Too many requests in flight (limit {limit}); retry shortly")
+        self.in_flight += 1
+
+
+@dataclass
+class Exchange:
+    holder: RuntimeHolder
+    metrics: Metrics
+    gate: ConcurrencyGate
+    endpoint: str
+    request_id: str
+    rt: Runtime
+    watch: Stopwatch = field(default_factory=Stopwatch)
+    attempts: list[Attempt] = field(default_factory=list)
+    model: str | None = None
+    served: str | None = None
+    backend: str | None = None
+    replica: str | None = None
+    stream: bool = False
+    usage: dict[str, Any] | None = None
+    prompt: Any = None
+    route: Route | None = None
+    decision: Decision | None = None
+    key: ApiKey | None = None  # the key that called (its name is logged, never the key)
+    cost: float | None = None
+    charges: list[tuple[str, Mapping[str, int] | None, float]] = field(default_factory=list)  # typed: per model tier
+    _slot: bool = False
+    _done: bool = False
+
+    @classmethod
+    def begin(
+        cls, holder: RuntimeHolder, metrics: Metrics, gate: ConcurrencyGate, endpoint: str, request_id: str | None
+    ) -> Exchange:
+        return cls(holder, metrics, gate, endpoint, request_id or _next_id(), holder.acquire())
+
+    def decided(self, *decisions: Decision) -> None:
+        """Typed decisions this request answered (one: it is the request's): every model tier they
+        asked is charged at its model's prices, escalated and failed ones too."""
+        if len(decisions) == 1:
+            d = decisions[0]
+            self.decision, self.served, self.usage = d, d.tier, dict(d.usage or {}) or None
+        for d in decisions:
+            self.charges += spend.decision_charges(self.rt.policy.models, d)
+        self.cost = sum(c for *_, c in self.charges)
+
+    def take_slot(self) -> None:
+        self.gate.enter(self.rt.policy.limits.max_concurrency)
+        self._slot = True
+        self.metrics.in_flight.inc()
+
+    async def finish(self, status: int, error: TriageError | None = None) -> None:
+        if self._done:
+            return
+        self._done = True
+        if self._slot:
+            self.gate.in_flight -= 1
+            self.metrics.in_flight.dec()
+        owed: list[tuple[str, Mapping[str, int] | None, float]] = []
+        try:
+            if status < 400:
+                owed = self._charges()
+            elif isinstance(error, CascadeExhausted):  # no answer, but the tiers it asked were paid for
+                owed = self.charges = spend.trace_charges(self.rt.policy.models, error.trace)
+                self.cost = sum(c for *_, c in owed)
+            self._report(status, error)
+        finally:
+            if any(quotas.writes(self.key, usage, cost) for _, usage, cost in owed):
+                # counted after the answer, off its path; the runtime (and its store) stays pinned until done
+                self.holder.later(self._settle(owed))
+            else:
+                await self.holder.release(self.rt)
+
+    def _charges(self) -> list[tuple[str, Mapping[str, int] | None, float]]:
+        """What this request is charged: each model tier a decision asked, or the model that served."""
+        if self.charges or self.decision is not None:
+            return self.charges
+        if self.served is None:
+            return []
+        if self.cost is None:
+            self.cost = quotas.price(self.rt, self.served, self.usage)
+        return [(self.served, self.usage, self.cost)]
+
+    async def _settle(self, owed: list[tuple[str, Mapping[str, int] | None, float]]) -> None:
+        try:
+            for model, usage, cost in owed:
+                await quotas.record(self.rt, self.key, model, usage, cost)
+        finally:
+            await self.holder.release(self.rt)
+
+    def _report(self, status: int, error: TriageError | None) -> None:
+        latency = self.watch.elapsed()
+        known = self.model if self.model is not None and self.model in public_models(self.rt.policy) else None
+        model = self.served or (known if known is not None else "-")  # no label per unknown name sent
+        self.metrics.observe(self.endpoint, model, status, latency, self.attempts, self.usage)
+        if error is not None:
+            self.metrics.errors.labels(error.type, str(status)).inc()
+        event: dict[str, Any] = {
+            "request_id": self.request_id,
+            "endpoint": self.endpoint,
+            "model": self.model,
+            "served_model": self.served,
+            "backend": self.backend,
+            "replica": self.replica,
+            "stream": self.stream,
+            "status": status,
+            "latency_ms": round(latency * 1000, 3),
+            "attempts": [
+                {"backend": a.backend, "replica": a.replica, "outcome": a.outcome, "ms": round(a.latency_s * 1000, 3)}
+                for a in self.attempts
+            ],
+        }
+        if self.route is not None:
+            event["route"] = asdict(self.route)
+        if self.decision is not None:
+            event["decision"] = self._decision_event(self.decision)
+            self.metrics.decisions.labels(self.decision.tier, self.decision.qtype).inc()
+        if self.key is not None:
+            event["key"] = self.key.name
+        if self.cost:
+            event["cost"] = round(self.cost, 8)
+            who = self.key.name if self.key is not None else "-"
+            for charged, cost in [(m, c) for m, _, c in self.charges] or [(model, self.cost)]:
+                self.metrics.spend.labels(who, charged).inc(cost)
+        if self.usage:
+            event["prompt_tokens"] = self.usage.get("prompt_tokens")
+            event["completion_tokens"] = self.usage.get("completion_tokens")
+        if error is not None:
+            event["error"] = {"type": error.type, "code": error.code, "message": error.message}
+        if self.prompt is not None and self.rt.policy.logging.log_prompts:
+            event["prompt"] = self.prompt
+        tracing.annotate(event)  # on the request's span, when traced
+        (log.warning if status >= 500 else log.info)("request", **event)
+
+    def _decision_event(self, d: Decision) -> dict[str, Any]:
+        """The cascade's decision for the log: answers (user text) only when prompts are logged."""
+        show = self.rt.policy.logging.log_prompts
+        steps = [{k: v for k, v in s.as_dict().items() if show or k != "answer"} for s in d.trace]
+        return {
+            "tier": d.tier,
+            "confidence": round(d.confidence, 6),
+            "trace": steps,
+            **({"answer": d.answer} if show else {}),
+        }

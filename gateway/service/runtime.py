@@ -1,0 +1,382 @@
+"""The live state a policy becomes: started backends and resolved keys, swapped atomically.
+
+A request pins the runtime it started with; backends that a reload dropped are closed only
+once the last request that pinned the old runtime has finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import re
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from backends import registry
+from backends.base import Backend
+from backends.secrets import MissingSecret, resolve
+from gateway.service.keyring import Keyring, as_key
+from gateway.state.stores import MemoryStore, Store, StoreDown, open_store
+from policies import plans
+from policies.budget import EscalationBudget
+from policies.errors import NotReady, PolicyInvalid, Unauthorized
+from policies.schema import ApiKey, Policy
+
+if TYPE_CHECKING:
+    from classifiers.confidence import ConfidenceModel
+    from classifiers.quality import QualityHead
+    from gateway.service.encoding import Encoding
+
+log = structlog.get_logger("triage.runtime")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(eq=False)
+class Runtime:
+    policy: Policy
+    backends: dict[str, Backend]
+    key_hashes: frozenset[str]
+    encoding: Encoding | None = None
+    quality: dict[str, QualityHead] = field(default_factory=dict)  # routed virtual model -> its heads
+    budget: EscalationBudget | None = None  # the cascade's online escalation budget (a policy's own)
+    judges: dict[str, ConfidenceModel] = field(default_factory=dict)  # tier -> its learned gate
+    in_flight: int = 0
+    retired: bool = False
+    store: Store = field(default_factory=MemoryStore)  # rate windows and spend (policy: state)
+    store_problem: str | None = None  # the store was down at start and the policy allows degraded mode
+    store_checked: float = 0.0  # when a degraded store was last asked whether it is back (monotonic)
+    operator_hashes: frozenset[str] = frozenset()  # keys that see every key's files and batches
+    keyring: Keyring | None = None  # who may call (None: the policy's keys only, no store keys)
+    admin_digest: str | None = None  # the admin API's key's sha256 (None: /admin is off)
+    version: str = ""  # the policy and its artifacts, hashed: what the decision cache is keyed on
+    _reach: dict[tuple[str, ...], frozenset[str]] = field(default_factory=dict)
+
+    def reach(self, key: ApiKey | None) -> frozenset[str] | None:
+        """Every model ``key`` may be served by (:func:`policies.plans.reach`); None: any."""
+        if key is None or key.models is None:
+            return None
+        names = tuple(key.models)
+        if (found := self._reach.get(names)) is None:
+            if len(self._reach) >= 1024:  # store keys come and go: bounded
+                self._reach.clear()
+            found = self._reach[names] = plans.reach(self.policy, names)
+        return found
+
+    @property
+    def keys_required(self) -> bool:
+        return bool(self.key_hashes) or self.admin_digest is not None
+
+    async def authenticate(self, authorization: str | None, send: str = "Authorization: Bearer <key>") -> ApiKey | None:
+        """The key sent, checked: None when the gateway runs without keys; Unauthorized (401) when
+        it is missing, unknown or revoked; StoreDown (503) when a store key cannot be looked up."""
+        if not self.keys_required:
+            return None
+        digest = self.key_digest(authorization)
+        key = None
+        if digest is not None and self.keyring is not None:
+            key = await self.keyring.lookup(digest)
+        if key is None:
+            raise Unauthorized(f"Incorrect, revoked or missing API key: send '{send}'")
+        return key
+
+    def key_digest(self, authorization: str | None) -> str | None:
+        """The sha256 of the bearer key sent, None without one (what the keys are looked up by)."""
+        if not authorization or not authorization.startswith("Bearer "):
+            return None
+        return hashlib.sha256(authorization[7:].strip().encode()).hexdigest()
+
+    def ready(self) -> bool:
+        return any(b.healthy() for b in self.backends.values())
+
+    @functools.cached_property
+    def admission(self) -> bool:
+        """A backend holds requests in a waiting room (``admission``)."""
+        return any(getattr(b, "admission", None) is not None for b in self.backends.values())
+
+
+def _key_hashes(policy: Policy) -> list[tuple[str, str]]:
+    """Each key's name and hex sha256 (names may repeat: a key being rotated)."""
+    hashes: list[tuple[str, str]] = []
+    for i, key in enumerate(policy.keys):
+        try:
+            value = resolve(key.sha256) if key.sha256.startswith("env:") else key.sha256
+        except MissingSecret as exc:
+            raise PolicyInvalid([f"keys[{i}].sha256: {exc}"]) from None
+        value = (value or "").strip().lower()
+        if not _HEX64.match(value):
+            raise PolicyInvalid([f"keys[{i}].sha256: {key.sha256} does not hold a hex sha256"])
+        hashes.append((key.name, value))
+    return hashes
+
+
+async def _encoding(
+    policy: Policy, previous: Runtime | None, base_dir: Path
+) -> tuple[Encoding | None, dict[str, QualityHead]]:
+    """The encoder and its heads (reused when unchanged), and the routed models' quality heads."""
+    if policy.classifier is None:
+        return None, {}
+    from gateway.service.encoding import Encoding, artifacts_signature, load_quality  # ONNX Runtime: only when asked
+    from policies.semantic import label_problems
+
+    old = previous.encoding if previous is not None else None
+    if (
+        old is not None
+        and old.config == policy.classifier
+        and old.signature == artifacts_signature(policy.classifier, base_dir)
+    ):
+        encoding = old  # same settings, same trained heads: keep the loaded encoder
+    else:
+        try:
+            encoding = await Encoding.load(policy.classifier, base_dir)
+        except NotReady as exc:
+            raise PolicyInvalid([f"classifier: {exc.message}"]) from None
+    problems = label_problems(policy, encoding.classifier.classes())
+    heads, quality_problems = load_quality(policy, base_dir, encoding.classifier.encoder.dim)
+    problems += quality_problems
+    if problems:
+        if encoding is not old:
+            await encoding.close()
+        raise PolicyInvalid(problems)
+    return encoding, heads
+
+
+async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path = Path(".")) -> Runtime:
+    """Start the backends of ``policy``, reusing those of ``previous`` whose spec is unchanged.
+
+    Relative paths in the policy (classifier data and artifacts) are taken from ``base_dir``.
+    """
+    keys = _key_hashes(policy)
+    admin = _admin_digest(policy)
+    judges = load_judges(policy, base_dir)
+    cached = policy.cascade is not None and policy.cascade.cache_ttl_s is not None
+    version = await asyncio.to_thread(policy_version, policy, base_dir) if cached else ""
+    if previous is not None and previous.policy.state == policy.state:
+        store, problem = previous.store, previous.store_problem
+    else:
+        try:
+            store, problem = await open_store(policy.state)
+        except StoreDown as exc:
+            raise PolicyInvalid([f"state: {exc.message}"]) from None
+        if problem is not None:
+            log.warning("state_store_down", store=policy.state.store, problem=problem, mode="degraded")
+    if admin is not None and problem is None:
+        try:
+            await _names_apart(policy, store)
+        except PolicyInvalid:
+            if previous is None or store is not previous.store:
+                await store.close()
+            raise
+    encoding, quality = await _encoding(policy, previous, base_dir)
+    backends: dict[str, Backend] = {}
+    started: list[Backend] = []
+    try:
+        for name, spec in policy.backends.items():
+            if previous is not None and previous.policy.backends.get(name) == spec:
+                backends[name] = previous.backends[name]
+                continue
+            try:
+                backend = registry.build(name, spec)
+            except MissingSecret as exc:
+                raise PolicyInvalid([f"backends.{name}: {exc}"]) from None
+            await backend.start()
+            started.append(backend)
+            backends[name] = backend
+    except BaseException:
+        for backend in started:
+            await backend.close()
+        if encoding is not None and (previous is None or encoding is not previous.encoding):
+            await encoding.close()
+        if previous is None or store is not previous.store:
+            await store.close()
+        raise
+    hashes = frozenset(digest for _, digest in keys)
+    operators = frozenset(digest for name, digest in keys if name in policy.access.operator_keys)
+    by_digest = {digest: policy.keys[i] for i, (_, digest) in enumerate(keys)}
+    return Runtime(
+        policy,
+        backends,
+        hashes,
+        encoding,
+        quality,
+        _budget(policy),
+        judges,
+        store=store,
+        store_problem=problem,
+        operator_hashes=operators,
+        keyring=Keyring(by_digest, store, dynamic=admin is not None),
+        admin_digest=admin,
+        version=version,
+    )
+
+
+async def _names_apart(policy: Policy, store: Store) -> None:
+    """A policy key may not take the name of a live key the admin API made: the two would share
+    rate windows and spend (both are kept by name)."""
+    try:
+        live = {as_key(raw)[0].name for raw, revoked_at in await store.key_all() if revoked_at is None}
+    except StoreDown:
+        return  # found when the store answers again: the admin API refuses a policy key's name
+    if clash := sorted(live & {k.name for k in policy.keys}):
+        names = ", ".join(clash)
+        raise PolicyInvalid([f"keys: {names}: also the name of a live key made by the admin API (revoke it first)"])
+
+
+def _admin_digest(policy: Policy) -> str | None:
+    ref = policy.access.admin_key
+    if ref is None:
+        return None
+    try:
+        value = resolve(ref) if ref.startswith("env:") else ref
+    except MissingSecret as exc:
+        raise PolicyInvalid([f"access.admin_key: {exc}"]) from None
+    value = (value or "").strip().lower()
+    if not _HEX64.match(value):
+        raise PolicyInvalid([f"access.admin_key: {ref} does not hold a hex sha256"])
+    return value
+
+
+def policy_version(policy: Policy, base_dir: Path) -> str:
+    """The policy as served, hashed with every file of its trained artifacts folders (their bytes;
+    name, size and time for a file over 64 MB): a reload that changes either changes it (the
+    decision cache's key), and gateways serving the same files agree on it."""
+    h = hashlib.sha256(policy.model_dump_json().encode())
+    folders = {judges_dir(policy, base_dir)}
+    if policy.classifier is not None:
+        folders.add((base_dir / policy.classifier.artifacts).resolve())
+    for folder in sorted(str(f) for f in folders if f is not None):
+        for path in sorted(Path(folder).rglob("*")) if Path(folder).is_dir() else []:
+            if path.is_file():
+                st = path.stat()
+                h.update(f"{path.relative_to(folder)}:{st.st_size}".encode())
+                h.update(path.read_bytes() if st.st_size <= 64 << 20 else str(st.st_mtime_ns).encode())
+    return h.hexdigest()[:16]
+
+
+def judges_dir(policy: Policy, base_dir: Path) -> Path | None:
+    """Where the cascade's learned gates are: its own ``artifacts``, else the classifier's."""
+    c = policy.cascade
+    if c is not None and c.artifacts is not None:
+        return (base_dir / c.artifacts).resolve()
+    if policy.classifier is not None:
+        return (base_dir / policy.classifier.artifacts).resolve()
+    return None
+
+
+def load_judges(policy: Policy, base_dir: Path) -> dict[str, ConfidenceModel]:
+    """The confidence model of every tier with ``gate: learned``; a missing one stops the start."""
+    c = policy.cascade
+    learned = [t.name for t in (c.tiers if c is not None else []) if t.gate == "learned"]
+    if not learned:
+        return {}
+    from classifiers.confidence import ConfidenceModel
+
+    where = judges_dir(policy, base_dir)
+    if where is None:
+        raise PolicyInvalid(
+            ["cascade: a tier has `gate: learned` but neither cascade.artifacts nor a classifier says where"]
+        )
+    out: dict[str, ConfidenceModel] = {}
+    problems = []
+    temperatures = {t.name: dict(t.temperature) for t in c.tiers} if c is not None else {}
+    margins = {t.name: t.escalation_margin for t in c.tiers} if c is not None else {}
+    for name in learned:
+        try:
+            out[name] = ConfidenceModel.load(where, name)
+        except NotReady as exc:
+            problems.append(f"cascade.tiers.{name}: {exc.message}")
+            continue
+        fitted = out[name].meta.get("temperature")
+        if fitted is not None and fitted != temperatures[name]:
+            problems.append(
+                f"cascade.tiers.{name}: its learned gate was fitted at temperature {fitted}, the policy says "
+                f"{temperatures[name]}: run `triage train --policy POLICY` again"
+            )
+        if out[name].needs_embedding and policy.classifier is None:
+            problems.append(
+                f"cascade.tiers.{name}: its learned gate reads the question's embedding: the policy needs a classifier"
+            )
+        if margins.get(name) is not None and (out[name].after is None or policy.classifier is None):
+            problems.append(
+                f"cascade.tiers.{name}: escalation_margin compares with the last tier's record on the nearest "
+                "questions: it needs a classifier, and a gate fitted with embeddings (`triage train` on such a policy)"
+            )
+    if problems:
+        raise PolicyInvalid(problems)
+    return out
+
+
+def _budget(policy: Policy) -> EscalationBudget | None:
+    """A fresh controller per policy (a reload starts it again at the policy's own thresholds)."""
+    c = policy.cascade
+    if c is None or c.escalation_budget is None:
+        return None
+    return EscalationBudget(c.escalation_budget, c.budget_step, c.budget_max_shift, c.budget_floor, c.budget_window)
+
+
+class RuntimeHolder:
+    """The current runtime, and the retired ones that still have requests in flight.
+
+    A backend (or the encoder) that a reload dropped is closed once no live runtime uses it:
+    not the current one, and none of the retired ones still serving a request. Counting per
+    object, not per runtime, matters when reloads come quickly: A -> B (keeps X) -> C (drops X)
+    must not close X while a request pinned to A still streams from it.
+    """
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.current = runtime
+        self._retired: list[Runtime] = []
+        self._pending: dict[int, Backend | Encoding | Store] = {}  # by id: objects of retired runtimes
+        self._later: set[asyncio.Task[None]] = set()  # work after an answer (spend records): awaited at close
+
+    def later(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` after the answer, in the background; :meth:`close` waits for it."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._later.add(task)
+        task.add_done_callback(self._later.discard)
+
+    def acquire(self) -> Runtime:
+        rt = self.current
+        rt.in_flight += 1
+        return rt
+
+    async def release(self, rt: Runtime) -> None:
+        rt.in_flight -= 1
+        if rt.retired and rt.in_flight == 0:
+            await self._collect()
+
+    async def swap(self, new: Runtime) -> None:
+        old, self.current = self.current, new
+        old.retired = True
+        self._retired.append(old)
+        for obj in (*old.backends.values(), old.encoding, old.store):
+            if obj is not None:
+                self._pending[id(obj)] = obj
+        await self._collect()
+
+    async def close(self) -> None:
+        if self._later:
+            await asyncio.wait(self._later, timeout=10)
+        for backend in self.current.backends.values():
+            await backend.close()
+        if self.current.encoding is not None:
+            await self.current.encoding.close()
+        await self.current.store.close()
+
+    async def _collect(self) -> None:
+        self._retired = [rt for rt in self._retired if rt.in_flight > 0]
+        live = {
+            id(obj)
+            for rt in (self.current, *self._retired)
+            for obj in (*rt.backends.values(), rt.encoding, rt.store)
+            if obj is not None
+        }
+        closing = [obj for key, obj in self._pending.items() if key not in live]
+        self._pending = {key: obj for key, obj in self._pending.items() if key in live}
+        for obj in closing:
+            log.info("backend_closed", backend=getattr(obj, "name", "encoder"))
+            await obj.close()

@@ -1,0 +1,1 @@
+"""What is kept: the state store (memory or Redis) and the batch stores (SQLite, PostgreSQL)."""
