@@ -54,7 +54,8 @@ _BARE = frozenset('abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012345678
 
 def nesting(grammar: str) -> int:
     """The deepest nesting of groups in a GBNF grammar (literals and character classes skipped);
-    SchemaOutOfBounds for an escape llama.cpp's parser does not read."""
+    SchemaOutOfBounds for what llama.cpp's parser does not read (an escape, a stray character, an
+    open literal at the end)."""
     depth = deepest = 0
     quote: str | None = None  # inside "..." or [...]
     escaped = False
@@ -85,6 +86,8 @@ def nesting(grammar: str) -> int:
             deepest = max(deepest, depth)
         elif ch == ")":
             depth -= 1
+    if quote is not None:
+        raise SchemaOutOfBounds("the grammar ends inside a literal; the local engine cannot take it")
     return deepest
 
 

@@ -136,3 +136,15 @@ def test_the_upstream_words_reach_a_client_only_where_the_backend_says() -> None
     scrubbed = upstream_failure("pool", 422, words, "Free text, not a code", text="scrubbed")
     assert scrubbed.message == "bad field at [redacted] with [redacted]" and scrubbed.code is None
     assert guarded(1.0, 16).__name__ == "Guarded"
+
+
+def test_the_grammar_check_refuses_what_llama_cpp_cannot_parse() -> None:
+    """Each refused grammar here crashed llama-cpp-python 0.3.36 (SIGSEGV: a failed parse, then
+    sampling with no grammar), tried one by one on SmolLM2; each accepted one parsed and served."""
+    from backends.schema_bounds import SchemaOutOfBounds, nesting
+
+    for ok in ('root ::= "a\\-b"', "root ::= [a\\-z]+", 'root ::= "a\\tb"', "root ::= [\\]\\[]", 'root ::= "\\x41"'):
+        assert nesting(ok) == 0, ok
+    for bad in ("root ::= [a\\.z]+", 'root ::= "a\\/b"', 'root ::= "\\"\\\\"\\""', 'root ::= "a'):
+        with pytest.raises(SchemaOutOfBounds):
+            nesting(bad)
