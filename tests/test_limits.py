@@ -124,6 +124,9 @@ def test_fields_checked_at_the_door(gateway: Callable[..., Gateway], tmp_path: P
         for bias, param in (([1, 2], "logit_bias"), ({"x": 1}, "logit_bias.x.[key]"), ({"5": 101}, "logit_bias.5")):
             r = http.post("/v1/chat/completions", json={**BODY, "logit_bias": bias}, headers=AUTH)
             assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        for path in ("/admin/keys/", "/admin/keys//", "/v1/models/"):  # no redirect before any key is checked
+            r = http.delete(path, headers=AUTH)
+            assert r.status_code in (401, 404, 405) and "error" in r.json(), (path, r.status_code)
         ok = http.post("/v1/chat/completions", json={**BODY, "logit_bias": {"5": -100}}, headers=AUTH)
         assert ok.status_code == 200, ok.text
 

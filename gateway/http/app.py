@@ -120,7 +120,15 @@ def create_app(settings: Settings) -> FastAPI:
                 log.info("gateway_stopped")
 
     # /openapi.json is gateway.http.api's own route: behind the key when the policy has keys
-    app = FastAPI(title="triage", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="triage",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        redirect_slashes=False,  # a path that is not a route is a 404 in the API's shape, not a 307 (before any key)
+    )
     app.router.routes.extend(HOT_ROUTES)
     app.include_router(router)
     app.include_router(batch_api.router)
