@@ -16,7 +16,6 @@ import httpx
 import pytest
 
 from backends.remote import upstream_failure
-from gateway.http.connections import guarded
 from policies.errors import UpstreamRejected
 from tests.conftest import Gateway
 from tests.test_workers import Served, serve  # noqa: F401 (a fixture)
@@ -138,7 +137,6 @@ def test_the_upstream_words_reach_a_client_only_where_the_backend_says() -> None
     assert generic.message == "upstream pool refused the request (HTTP 422)" and generic.detail == words
     scrubbed = upstream_failure("pool", 422, words, "Free text, not a code", text="scrubbed")
     assert scrubbed.message == "bad field at [redacted] with [redacted]" and scrubbed.code is None
-    assert guarded(1.0, 16).__name__ == "Guarded"
 
 
 def test_the_grammar_check_refuses_what_llama_cpp_cannot_parse() -> None:
