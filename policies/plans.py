@@ -6,9 +6,12 @@ tokenizer) resolves a name here and nowhere else, into one of three plans:
 - :class:`ChainPlan`: a policy model or an alias: the models to try in order (each target's
   fallbacks after it, the policy's fallback model last);
 - :class:`EncoderPlan`: a ``semantic`` or ``routed`` virtual model: the encoder picks the model per
-  request (then that model's chain); ``chain`` is what serves when nothing picks;
-- :class:`TypedPlan`: a ``cascade`` virtual model: a typed question is decided by the cascade, any
-  other request follows ``open``, the plan of its open route.
+  request (then that model's chain); ``chain`` is what serves when nothing picks; ``reasoning``:
+  the routed model that switches reasoning per request (``reasoning: {mode: router}``), resolved;
+- :class:`TypedPlan`: a ``cascade`` virtual model: a typed question is decided by ``cascade`` (the
+  policy's; None without one), any other request follows ``open``, the plan of its open route.
+
+A plan holds everything a request needs of the policy, so nothing after it looks a name up again.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 
 from policies.errors import ModelNotFound
 from policies.schema import AliasModel, CascadeModel, Policy, RoutedModel, SemanticModel
-from policies.tiers import ModelTier
+from policies.tiers import Cascade, ModelTier
 
 
 @dataclass(frozen=True)
@@ -32,12 +35,14 @@ class EncoderPlan:
     name: str
     model: SemanticModel | RoutedModel
     chain: tuple[str, ...]  # without the encoder: the default, or a routed model's candidates dearest first
+    reasoning: tuple[str, RoutedModel] | None = None  # a semantic model's reasoning router: its name, its model
 
 
 @dataclass(frozen=True)
 class TypedPlan:
     name: str
     open: Plan
+    cascade: Cascade | None  # the policy's (a typed question without one follows ``open`` too)
 
     @property
     def chain(self) -> tuple[str, ...]:
@@ -78,10 +83,20 @@ def resolve(policy: Policy, name: str) -> Plan:
     if isinstance(vm, AliasModel):
         return ChainPlan(name, _chain(policy, list(vm.targets)))
     if isinstance(vm, CascadeModel):
-        return TypedPlan(name, resolve(policy, vm.open))
+        return TypedPlan(name, resolve(policy, vm.open), policy.cascade)
     if isinstance(vm, RoutedModel):
         return EncoderPlan(name, vm, _chain(policy, sorted(vm.routes(), key=lambda m: -_price(policy, m))))
-    return EncoderPlan(name, vm, _chain(policy, [vm.default]))
+    return EncoderPlan(name, vm, _chain(policy, [vm.default]), _reasoning_router(policy, vm))
+
+
+def _reasoning_router(policy: Policy, vm: SemanticModel) -> tuple[str, RoutedModel] | None:
+    """``reasoning: {mode: router}``: the routed model that switches reasoning (validated to be one)."""
+    name = vm.reasoning.router
+    if name is None:
+        return None
+    router = policy.virtual_models[name]
+    assert isinstance(router, RoutedModel), "validated: mode router names a routed model"
+    return name, router
 
 
 def reach(policy: Policy, names: Iterable[str]) -> frozenset[str]:

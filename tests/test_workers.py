@@ -33,7 +33,7 @@ backends: {script: {type: scripted, text: "TEXT"}}
 models: {scripted: {backend: script}}
 """
 BODY = {"model": "scripted", "messages": [{"role": "user", "content": "hi there"}]}
-ID_PREFIX = 12  # gateway.service.exchange: a generated request id starts with its process's own prefix
+ID_PREFIX = 12  # gateway.http.exchange: a generated request id starts with its process's own prefix
 
 
 @dataclass

@@ -18,7 +18,7 @@ import structlog
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.http.api import read_body
+from gateway.http.doors import read_body
 from gateway.service import keyring
 from gateway.service.runtime import Runtime
 from gateway.service.schemas import parse_json

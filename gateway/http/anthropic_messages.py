@@ -1,5 +1,5 @@
 """Anthropic's Messages API (``/v1/messages``) on the chat pipeline: a request is translated to a
-chat body and served by :func:`gateway.http.api.pipeline` (routing, keys, limits, logs, metrics as for
+chat body and served by :meth:`gateway.service.service.Service.generate` (routing, keys, limits, logs, metrics as for
 chat); the chat answer comes back as a ``message``, or as Anthropic's event stream
 (``message_start``, ``content_block_start``, ``content_block_delta``, ``content_block_stop``,
 ``message_delta``, ``message_stop``; ``error`` when the engine fails after the stream began).

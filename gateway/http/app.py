@@ -17,8 +17,9 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.http import admin, batch_api
-from gateway.http.api import HOT_ROUTES, error_response, router
+from gateway.http.api import HOT_ROUTES, router
 from gateway.http.app_state import GatewayState
+from gateway.http.doors import error_response
 from gateway.http.settings import Settings
 from gateway.obs import logs, tracing
 from gateway.obs.metrics import Metrics

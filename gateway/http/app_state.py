@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gateway.http.exchange import ConcurrencyGate
 from gateway.http.responses import ResponseStore
 from gateway.obs.metrics import Metrics
-from gateway.service.exchange import ConcurrencyGate
 from gateway.service.runtime import RuntimeHolder
 
 if TYPE_CHECKING:

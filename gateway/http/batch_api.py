@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request, Response
 from starlette.datastructures import FormData
 from starlette.types import Message
 
-from gateway.http.api import read_body
+from gateway.http.doors import read_body
 from gateway.service import quotas
 from gateway.service.batch_runner import BatchRunner
 from gateway.service.schemas import BatchCreate, check, parse_json

@@ -1,5 +1,5 @@
 """The Responses API (``/v1/responses``) on the chat pipeline: a request is translated to a chat
-body, served by :func:`gateway.http.api.pipeline` (routing, the cascade, keys, limits, logs, metrics as
+body, served by :meth:`gateway.service.service.Service.generate` (routing, the cascade, keys, limits, logs, metrics as
 for chat), and the chat answer translated back: a ``response`` object, or the Responses event
 stream (``response.created`` ... ``response.output_text.delta`` ... ``response.completed``, and
 ``error`` when the engine fails after the stream began).
@@ -24,7 +24,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -522,11 +522,3 @@ class StreamTranslator:
         return self._next("error", code=code, message=message, param=None) + self._next(
             "response.failed", response=self.response
         )
-
-
-async def relay(chunks: AsyncIterator[Body], translator: StreamTranslator) -> AsyncIterator[bytes]:
-    """The translated events of a chat stream (errors are the caller's: it knows the error tree)."""
-    async for chunk in chunks:
-        data = translator.feed(chunk)
-        if data:
-            yield data

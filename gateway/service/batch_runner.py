@@ -34,9 +34,11 @@ from typing import Any, TypeVar
 import structlog
 
 from backends.base import Kind
-from gateway.service import decide, pipeline, quotas
+from gateway.service import decide, quotas
 from gateway.service.batch_lines import check_lines, plan_rows
+from gateway.service.context import Context
 from gateway.service.runtime import RuntimeHolder
+from gateway.service.service import Service
 from gateway.state.batch_model import BatchClaim, FileRow, GroupClaim, Pending, new_id, output_file_id, write_bytes
 from gateway.state.batches import Batches
 from gateway.state.stores import StoreDown
@@ -446,16 +448,16 @@ async def serve(
     """One batch request through the gateway's own paths; an error is a status and an OpenAI error
     body. With it, what it cost: each model it asked at its prices (a cascade's every tier).
     ``key``: the batch's owner, whose models hold for every line (403 for a line that names another)."""
-    attempts: list[Any] = []
-    models = rt.policy.models
+    models, service = rt.policy.models, Service(rt)
+    ctx = Context(request_id, key=key, surface="batch", affinity=affinity)
     try:
         if endpoint == "/v1/decide":
             q, overrides = decide.parse_one(rt, body)  # the route's checks and statuses
-            d = await decide.decide(rt, q, overrides, request_id, attempts, key)
+            d = await service.decide(q, overrides, ctx)
             return 200, decide.body(d, request_id), spend.decision_charges(models, d)
         kind: Kind = "chat" if endpoint == "/v1/chat/completions" else "completion"
         quotas.allowed(rt, key, body.get("model") if isinstance(body.get("model"), str) else None)
-        out = await pipeline.run(rt, kind, {**body, "stream": False}, request_id, attempts, affinity)
+        out = await service.generate(kind, {**body, "stream": False}, ctx)
         if out.typed is not None:
             assert out.decision is not None
             return 200, out.typed, spend.decision_charges(models, out.decision)

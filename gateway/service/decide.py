@@ -13,10 +13,11 @@ import orjson
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from backends.base import Attempt
 from gateway.obs import tracing
 from gateway.service import tier_answers
+from gateway.service.context import Context
 from gateway.service.runtime import Runtime
+from gateway.service.tier_answers import ServeChat
 from gateway.state.stores import StoreDown
 from policies import cascade
 from policies.cascade import Decision, Gate, Judge, Question, Step
@@ -147,29 +148,25 @@ def gates(spec: Cascade, overrides: Overrides | None, judges: Mapping[str, Judge
 
 
 async def decide(
-    rt: Runtime,
-    q: Question,
-    overrides: Overrides | None,
-    request_id: str,
-    attempts: list[Attempt],
-    key: ApiKey | None = None,
+    rt: Runtime, q: Question, overrides: Overrides | None, ctx: Context, serve_chat: ServeChat
 ) -> Decision:
     """The cascade's decision; with ``cascade.cache_ttl_s``, from the decision cache when the same
     question was decided under the same policy version (a hit asks no tier and costs nothing).
-    ``key``: the caller's; a model tier whose model it may not reach is skipped (403 when no tier is left)."""
+    A model tier whose model the caller's key may not reach is skipped (403 when no tier is left);
+    a model tier's question is served by ``serve_chat``."""
     spec = served_cascade(rt)
-    shut = barred(rt, spec, key)
+    shut = barred(rt, spec, ctx.key)
     if spec.cache_ttl_s is None or rt.budget is not None:  # a budget's thresholds move: not a pure function
-        return await _decide(rt, q, overrides, request_id, attempts, shut)
+        return await _decide(rt, q, overrides, ctx, serve_chat, shut)
     ckey = cache_key(rt.version, q, overrides, sorted(shut))
     try:
         hit = await rt.store.cache_get(ckey)
     except StoreDown as exc:  # the cache only saves work: decide without it
         log.warning("decision_cache_unavailable", error=exc.message)
-        return await _decide(rt, q, overrides, request_id, attempts, shut)
+        return await _decide(rt, q, overrides, ctx, serve_chat, shut)
     if hit is not None and (kept := unpack(hit)) is not None:
         return dataclasses.replace(kept, cached=True)
-    decision = dataclasses.replace(await _decide(rt, q, overrides, request_id, attempts, shut), cached=False)
+    decision = dataclasses.replace(await _decide(rt, q, overrides, ctx, serve_chat, shut), cached=False)
     try:
         await rt.store.cache_put(ckey, pack(decision), spec.cache_ttl_s)
     except StoreDown as exc:
@@ -220,12 +217,7 @@ def unpack(raw: bytes) -> Decision | None:
 
 
 async def _decide(
-    rt: Runtime,
-    q: Question,
-    overrides: Overrides | None,
-    request_id: str,
-    attempts: list[Attempt],
-    shut: Mapping[str, str],
+    rt: Runtime, q: Question, overrides: Overrides | None, ctx: Context, serve_chat: ServeChat, shut: Mapping[str, str]
 ) -> Decision:
     spec = served_cascade(rt)
     by_name = {t.name: t for t in spec.tiers}
@@ -237,7 +229,7 @@ async def _decide(
     gen = tracing.cascade(cascade.run(q, chosen, spec.on_exhausted, embedding), q)  # spans, when traced
     ask = next(gen)
     while True:
-        reply = await tier_answers.answer(rt, by_name[ask.tier], ask, request_id, attempts, embedding)
+        reply = await tier_answers.answer(rt, by_name[ask.tier], ask, ctx, serve_chat, embedding)
         try:
             ask = gen.send(reply)
         except StopIteration as stop:
@@ -254,9 +246,8 @@ async def _decide(
 async def decide_many(
     rt: Runtime,
     items: list[tuple[Question, Overrides | None]],
-    request_id: str,
-    attempts: list[Attempt],
-    key: ApiKey | None = None,
+    ctx: Context,
+    serve_chat: ServeChat,
     concurrency: int = 8,
 ) -> list[Decision | Exception]:
     """Several questions, answers in order (an item that fails is its error). Questions sharing a
@@ -269,7 +260,7 @@ async def decide_many(
     async def one(i: int) -> None:
         async with limit:
             try:
-                results[i] = await decide(rt, items[i][0], items[i][1], f"{request_id}-{i}", attempts, key)
+                results[i] = await decide(rt, items[i][0], items[i][1], ctx.item(i), serve_chat)
             except TriageError as exc:  # the item's own error entry (the cascade exhausted, an engine down)
                 results[i] = exc
 

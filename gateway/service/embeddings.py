@@ -23,17 +23,18 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from backends.base import Completion
 from classifiers.artifacts import MODEL_NAME
-from gateway.service import quotas
-from gateway.service.dispatch import dispatch
-from gateway.service.exchange import Exchange
+from gateway.service.context import Context
+from gateway.service.dispatch import Served, dispatch
 from gateway.service.runtime import Runtime
-from gateway.service.schemas import check, parse_json
+from gateway.service.schemas import check
 from policies.errors import InvalidRequest, ModelNotFound
 from policies.plans import public_models, resolve
 from policies.schema import ClassifierSpec
 
 MAX_INPUTS = 2048  # OpenAI's limit per request
+ENCODER = "encoder"  # the backend and replica an answer of the in-process encoder is served by
 FULL_LAYERS = 6
 
 
@@ -97,32 +98,23 @@ def _engine_models(rt: Runtime, name: str) -> list[str]:
     return [m for m in chain if rt.backends[rt.policy.models[m].backend].capabilities.embeddings]
 
 
-async def _proxied(ex: Exchange, body: dict[str, Any]) -> dict[str, Any]:
-    """A policy model's embeddings, from its engine (``/v1/embeddings`` passed through)."""
-    chain = resolve(ex.rt.policy, body["model"]).chain  # a backend without an embeddings API is skipped
-    served = await dispatch(ex.rt, "embedding", body, ex.request_id, ex.attempts, chain)
-    assert served.completion is not None
-    out = served.completion.body
-    out["model"] = served.model
-    ex.served, ex.backend, ex.replica = served.model, served.backend, served.replica
-    usage = out.get("usage")
-    ex.usage = usage if isinstance(usage, dict) else None
-    return out
-
-
-async def answer(ex: Exchange, raw: bytes) -> dict[str, Any]:
-    """The embeddings of a request's body (its bookkeeping in ``ex``): the encoder's, or a policy
-    model's engine's."""
-    body = parse_json(raw)
-    ex.model = body.get("model") if isinstance(body.get("model"), str) else None
+async def embed(rt: Runtime, body: dict[str, Any], ctx: Context) -> Served:
+    """The embeddings of a request's body: the encoder's, or a policy model's engine's (its
+    ``/v1/embeddings`` passed through down the model's chain; a backend without one is skipped)."""
     req = check(EmbeddingsRequest, body)
-    rt = ex.rt
-    await quotas.admit(rt, ex.key, req.model)  # the key's models and limits, as every door checks them
     if req.model not in served_models(rt) and _engine_models(rt, req.model):
-        return await _proxied(ex, body)
+        chain = resolve(rt.policy, req.model).chain
+        served = await dispatch(rt, "embedding", body, ctx.request_id, ctx.attempts, chain)
+        assert served.completion is not None
+        served.completion.body["model"] = served.model
+        return served
     if req.model not in served_models(rt):
-        served = ", ".join(served_models(rt)) or "none: the policy has no classifier and no model an engine embeds with"
-        raise ModelNotFound(f"The model '{req.model}' does not serve embeddings here (served: {served})", param="model")
+        served_names = (
+            ", ".join(served_models(rt)) or "none: the policy has no classifier and no model an engine embeds with"
+        )
+        raise ModelNotFound(
+            f"The model '{req.model}' does not serve embeddings here (served: {served_names})", param="model"
+        )
     assert rt.encoding is not None
     dim = rt.encoding.classifier.encoder.dim
     if req.dimensions is not None and req.dimensions != dim:
@@ -131,11 +123,9 @@ async def answer(ex: Exchange, raw: bytes) -> dict[str, Any]:
             param="dimensions",
         )
     texts = _texts(req)
-    ex.served, ex.prompt = req.model, texts
     rows = await asyncio.gather(*(rt.encoding.embedder.embed(t) for t in texts))
     tokens = sum(n for _, n in rows)
-    ex.usage = {"prompt_tokens": tokens}
-    return {
+    out = {
         "object": "list",
         "data": [
             {"object": "embedding", "index": i, "embedding": _encoded(v, req.encoding_format)}
@@ -144,3 +134,4 @@ async def answer(ex: Exchange, raw: bytes) -> dict[str, Any]:
         "model": req.model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+    return Served(req.model, ENCODER, ENCODER, completion=Completion(out, ENCODER))

@@ -10,6 +10,8 @@ from pathlib import Path
 from eval.tier_outputs import Row
 from eval.tier_runs import Compute
 from gateway.service import runtime
+from gateway.service.context import Context
+from gateway.service.service import Service
 from gateway.service.tier_answers import answer
 from policies.cascade import Ask, TierAnswer
 from policies.schema import Policy
@@ -27,7 +29,8 @@ class Live:
     def compute(self, tier: ModelTier) -> Compute:
         def run(row: Row) -> TierAnswer:
             ask = Ask(tier.name, tier.type, row.question)
-            return self._loop.run_until_complete(answer(self._rt, tier, ask, f"eval-{row.id}", []))
+            ctx = Context(f"eval-{row.id}", surface="eval")
+            return self._loop.run_until_complete(answer(self._rt, tier, ask, ctx, Service(self._rt).serve_tier))
 
         return run
 

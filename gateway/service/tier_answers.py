@@ -2,7 +2,8 @@
 
 Any failure of a tier becomes an answer with ``error`` (the cascade escalates past it); a tier
 that cannot take the question answers ``skipped``. Nothing here decides: that is
-``policies.cascade``.
+``policies.cascade``. A model tier's question is served through the port it is given
+(:data:`ServeChat`, the service's own chat path), not by importing that path.
 """
 
 from __future__ import annotations
@@ -10,29 +11,32 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
 
-from backends.base import Attempt, Body
+from backends.base import Body
 from backends.lettered import LetteredScores
 from backends.scorer import ScorerBackend
+from gateway.service.context import Context
+from gateway.service.dispatch import Served
 from gateway.service.runtime import Runtime
 from policies.answers import assumed_scores, extract_number, label_in_text, label_logprobs
 from policies.cascade import Ask, Gate, Question, TierAnswer
 from policies.errors import InvalidRequest, TriageError, UpstreamRejected
-from policies.plans import TypedPlan, resolve
 from policies.prompts import model_body, scorer_prompt
 from policies.tiers import EncoderTier, ModelTier, ScorerTier, Tier
+
+ServeChat = Callable[[Body, Context], Awaitable[Served]]  # a chat body served by its model's plan
 
 
 async def answer(
     rt: Runtime,
     tier: Tier,
     ask: Ask,
-    request_id: str,
-    attempts: list[Attempt],
+    ctx: Context,
+    serve_chat: ServeChat,
     embedding: np.ndarray | None = None,
 ) -> TierAnswer:
     """One tier's answer; ``embedding``: the question's, where the caller has it already."""
@@ -45,7 +49,7 @@ async def answer(
             elif isinstance(tier, ScorerTier):
                 result = await _scorer(rt, tier, ask.question)
             else:
-                result = await _model(rt, tier, ask.question, request_id, attempts)
+                result = await _model(rt, tier, ask.question, ctx, serve_chat)
     except TimeoutError:
         return TierAnswer(latency_ms=ms(), error=f"timed out after {tier.timeout_s:g}s")
     except TriageError as exc:
@@ -118,23 +122,17 @@ async def _scorer(rt: Runtime, tier: ScorerTier, q: Question) -> TierAnswer | st
     return TierAnswer(scores=values, usage=usage)
 
 
-async def _model(
-    rt: Runtime, tier: ModelTier, q: Question, request_id: str, attempts: list[Attempt]
-) -> TierAnswer | str:
-    from gateway.service import pipeline  # the tier model's plan: its chain, or the learned router's pick
-
+async def _model(rt: Runtime, tier: ModelTier, q: Question, ctx: Context, serve_chat: ServeChat) -> TierAnswer | str:
     body, labels = model_body(tier, q)
-    plan = resolve(rt.policy, body["model"])
-    assert not isinstance(plan, TypedPlan), "validated: a model tier names no cascade model"
     try:
-        served = await pipeline.serve(rt, plan, "chat", body, request_id, attempts)
+        served = await serve_chat(body, ctx)  # the tier model's plan: its chain, or the learned router's pick
     except (InvalidRequest, UpstreamRejected):
         if not body.get("logprobs"):
             raise
         # an engine that refuses logprobs (llama-cpp-python without logits_all): ask again without,
         # and the answer counts with the tier's assumed confidence
         body = {k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")}
-        served = await pipeline.serve(rt, plan, "chat", body, request_id, attempts)
+        served = await serve_chat(body, ctx)
     assert served.completion is not None
     shown = rt.policy.logging.log_prompts  # model output in an error message only where prompts may be logged
     return replace(_read_model(tier, q, served.completion.body, labels, shown), model=served.model)

@@ -1,5 +1,7 @@
-"""One request's bookkeeping: runtime pin, concurrency slot, the log event and the metrics.
+"""One request's bookkeeping at the edge: runtime pin, concurrency slot, what answered, the log
+event and the metrics.
 
+The service's :class:`~gateway.service.service.Outcome` is recorded once (:meth:`Exchange.record`);
 ``finish`` runs exactly once, when the last byte has gone (or the request failed), whether the
 answer was a JSON body or a stream.
 """
@@ -18,7 +20,9 @@ from backends.base import Attempt, Stopwatch
 from gateway.obs import tracing
 from gateway.obs.metrics import Metrics
 from gateway.service import quotas
+from gateway.service.context import Context, Wait
 from gateway.service.runtime import Runtime, RuntimeHolder
+from gateway.service.service import Outcome, Service
 from policies import spend
 from policies.cascade import CascadeExhausted, Decision
 from policies.errors import RateLimited, TriageError
@@ -77,6 +81,30 @@ class Exchange:
         cls, holder: RuntimeHolder, metrics: Metrics, gate: ConcurrencyGate, endpoint: str, request_id: str | None
     ) -> Exchange:
         return cls(holder, metrics, gate, endpoint, request_id or _next_id(), holder.acquire())
+
+    @property
+    def service(self) -> Service:
+        return Service(self.rt)
+
+    def context(self, wait: Wait | None = None) -> Context:
+        """The service's context for this request (its upstream attempts are this exchange's)."""
+        return Context(self.request_id, self.attempts, self.key, self.endpoint, wait=wait)
+
+    def record(self, outcome: Outcome) -> None:
+        """What answered: the decision (charged per tier it asked), or the engine or encoder that
+        served, its route and, for a whole answer, its usage and cost (a stream's come at its end)."""
+        self.stream = outcome.stream
+        if outcome.decision is not None:
+            self.decided(outcome.decision)
+            return
+        served = outcome.served
+        assert served is not None
+        self.route = served.route
+        self.served, self.backend, self.replica = served.model, served.backend, served.replica
+        if served.completion is not None:
+            usage = served.completion.body.get("usage")
+            self.usage = usage if isinstance(usage, dict) else None
+            self.cost = quotas.price(self.rt, served.model, self.usage)
 
     def decided(self, *decisions: Decision) -> None:
         """Typed decisions this request answered (one: it is the request's): every model tier they

@@ -1,0 +1,38 @@
+"""What the service knows of one request besides its body: who asked, its id, the attempts it
+made upstream (for the log and the metrics), which surface it came in by, and how a wait for an
+engine is awaited (a client that leaves stops it)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from backends.base import Attempt
+from policies.schema import ApiKey
+
+T = TypeVar("T")
+
+
+class Wait(Protocol):
+    """How a request awaits work that may take long (the edge stops it when the client leaves)."""
+
+    def __call__(self, work: Awaitable[T]) -> Awaitable[T]: ...
+
+
+@dataclass(slots=True)
+class Context:
+    request_id: str
+    attempts: list[Attempt] = field(default_factory=list)
+    key: ApiKey | None = None  # the caller's: a model tier it may not reach is skipped
+    surface: str = "chat"  # the door it came in by: chat, completions, responses, messages, decide, batch, ...
+    affinity: str | None = None  # a replica hint (a batch's prefix group)
+    wait: Wait | None = None  # None: awaited as is
+
+    def item(self, i: int) -> Context:
+        """The context of the ``i``-th item of a batch of questions: its own id, the same attempts."""
+        return dataclasses.replace(self, request_id=f"{self.request_id}-{i}")
+
+    async def waited(self, work: Awaitable[T]) -> T:
+        return await (self.wait(work) if self.wait is not None else work)
