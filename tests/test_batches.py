@@ -15,7 +15,6 @@ from pathlib import Path
 import openai
 import pytest
 
-from gateway.state.batch_model import Row
 from gateway.state.batch_store import BatchStore, StoreBusy
 from tests.conftest import Gateway, LlamaServer, free_port, wait_http
 
@@ -234,18 +233,21 @@ batches: {dir: batches, concurrency: 1}
         proc.wait(15)
 
 
-def test_one_store_one_process_and_results_recorded_once(tmp_path: Path) -> None:
-    store = BatchStore(tmp_path)
-    with pytest.raises(StoreBusy):
-        BatchStore(tmp_path)
-    store.add_batch({"id": "b", "status": "validating", "created_at": 0})
-    assert store.claim_validation("b", "me", 30) is not None
-    assert store.start_batch("b", "me", [Row(1, "x", {"model": "m"}, None, 0, 0, "b/0")], 1, {"status": "in_progress"})
-    assert store.finish_request("b", 1, True, {"custom_id": "x"})
-    assert not store.finish_request("b", 1, True, {"custom_id": "x"})  # never twice
-    assert store.counts("b") == {"total": 1, "completed": 1, "failed": 0}
-    store.close()
-    BatchStore(tmp_path).close()  # the lock goes with the store
+def test_one_store_one_process(tmp_path: Path) -> None:
+    """SQLite's own guarantee (the rest of the store's: tests/test_batch_contract.py, on both engines)."""
+    import asyncio
+
+    async def go() -> None:
+        store = await BatchStore.open(tmp_path)
+        with pytest.raises(StoreBusy):
+            await BatchStore.open(tmp_path)
+        await store.add_batch({"id": "b", "status": "validating", "created_at": 0})
+        await store.close()
+        again = await BatchStore.open(tmp_path)  # the lock goes with the store, the rows stay
+        assert await again.batch("b") == {"id": "b", "status": "validating", "created_at": 0}
+        await again.close()
+
+    asyncio.run(go())
 
 
 def test_dispatch_keeps_the_order_and_never_waits_for_a_group_to_end() -> None:

@@ -1,21 +1,19 @@
 """The Batch API across a fleet (issue 18, item 5): a real PostgreSQL server on a loopback port,
 three `triage serve` processes sharing it and one batches folder, the official client; one
-gateway SIGKILLed mid-batch, and every custom_id in the output exactly once. The same store
-semantics on SQLite and PostgreSQL; the store down at start and mid-run; cancel from another
-gateway; a prefix group's replica the same on every gateway."""
+gateway SIGKILLed mid-batch, and every custom_id in the output exactly once; runners claiming
+at once; the store down at start and mid-run; cancel from another gateway; a prefix group's replica
+the same on every gateway. The store's semantics, on SQLite and PostgreSQL alike: tests/test_batch_contract.py."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
-import json
 import random
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,9 +23,7 @@ import openai
 import pytest
 
 from gateway.service.batch_lines import plan_rows
-from gateway.state.batch_model import FileRow, Row
-from gateway.state.batch_store import BatchStore
-from gateway.state.batches import Batches, SqliteBatches
+from gateway.state.batch_model import Row
 from tests.conftest import Gateway, free_port, wait_http
 from tests.servers import PgServer
 from tests.test_batches import jsonl, line, wait_batch
@@ -295,113 +291,7 @@ def test_keys_own_their_files_and_batches_across_gateways(
         bob.files.content(done.output_file_id or "")
 
 
-# --- the store's semantics, on both engines ------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def opened(kind: str, root: Path, dsn: str | None) -> AsyncIterator[Batches]:
-    if kind == "sqlite":
-        store: Batches = SqliteBatches(BatchStore(root))
-    else:
-        from gateway.state.batch_pg import PgBatches
-
-        assert dsn is not None
-        store = await PgBatches.open(dsn, root)
-    try:
-        yield store
-    finally:
-        await store.close()
-
-
-async def store_scenario(store: Batches) -> None:
-    f = await store.add_file(b"hello", "in.jsonl", "batch", "alice")
-    assert await store.file(f["id"], "bob") is None and await store.file(f["id"], "alice") == f
-    assert await store.file(f["id"]) == f  # no viewer (the runner, an operator): everything
-    assert not await store.delete_file(f["id"], "bob")
-    docs = [
-        {"id": f"b{i}", "status": "validating", "created_at": i, "endpoint": "/v1/chat/completions"} for i in range(3)
-    ]
-    for doc in docs:
-        await store.add_batch(doc, "alice")
-    assert [d["id"] for d in await store.batches(2, None, "alice")] == ["b2", "b1"]
-    assert [d["id"] for d in await store.batches(2, "b1", "alice")] == ["b0"]
-    assert await store.batches(10, None, "bob") == [] and await store.batch("b0", "bob") is None
-    # one runner validates a batch; its write lands only under its lease
-    claim = await store.claim_validation("b0", "A", 60)
-    assert claim is not None and claim.owner == "alice" and claim.doc["id"] == "b0"
-    assert await store.claim_validation("b0", "B", 60) is None
-    rows = [
-        Row(1, "x", {"n": 1}, None, 0, 0, "b0/0"),
-        Row(2, "y", {"n": 2}, None, 0, 1, "b0/0"),
-        Row(3, "z", {"n": 3}, None, 1, 2, "b0/1"),
-        Row(4, None, None, {"error": "line 4: not JSON"}),
-    ]
-    fields = {"status": "in_progress", "in_progress_at": 5}
-    assert not await store.start_batch("b0", "B", rows, 2, fields)
-    assert await store.start_batch("b0", "A", rows, 2, fields)
-    assert not await store.start_batch("b0", "A", rows, 2, fields)  # once
-    assert await store.counts("b0") == {"total": 4, "completed": 0, "failed": 1}
-    # groups: claimed in order, each by one runner; a lease that runs out is taken over
-    g0 = await store.claim_group("A", 0.3)
-    g1 = await store.claim_group("B", 60)
-    assert g0 is not None and (g0.grp, g0.claims, [p.line for p in g0.pending]) == (0, 1, [1, 2])
-    assert g0.pending[0].affinity == "b0/0" and g0.pending[0].body == {"n": 1} and g0.endpoint == "/v1/chat/completions"
-    assert g1 is not None and g1.grp == 1
-    assert await store.claim_group("C", 60) is None  # both held
-    assert await store.finish_request("b0", 1, True, {"custom_id": "x"})
-    await asyncio.sleep(0.5)  # A stops renewing: its lease runs out
-    taken = await store.claim_group("C", 60)
-    assert taken is not None and (taken.grp, taken.claims, [p.line for p in taken.pending]) == (0, 2, [2])
-    assert await store.renew_groups("A", [("b0", 0)], 60) == {}  # A learns it lost the group
-    assert await store.renew_groups("C", [("b0", 0)], 60) == {("b0", 0): "in_progress"}
-    assert await store.finish_request("b0", 2, True, {"custom_id": "y", "by": "C"})
-    assert not await store.finish_request("b0", 2, True, {"custom_id": "y", "by": "A"})  # the late writer: nothing
-    await store.release_group("b0", 0, "A")  # not A's any more: no effect
-    await store.release_group("b0", 0, "C")
-    assert await store.claim_finalization("b0", "D", 60, 9) is None  # z is pending
-    assert await store.finish_request("b0", 3, False, {"custom_id": "z", "error": {"code": "x"}})
-    await store.release_group("b0", 1, "B")
-    assert await store.claim_group("D", 60) is None  # every group done
-    # one runner finalizes; its files and the last state land together, under its lease
-    fin = await store.claim_finalization("b0", "D", 60, 9)
-    assert (
-        fin is not None and fin.owner == "alice" and fin.doc["status"] == "finalizing" and fin.doc["finalizing_at"] == 9
-    )
-    assert await store.claim_finalization("b0", "E", 60, 10) is None
-    assert await store.results("b0", "done") == [
-        json.dumps({"custom_id": "x"}),
-        json.dumps({"custom_id": "y", "by": "C"}),
-    ]
-    assert len(await store.results("b0", "error")) == 2
-    out = FileRow("file-out", "b0_done.jsonl", "batch_output", 10, "alice")
-    assert not await store.end_batch("b0", "E", {"status": "completed"}, [out])
-    assert await store.end_batch(
-        "b0", "D", {"status": "completed", "completed_at": 11, "output_file_id": "file-out"}, [out]
-    )
-    ended = await store.batch("b0", "alice")
-    assert ended is not None and ended["status"] == "completed" and ended["output_file_id"] == "file-out"
-    assert (await store.file("file-out", "alice") or {})["purpose"] == "batch_output"
-    assert (await store.cancel("b0", "alice", 12) or {})["status"] == "completed"  # ended: not cancelled
-    # cancel: only the owner's, only while validating or running; then finalized as cancelled
-    assert await store.cancel("b1", "bob", 12) is None
-    assert (await store.cancel("b1", "alice", 12) or {})["status"] == "cancelling"
-    assert await store.claim_validation("b1", "A", 60) is None
-    fin = await store.claim_finalization("b1", "A", 60, 13)
-    assert fin is not None and fin.doc["cancelling_at"] == 12
-    assert await store.work() == [("b1", "finalizing"), ("b2", "validating")]
-
-
-@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
-def test_both_stores_claim_lease_and_write_each_result_once(
-    kind: str, request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    dsn = request.getfixturevalue("database") if kind == "postgresql" else None
-
-    async def go() -> None:
-        async with opened(kind, tmp_path, dsn) as store:
-            await store_scenario(store)
-
-    asyncio.run(go())
+# --- the store's semantics: on both engines in tests/test_batch_contract.py; here, runners at once on PostgreSQL ---
 
 
 def test_two_gateways_at_once_claim_each_group_once(database: str, tmp_path: Path) -> None:

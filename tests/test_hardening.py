@@ -4,6 +4,7 @@ triage gateways, or a small fake engine where an upstream must misbehave."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import http.client
@@ -278,14 +279,18 @@ INSERT INTO files VALUES ('file-old', 'batch', 'in.jsonl', 3, 0);
 INSERT INTO batches VALUES ('batch_old', '{"id": "batch_old", "status": "completed"}', 'completed', 0);
 """)
     db.close()
-    store = BatchStore(tmp_path)
-    try:
-        assert store.file("file-old") is not None and store.batch("batch_old") is not None  # no keys: as before
-        assert store.file("file-old", "somekey") is None and store.batches(10, None, "somekey") == []
-        store.add_file(b"x", "new.jsonl", "batch", "somekey")
-        assert store.batches(10, None) == [{"id": "batch_old", "status": "completed"}]
-    finally:
-        store.close()
+
+    async def go() -> None:
+        store = await BatchStore.open(tmp_path)
+        try:
+            assert await store.file("file-old") is not None and await store.batch("batch_old") is not None  # as before
+            assert await store.file("file-old", "somekey") is None and await store.batches(10, None, "somekey") == []
+            await store.add_file(b"x", "new.jsonl", "batch", "somekey")
+            assert await store.batches(10, None) == [{"id": "batch_old", "status": "completed"}]
+        finally:
+            await store.close()
+
+    asyncio.run(go())
 
 
 # --- 7. upstream credentials and addresses never reach the client -------------------------------------------

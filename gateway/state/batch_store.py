@@ -10,8 +10,9 @@ batch are guarded by its status and by who holds its lease. One process holds th
 leases here only ever have one owner alive: those of a killed process are cleared when the next
 one opens the store.
 
-Synchronous (sqlite3 from the standard library): ``gateway/state/batches.py`` runs it in worker
-threads. One connection, guarded by a lock: each method is atomic.
+The interface is async (``gateway.state.batches.Batches``, the one PostgreSQL's store has too); the
+bodies are sqlite3's, synchronous, each run on a worker thread by :func:`_threaded`, which also turns
+sqlite3's failures into :class:`StoreDown`. One connection, guarded by a lock: each method is atomic.
 
 Files and batches belong to the key that made them (``owner``: the key's sha256, None when the
 gateway runs without keys). A ``viewer`` of None sees everything (no keys, or the runner itself);
@@ -20,15 +21,17 @@ any other viewer sees only what it owns, and anything else reads as absent.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
+import functools
 import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from gateway.state.batch_model import (
     ACTIVE,
@@ -44,6 +47,7 @@ from gateway.state.batch_model import (
     request_record,
     write_bytes,
 )
+from gateway.state.stores import StoreDown
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -76,15 +80,37 @@ _COLUMNS = {  # added to a store made by an older triage: its rows have none
 }
 
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
 class StoreBusy(RuntimeError):
     """Another gateway process holds this store: two runners must never work one SQLite store."""
 
 
+def _threaded(
+    fn: Callable[Concatenate[BatchStore, P], T],
+) -> Callable[Concatenate[BatchStore, P], Coroutine[Any, Any, T]]:
+    """The store's method, awaited: its body runs on a worker thread (the event loop never waits on
+    SQLite), and sqlite3's failures are :class:`StoreDown` (503) naming the store."""
+
+    @functools.wraps(fn)
+    async def run(self: BatchStore, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await asyncio.to_thread(fn, self, *args, **kwargs)
+        except sqlite3.Error as exc:
+            raise StoreDown(f"the batch store ({self.where}) failed: {type(exc).__name__}: {exc}") from None
+
+    return run
+
+
 class BatchStore:
-    """The SQLite store (see the module's docstring); ``gateway.state.batches.SqliteBatches`` is its async face."""
+    """The :class:`gateway.state.batches.Batches` store in SQLite (see the module's docstring); open it
+    with :meth:`open` (the constructor blocks: it takes the lock and migrates the schema)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self.where = f"sqlite at {root / 'batches.sqlite3'}"
         (root / "files").mkdir(parents=True, exist_ok=True)
         self._lockfile = open(root / "lock", "w")  # noqa: SIM115 - held for the store's lifetime
         try:
@@ -111,6 +137,12 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
 """)
         self._lock = threading.Lock()
 
+    @classmethod
+    async def open(cls, root: Path) -> BatchStore:
+        """The store on ``root``, opened on a worker thread; :class:`StoreBusy` when another process holds it."""
+        return await asyncio.to_thread(cls, root)
+
+    @_threaded
     def close(self) -> None:
         with self._lock:
             self._db.close()
@@ -141,6 +173,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
     def file_path(self, file_id: str) -> Path:
         return self.root / "files" / file_id
 
+    @_threaded
     def add_file(
         self, content: bytes, filename: str, purpose: str, owner: str | None = None, expires_after: int | None = None
     ) -> dict[str, Any]:
@@ -155,8 +188,9 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (file_id, purpose, filename, len(content), now, owner, expires_at),
             )
-        return self.file(file_id) or {}
+        return file_doc((file_id, purpose, filename, len(content), now, expires_at))
 
+    @_threaded
     def file(self, file_id: str, viewer: str | None = None) -> dict[str, Any] | None:
         with self._lock:
             row = self._db.execute(
@@ -165,6 +199,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
             ).fetchone()
         return None if row is None else file_doc(row)
 
+    @_threaded
     def delete_file(self, file_id: str, viewer: str | None = None) -> bool:
         """Remove the file (row, then bytes); False when ``viewer`` has no such file."""
         with self._lock:
@@ -173,6 +208,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
             self.file_path(file_id).unlink(missing_ok=True)
         return cur.rowcount == 1
 
+    @_threaded
     def sweep(self, now: float | None = None) -> list[str]:
         """Remove every file past its ``expires_at``; the ids removed."""
         stamp = int(time.time() if now is None else now)
@@ -184,6 +220,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
 
     # --- batches ----------------------------------------------------------------------------------------------
 
+    @_threaded
     def add_batch(self, doc: dict[str, Any], owner: str | None = None) -> None:
         with self._lock:
             self._db.execute(
@@ -191,6 +228,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
                 (doc["id"], json.dumps(doc), doc["status"], doc["created_at"], owner),
             )
 
+    @_threaded
     def batch(self, batch_id: str, viewer: str | None = None) -> dict[str, Any] | None:
         with self._lock:
             row = self._db.execute(
@@ -198,6 +236,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
             ).fetchone()
         return json.loads(row[0]) if row else None
 
+    @_threaded
     def batches(self, limit: int, after: str | None, viewer: str | None = None) -> list[dict[str, Any]]:
         """Newest first; ``after`` is the id of the last batch of the previous page."""
         with self._lock:
@@ -215,6 +254,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
                 ).fetchall()
         return [json.loads(r[0]) for r in rows]
 
+    @_threaded
     def cancel(self, batch_id: str, viewer: str | None, now: int) -> dict[str, Any] | None:
         """A validating or running batch becomes ``cancelling``; any other is left as it is. Its doc
         after, or None when ``viewer`` has no such batch."""
@@ -226,6 +266,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
                 return json.loads(row[0]) if row else None
             return self._merge(batch_id, {"status": "cancelling", "cancelling_at": now})
 
+    @_threaded
     def counts(self, batch_id: str) -> dict[str, int]:
         with self._lock:
             rows = self._db.execute(
@@ -233,6 +274,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
             ).fetchall()
         return counts_of(dict(rows))
 
+    @_threaded
     def results(self, batch_id: str, state: str) -> list[str]:
         with self._lock:
             rows = self._db.execute(
@@ -242,6 +284,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
 
     # --- the runner: batches' leases and transitions -------------------------------------------------------------
 
+    @_threaded
     def work(self) -> list[tuple[str, str]]:
         """(id, status) of every batch not yet ended, oldest first."""
         with self._lock:
@@ -249,6 +292,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
                 f"SELECT id, status FROM batches WHERE status IN ({_A}) ORDER BY created_at, id"
             ).fetchall()
 
+    @_threaded
     def claim_validation(self, batch_id: str, owner: str, lease_s: float) -> BatchClaim | None:
         now = time.time()
         with self._lock:
@@ -259,6 +303,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
             ).fetchone()
         return BatchClaim(json.loads(row[0]), row[1]) if row else None
 
+    @_threaded
     def claim_finalization(self, batch_id: str, owner: str, lease_s: float, stamp: int) -> BatchClaim | None:
         """The batch, now ``finalizing`` under this owner's lease, when it is ready: running with no
         request pending; cancelling with no group held (what was in flight has ended); or
@@ -282,6 +327,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
             since = json.loads(row[1]).get("finalizing_at") or stamp
             return BatchClaim(self._merge(batch_id, {"status": "finalizing", "finalizing_at": since}), row[0])
 
+    @_threaded
     def renew_batch(self, batch_id: str, owner: str, lease_s: float) -> bool:
         with self._lock:
             cur = self._db.execute(
@@ -291,6 +337,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
             )
         return cur.rowcount == 1
 
+    @_threaded
     def start_batch(self, batch_id: str, owner: str, rows: list[Row], groups: int, fields: dict[str, Any]) -> bool:
         """A validated batch's requests, its ``groups`` (numbered from 0) and its new state (``fields``), in one
         transaction; False (nothing written) unless it is still validating under this owner's lease."""
@@ -308,6 +355,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
             self._merge(batch_id, fields)
         return True
 
+    @_threaded
     def end_batch(self, batch_id: str, owner: str, fields: dict[str, Any], files: list[FileRow]) -> bool:
         """The batch's last state (completed, cancelled, failed) and its output files' rows, in one
         transaction; False (nothing written) unless this owner holds its lease."""
@@ -329,6 +377,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
 
     # --- the runner: groups and requests --------------------------------------------------------------------------
 
+    @_threaded
     def claim_group(self, owner: str, lease_s: float) -> GroupClaim | None:
         """The first open group of the oldest running batch that no live lease holds, now this owner's."""
         now = time.time()
@@ -362,6 +411,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
             batch_owner,
         )
 
+    @_threaded
     def renew_groups(self, owner: str, keys: list[tuple[str, int]], lease_s: float) -> dict[tuple[str, int], str]:
         """Extend this owner's leases on ``keys``; those it still holds, with their batch's status."""
         until = time.time() + lease_s
@@ -379,6 +429,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
                     ).fetchone()
         return held
 
+    @_threaded
     def release_group(self, batch_id: str, grp: int, owner: str) -> None:
         """Give the group up: done when none of its requests is pending, else open to any runner now."""
         with self._lock:
@@ -389,6 +440,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
                 (batch_id, grp, batch_id, grp, owner),
             )
 
+    @_threaded
     def finish_request(self, batch_id: str, line: int, ok: bool, result: dict[str, Any]) -> bool:
         """Record one result; False when the request was already finished (never twice), or its
         batch is no longer running (a finalized output never changes)."""
