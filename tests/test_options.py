@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.gguf import cache_dir
 from classifiers.artifacts import locate
 from classifiers.encoder import Encoder, EncoderSettings
 from classifiers.options import DEFAULT_FEATURES, OPTIONS, OptionHead, feature_width, pair_features, question_text
@@ -21,6 +20,7 @@ from classifiers.training.options_training import MEASURE_SETS, C, embed_items, 
 from classifiers.training.train_all import EmbeddingCache, TrainReport, train
 from policies import loader
 from policies.errors import NotReady
+from policies.paths import cache_dir
 from tests.conftest import SHARED_DATA
 
 DATA = SHARED_DATA

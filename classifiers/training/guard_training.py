@@ -39,9 +39,10 @@ if TYPE_CHECKING:
 POSITIVES = 3000
 NEGATIVE_SEGMENTS = 20_000
 WRAP_MAX_WORDS = 40  # ordinary prompts an injection may be wrapped around
-# The guard's probe sets (written by hand, kept beside the benchmarks, outside the wheel): every
-# ``ood_probe*.jsonl`` there, measured after training when the checkout has them.
-PROBE_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "probes"
+# The guard's probe sets are written by hand and kept beside the benchmarks, outside the wheel
+# (``benchmarks/probes/ood_probe*.jsonl`` in a checkout): the caller names their folder
+# (``triage train --probes``); the packaged code never looks for it.
+PROBE_GLOB = "ood_probe*.jsonl"
 MIN_CONFIDENCE = 0.5  # a semantic model with this min_confidence escalates a less sure category
 
 
@@ -145,10 +146,11 @@ def probe(
     category: LinearHead | None,
     injection: LinearHead | None,
     ordinary: datasets.Rows,
+    probe_dir: Path | None = None,
 ) -> list[ProbeResult]:
-    """The guard on each probe file, kind by kind, and on ``ordinary`` prompts (the shared data's
-    test rows, kind ``ordinary``: every flag a false one)."""
-    files = sorted(PROBE_DIR.glob("ood_probe*.jsonl")) if PROBE_DIR.is_dir() else []
+    """The guard on each probe file of ``probe_dir`` (every ``ood_probe*.jsonl``), kind by kind, and
+    on ``ordinary`` prompts (the shared data's test rows, kind ``ordinary``: every flag a false one)."""
+    files = sorted(probe_dir.glob(PROBE_GLOB)) if probe_dir is not None and probe_dir.is_dir() else []
     sets = [(f.name, list(datasets.read_jsonl(f))) for f in files]
     sets.append(("shared test rows", [{"text": t, "kind": "ordinary"} for t in ordinary.texts]))
     out = []

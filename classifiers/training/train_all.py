@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.gguf import cache_dir
 from classifiers import datasets, layout
 from classifiers.artifacts import ExportSettings, locate
 from classifiers.calibration import auroc, ece
@@ -35,6 +34,7 @@ from classifiers.training.guard_training import (
 )
 from classifiers.training.options_training import OptionsFit, SetResult, train_options
 from classifiers.training.router_training import RouterResult, train_routers
+from policies.paths import cache_dir
 from policies.schema import ClassifierSpec, Policy
 from policies.semantic import INJECTION
 
@@ -67,7 +67,7 @@ class TrainReport:
     heads: list[HeadResult]
     ood_threshold: float  # similarity under which a prompt is unfamiliar
     foreign_threshold: float  # share of foreign word pieces over which it is
-    probes: list[ProbeResult]  # the guard on the probe sets (benchmarks/probes/ood_probe*.jsonl)
+    probes: list[ProbeResult]  # the guard on the probe sets (--probes: ood_probe*.jsonl) and the test rows
     seconds: float
 
 
@@ -180,10 +180,16 @@ def train_quality(policy: Policy, policy_dir: Path, threads: int = 2, say: Progr
 
 
 def train(
-    cfg: ClassifierSpec, policy_dir: Path, threads: int = 2, say: Progress = print, limit: int | None = None
+    cfg: ClassifierSpec,
+    policy_dir: Path,
+    threads: int = 2,
+    say: Progress = print,
+    limit: int | None = None,
+    probe_dir: Path | None = None,
 ) -> TrainReport:
     """Train, calibrate, save and measure every head; ``limit`` caps the rows per head and split
-    (for quick runs and tests)."""
+    (for quick runs and tests); the guard is measured on the probe sets of ``probe_dir`` when given
+    (a checkout's ``benchmarks/probes``) and on the shared test rows."""
     t0 = time.perf_counter()
     root, out = data_dir(cfg, policy_dir), artifacts_dir(cfg, policy_dir)
     e = cfg.encoder
@@ -263,7 +269,7 @@ def train(
     cache.save()
     category = LinearHead.load(out, "category") if "category" in cfg.heads else None
     injection = LinearHead.load(out, INJECTION) if INJECTION in cfg.heads else None
-    probes = probe(cache, reference, category, injection, ordinary_test)
+    probes = probe(cache, reference, category, injection, ordinary_test, probe_dir)
     cache.save()
     return TrainReport(results, reference.threshold, reference.foreign_threshold, probes, time.perf_counter() - t0)
 

@@ -283,7 +283,7 @@ class _Run:
     def _tier_outputs(self, pol: Any) -> list:
         from eval import cascade_eval, tier_runs
         from eval.tier_outputs import TierCache
-        from gateway.service.live_tier import Live
+        from gateway.cli.live_tier import Live
         from policies.tiers import EncoderTier, ScorerTier
 
         base, rows, specs = self.policy.resolve().parent, self.dev + self.test, []

@@ -47,6 +47,12 @@ def train(
     cascade_out: Annotated[
         Path, typer.Option(help="Where the tiers' answers are cached (triage eval's --out: shared).")
     ] = Path("out/eval"),
+    probe_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--probes", help="A folder of the guard's probe sets (ood_probe*.jsonl; a checkout's benchmarks/probes)."
+        ),
+    ] = None,
 ) -> None:
     """Train the heads on dev rows, calibrate them, measure them on test rows; then the quality
     heads of every routed virtual model (the learned router); then the confidence model of every
@@ -69,7 +75,9 @@ def train(
         _routers(train_quality(pol, policy.resolve().parent, threads=threads, say=console.print), console)
     if routers_only:
         return
-    result = run(pol.classifier, policy.resolve().parent, threads=threads, say=console.print, limit=limit)
+    result = run(
+        pol.classifier, policy.resolve().parent, threads=threads, say=console.print, limit=limit, probe_dir=probe_dir
+    )
     table = Table(title=f"heads (test rows), trained in {result.seconds:.0f} s", expand=True)
     for col in ("head", "fit rows", "test rows", "accuracy", "ECE", "ECE (T=1)", "other"):
         table.add_column(col)

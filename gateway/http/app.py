@@ -45,7 +45,7 @@ async def _batch_runner(policy: Policy, settings: Settings, holder: RuntimeHolde
     PostgreSQL one (``state.database``) that cannot be reached stops the start (PolicyInvalid)."""
     import hashlib
 
-    from backends.gguf import cache_dir
+    from policies.paths import cache_dir
 
     path = settings.policy_path.resolve()
     root = (

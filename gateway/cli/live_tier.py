@@ -1,6 +1,7 @@
 """The eval's live model tier: a policy's backends started as the gateway starts them, and each
-row asked through ``gateway.service.tier_answers.answer``, the gateway's own code path. It lives in the gateway
-(``eval/`` imports nothing of it): the CLI hands it to the eval as one more ``Compute``."""
+row asked through ``gateway.service.tier_answers.answer``, the gateway's own code path. It lives in the
+CLI's room, the one part of the gateway that may import ``eval/`` (serving never does; ``eval/``
+imports nothing of the gateway): ``triage eval`` hands it to the eval as one more ``Compute``."""
 
 from __future__ import annotations
 
