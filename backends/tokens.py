@@ -36,7 +36,8 @@ from backends import gguf
 from backends.prefix import approx_tokens, common_prefix_len, prompt_text
 from policies.errors import ModelNotFound, PolicyInvalid
 from policies.plans import ChainPlan, resolve
-from policies.schema import GGUFScorerBackendSpec, LlamaCppBackendSpec, Policy, ScorerTier
+from policies.schema import GGUFScorerBackendSpec, LlamaCppBackendSpec, Policy
+from policies.tiers import ScorerTier
 
 Tokenize = Callable[[str], Sequence[int]]
 

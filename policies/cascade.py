@@ -376,4 +376,5 @@ def drive(gen: Generator[Ask, TierAnswer, Decision], answer_for: Callable[[Ask],
         try:
             ask = gen.send(answer_for(ask))
         except StopIteration as stop:
-            return stop.value
+            decision: Decision = stop.value  # a generator's return value: Any in StopIteration
+            return decision

@@ -191,7 +191,8 @@ def candidate_costs(policy: Policy, vm: RoutedModel, input_tokens: float | np.nd
     prices = price_matrix(policy, vm)
     extra = np.array([c.reasoning_tokens if c.reasoning == "on" else 0 for c in vm.candidates], dtype=np.float64)
     base = expected_costs(prices, input_tokens, vm.output_tokens)
-    return base + extra * prices[:, 1] / 1e6
+    costs: np.ndarray = base + extra * prices[:, 1] / 1e6  # numpy's stubs type a column's arithmetic Any
+    return costs
 
 
 def decide(
