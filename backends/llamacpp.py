@@ -121,7 +121,7 @@ class LlamaCppBackend:
         self.engine: EngineHandle | None = None
 
     async def start(self) -> None:
-        path = await asyncio.to_thread(gguf.resolve, self.spec.gguf.package, self.spec.gguf.path)  # may hash 250 MB
+        path = await asyncio.to_thread(gguf.model_file, self.spec.gguf.package, self.spec.gguf.path)  # may hash 250 MB
         s = self.spec
         self.engine = EngineHandle(self.name, path, EngineSpec("chat", s.n_ctx, s.n_threads, s.n_batch, s.chat_format))
         await open_engine(self.engine)

@@ -35,7 +35,7 @@ class ScorerBackend:
         self.engine: EngineHandle | None = None
 
     async def start(self) -> None:
-        path = await asyncio.to_thread(gguf.resolve, self.spec.gguf.package, self.spec.gguf.path)
+        path = await asyncio.to_thread(gguf.model_file, self.spec.gguf.package, self.spec.gguf.path)
         s = self.spec
         self.engine = EngineHandle(self.name, path, EngineSpec("scorer", s.n_ctx, s.n_threads, s.n_batch))
         await open_engine(self.engine)

@@ -10,7 +10,7 @@ class MissingSecret(LookupError):
     pass
 
 
-def resolve(ref: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+def lookup(ref: str | None, environ: Mapping[str, str] | None = None) -> str | None:
     if ref is None:
         return None
     env = os.environ if environ is None else environ

@@ -88,13 +88,13 @@ def _gguf_tokenizer(policy: Policy, backend: str, where: str) -> Tokenizer | Non
     if not isinstance(spec, LlamaCppBackendSpec | GGUFScorerBackendSpec):
         return None
     src = spec.gguf
-    return _load("gguf", _package_gguf(src.package) if src.package else gguf.resolve(None, src.path), where)
+    return _load("gguf", _package_gguf(src.package) if src.package else gguf.model_file(None, src.path), where)
 
 
 @functools.cache
 def _package_gguf(package: str) -> Path:
     """A packaged GGUF's path, found once (finding Gemma's re-checks the sha256 of 250 MB)."""
-    return gguf.resolve(package, None)
+    return gguf.model_file(package, None)
 
 
 def load(path: Path, where: str = "tokenizer") -> Tokenizer:

@@ -45,7 +45,7 @@ def ask_all(model: str, max_tokens: int, threads: int) -> dict[str, Any]:
     from llama_cpp import Llama
 
     llm = Llama(
-        model_path=str(gguf.resolve(MODELS[model], None)),
+        model_path=str(gguf.model_file(MODELS[model], None)),
         n_ctx=1024,
         n_threads=threads,
         n_threads_batch=threads,

@@ -130,7 +130,7 @@ def run(models: list[str], rounds: int, tokens: int, kills: int, threads: int, o
     cpu = native.cpu()
     results = []
     for package in models:
-        path = gguf.resolve(package, None)
+        path = gguf.model_file(package, None)
         console.print(f"{package}: {path.name} on {cpu.model} ({cpu.kind})")
         results.append(asyncio.run(measure(path, rounds, tokens, kills, threads)))
     table = Table(title=f"local engines: worker process against in-process ({cpu.kind}, {threads} thread)")

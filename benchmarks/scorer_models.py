@@ -154,7 +154,7 @@ def run_one(model: str, mode: str, rows: list[Row], outdir: Path, n_ctx: int, th
             done[doc["id"]] = Outcome(**doc)
     todo = [r for r in rows if r.id not in done]
     if todo:
-        path = gguf.resolve(MODELS[model], None)
+        path = gguf.model_file(MODELS[model], None)
         engine = ChatScorer(path, n_ctx=n_ctx, n_threads=threads, n_batch=512)
         tier = ScorerTier(name="scorer", type="scorer", backend="scorer", mode=mode)  # type: ignore[arg-type]
         try:

@@ -1,6 +1,6 @@
 """The cascade on labeled typed rows: each tier alone, the cascade at fitted thresholds, and the
 share of questions each tier answered. Tier outputs come from :mod:`eval.tier_outputs` (computed
-once, cached); the cascade itself is ``policies.cascade.run``, the same generator the gateway drives.
+once, cached); the cascade itself is ``policies.cascade.steps``, the same generator the gateway drives.
 
 Fitting, on ``dev`` rows only: each tier's temperature per question type (negative log-likelihood),
 then each tier's confidence model (P(its answer is right), :mod:`classifiers.confidence`), then for
@@ -37,8 +37,8 @@ from policies.cascade import (
     gated,
     keeps,
     read,
-    run,
     signals,
+    steps,
     task_head,
 )
 
@@ -347,7 +347,7 @@ def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[
             return by_name[ask.tier].outputs[r.id]
 
         try:
-            d = drive(run(r.question, gates, embedding=r.embedding), answer_for)
+            d = drive(steps(r.question, gates, embedding=r.embedding), answer_for)
             ok, past = right(r, d.answer), d.tier != tiers[0].name
             wins += ok
             answered_by[d.tier] += 1

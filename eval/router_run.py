@@ -42,7 +42,7 @@ class RouterRun:
 input_tokens = prompt_tokens  # the gateway's own estimate for the expected cost
 
 
-def run(
+def measure(
     policy: Policy,
     name: str,
     vm: RoutedModel,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from eval.tier_outputs import Row
-from policies.cascade import Ask, CascadeExhausted, Gate, TierAnswer, drive, run
+from policies.cascade import Ask, CascadeExhausted, Gate, TierAnswer, drive, steps
 
 STEPS = tuple(round(x, 3) for x in (*np.linspace(0.0, 1.0, 41), 1.001))
 
@@ -59,7 +59,7 @@ def curve(
                 return outputs[_index(gates, ask.tier)][r.id]
 
             try:
-                d = drive(run(r.question, swept, embedding=r.embedding), answer_for)
+                d = drive(steps(r.question, swept, embedding=r.embedding), answer_for)
             except CascadeExhausted:
                 past += 1
                 continue

@@ -66,7 +66,7 @@ def scorer(policy: Policy, tier: ScorerTier) -> Compute:
     from policies.prompts import scorer_prompt
 
     spec = policy.backends[tier.backend]
-    path = gguf.resolve(spec.gguf.package, spec.gguf.path)  # type: ignore[union-attr]
+    path = gguf.model_file(spec.gguf.package, spec.gguf.path)  # type: ignore[union-attr]
     engine = ChatScorer(path, spec.n_ctx, spec.n_threads, spec.n_batch)  # type: ignore[union-attr]
 
     def compute(row: Row) -> TierAnswer:

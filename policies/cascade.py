@@ -301,7 +301,7 @@ def _decided(q: Question, gate: Gate, reading: Reading, answer: TierAnswer, trac
     )
 
 
-def run(
+def steps(
     q: Question,
     gates: Sequence[Gate],
     on_exhausted: Literal["error", "best"] = "error",

@@ -195,7 +195,7 @@ def candidate_costs(policy: Policy, vm: RoutedModel, input_tokens: float | np.nd
     return costs
 
 
-def decide(
+def choose_candidate(
     policy: Policy, vm: RoutedModel, quality: np.ndarray, input_tokens: float, accuracy: np.ndarray | None = None
 ) -> QualityChoice:
     """The candidate for one request: ``quality`` is the heads' P(right), one per candidate;

@@ -548,7 +548,7 @@ class Logging(Strict):
     log_prompts: bool = False
 
 
-class Tracing(Strict):
+class TracingSpec(Strict):
     """OpenTelemetry spans (``gateway/obs/tracing.py``), exported by OTLP/HTTP to ``otlp_endpoint``, else to
     ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT``; off when none is set
     (or ``OTEL_SDK_DISABLED=true``). Read at start: a reload does not change it."""
@@ -582,7 +582,7 @@ class Policy(Strict):
     access: Access = Access()
     state: StateSpec = StateSpec()
     logging: Logging = Logging()
-    tracing: Tracing = Tracing()
+    tracing: TracingSpec = TracingSpec()
 
     def upstream_name(self, model: str) -> str:
         spec = self.models[model]

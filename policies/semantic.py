@@ -89,7 +89,7 @@ def _matching_rule(rules: list[HeadRule], heads: Mapping[str, Prediction]) -> Ru
     return None
 
 
-def decide(vm: SemanticModel, heads: Mapping[str, Prediction], familiar: bool, readable: bool = True) -> Route:
+def choose_route(vm: SemanticModel, heads: Mapping[str, Prediction], familiar: bool, readable: bool = True) -> Route:
     """``familiar``: the guard finds the prompt in distribution; ``readable``: its language and word
     pieces are the encoder's (false implies not familiar)."""
     cat = heads.get("category")
@@ -131,17 +131,17 @@ def is_follow_up(vm: SemanticModel, last_turn: str, earlier_turns: int) -> bool:
     return earlier_turns > 0 and len(last_turn.split()) <= vm.follow_up_max_words
 
 
-def decide_turns(
+def choose_route_turns(
     vm: SemanticModel,
     last: tuple[Mapping[str, Prediction], bool, bool],
     earlier: tuple[Mapping[str, Prediction], bool, bool],
 ) -> Route:
     """The route of a short follow-up: the conversation's, unless the turn is confidently different
     or addressed to the router. Each turn: (heads, familiar, readable), as :func:`decide` takes them."""
-    own = decide(vm, *last)
+    own = choose_route(vm, *last)
     if own.reason == "injection":
         return own
-    kept = decide(vm, *earlier)
+    kept = choose_route(vm, *earlier)
     if last[1] and _differs(vm, own, kept):
         return own
     return replace(kept, follow_up=True)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from policies.budget import EscalationBudget
-from policies.cascade import Gate, Question, TierAnswer, drive, run
+from policies.cascade import Gate, Question, TierAnswer, drive, steps
 from tests.conftest import Gateway
 
 GATES = [Gate("scorer", "scorer", {"choice": 0.7}), Gate("pool", "model")]
@@ -27,7 +27,7 @@ def stream(budget: EscalationBudget, confidences: np.ndarray) -> list[bool]:
     escalated = []
     for c in confidences:
         d = drive(
-            run(Q, budget.gates(GATES)), lambda ask, c=c: answer_with(c) if ask.tier == "scorer" else answer_with(0.9)
+            steps(Q, budget.gates(GATES)), lambda ask, c=c: answer_with(c) if ask.tier == "scorer" else answer_with(0.9)
         )
         budget.observe(d.trace[0])
         escalated.append(d.trace[0].outcome == "escalated")
@@ -58,7 +58,8 @@ def test_the_quality_floor_wins_over_the_budget() -> None:
 def test_skipped_or_failed_first_tiers_do_not_move_it() -> None:
     budget = EscalationBudget(0.3)
     d = drive(
-        run(Q, budget.gates(GATES)), lambda ask: TierAnswer(error="down") if ask.tier == "scorer" else answer_with(0.9)
+        steps(Q, budget.gates(GATES)),
+        lambda ask: TierAnswer(error="down") if ask.tier == "scorer" else answer_with(0.9),
     )
     budget.observe(d.trace[0])
     assert budget.offset == 0 and budget.share is None

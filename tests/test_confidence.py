@@ -17,7 +17,7 @@ from classifiers.confidence import ConfidenceModel, confidence_name
 from classifiers.training.confidence_training import fit_confidence
 from eval import cascade_eval
 from eval.tier_outputs import Row
-from policies.cascade import Gate, Question, Signals, TierAnswer, drive, run
+from policies.cascade import Gate, Question, Signals, TierAnswer, drive, steps
 from policies.errors import PolicyInvalid
 
 DIM = 8
@@ -117,12 +117,12 @@ def test_the_cascade_compares_the_threshold_with_the_judges_probability() -> Non
     q = Question("choice", "which?", ("a", "b", "c"))
     scores = {"scorer": TierAnswer(scores=(0.0, -3.0, -3.0)), "pool": TierAnswer(scores=(-3.0, 0.0, -3.0))}
     judge = _Fixed()
-    kept = drive(run(q, _two_tiers(judge), embedding=_direction(0)), lambda ask: scores[ask.tier])
+    kept = drive(steps(q, _two_tiers(judge), embedding=_direction(0)), lambda ask: scores[ask.tier])
     assert kept.tier == "scorer" and kept.confidence == pytest.approx(0.95)
     step = kept.trace[0].as_dict()
     assert step["confidence"] == pytest.approx(0.95)
     assert 0.8 < step["raw_confidence"] < 0.95  # the tier's own top probability, kept in the trace
-    sent_on = drive(run(q, _two_tiers(judge), embedding=_direction(1)), lambda ask: scores[ask.tier])
+    sent_on = drive(steps(q, _two_tiers(judge), embedding=_direction(1)), lambda ask: scores[ask.tier])
     assert sent_on.tier == "pool" and sent_on.answer == "b"
     assert sent_on.trace[0].outcome == "escalated" and sent_on.trace[0].confidence == pytest.approx(0.1)
     # the pool tier had no judge: its own confidence, no raw_confidence in its step
@@ -135,14 +135,14 @@ def test_no_judge_for_a_task_head_numbers_or_a_missing_embedding() -> None:
     answer = TierAnswer(scores=(0.0, -3.0))
     task_q = Question("choice", "book a flight", ("book", "cancel"), task="intents")
     encoder = [Gate("encoder", "encoder", {"choice": 0.5}, judge=judge), Gate("pool", "model", {})]
-    d = drive(run(task_q, encoder, embedding=_direction(1)), lambda ask: answer)
+    d = drive(steps(task_q, encoder, embedding=_direction(1)), lambda ask: answer)
     assert d.tier == "encoder" and "raw_confidence" not in d.trace[0].as_dict()  # the task head's own probability
     plain = Question("choice", "which?", ("a", "b"))
-    d = drive(run(plain, gates, embedding=None), lambda ask: answer)
+    d = drive(steps(plain, gates, embedding=None), lambda ask: answer)
     assert d.tier == "scorer" and "raw_confidence" not in d.trace[0].as_dict()
     assert judge.seen == []
     # a scorer tier reads a task's question like any other choice question: its judge applies
-    d = drive(run(task_q, gates, embedding=_direction(1)), lambda ask: answer)
+    d = drive(steps(task_q, gates, embedding=_direction(1)), lambda ask: answer)
     assert d.tier == "pool" and d.trace[0].raw_confidence is not None and len(judge.seen) == 1
 
 
@@ -327,15 +327,15 @@ def test_an_escalation_margin_sends_on_what_escalating_does_better() -> None:
         ]
 
     # a threshold alone keeps the kind-0 answer (0.6 >= 0.5) ...
-    alone = drive(run(q, tiers(None), embedding=_direction(0)), lambda ask: scores[ask.tier])
+    alone = drive(steps(q, tiers(None), embedding=_direction(0)), lambda ask: scores[ask.tier])
     assert alone.tier == "scorer" and "escalation_p_right" not in alone.trace[0].as_dict()
     # ... with a margin it goes where it is likelier right, and the trace says what it was compared with
-    sent = drive(run(q, tiers(0.05), embedding=_direction(0)), lambda ask: scores[ask.tier])
+    sent = drive(steps(q, tiers(0.05), embedding=_direction(0)), lambda ask: scores[ask.tier])
     assert sent.tier == "pool" and sent.trace[0].as_dict()["escalation_p_right"] == pytest.approx(0.9)
-    kept = drive(run(q, tiers(0.05), embedding=_direction(1)), lambda ask: scores[ask.tier])
+    kept = drive(steps(q, tiers(0.05), embedding=_direction(1)), lambda ask: scores[ask.tier])
     assert kept.tier == "scorer" and kept.trace[0].as_dict()["escalation_p_right"] == pytest.approx(0.7)
     # within the margin counts as no worse
-    assert drive(run(q, tiers(0.35), embedding=_direction(0)), lambda ask: scores[ask.tier]).tier == "scorer"
+    assert drive(steps(q, tiers(0.35), embedding=_direction(0)), lambda ask: scores[ask.tier]).tier == "scorer"
 
 
 def _versus_outputs(rows: list[Row], seed: int) -> tuple[dict[str, TierAnswer], dict[str, TierAnswer]]:
@@ -379,7 +379,7 @@ def test_the_eval_fits_what_escalating_gets_and_the_margin_uses_it(tmp_path: Pat
 def test_an_escalation_margin_needs_a_learned_gate_and_reaches_the_gateways_gates() -> None:
     from pydantic import ValidationError
 
-    from gateway.service.decide import gates
+    from gateway.service.decisions import gates
     from policies.schema import Policy
 
     def policy(gate: str) -> Policy:

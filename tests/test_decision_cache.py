@@ -111,7 +111,7 @@ def test_a_cascade_without_an_answer_still_charges_the_tiers_it_asked(gateway: C
 
 
 def test_an_entry_that_does_not_read_is_a_miss() -> None:
-    from gateway.service import decide as gd
+    from gateway.service import decisions
 
-    assert gd.unpack(b"not json") is None
-    assert gd.unpack(b'{"answer": "x", "unknown": 1, "trace": []}') is None  # another version's shape
+    assert decisions.unpack(b"not json") is None
+    assert decisions.unpack(b'{"answer": "x", "unknown": 1, "trace": []}') is None  # another version's shape

@@ -80,28 +80,28 @@ def test_header_refuses_what_is_not_gguf(tmp_path: Path) -> None:
 def test_a_chunk_series_is_joined_once_and_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = _fake_gguf()
     c = _series(tmp_path, monkeypatch, data)
-    path = gguf.resolve(c.series, None)
+    path = gguf.model_file(c.series, None)
     assert path == tmp_path / "cache" / "fake.gguf" and path.read_bytes() == data
     assert gguf.read_header(path).name == "Fake Model"
     mtime = path.stat().st_mtime_ns
     for part in (tmp_path / "site").rglob("*.bin"):  # the stamp holds: the parts are not read again
         part.write_bytes(b"changed")
-    assert gguf.resolve(c.series, None) == path and path.stat().st_mtime_ns == mtime
+    assert gguf.model_file(c.series, None) == path and path.stat().st_mtime_ns == mtime
     assert not list(path.parent.glob(".*.part"))
 
 
 def test_a_changed_joined_file_is_joined_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = _fake_gguf()
     c = _series(tmp_path, monkeypatch, data)
-    path = gguf.resolve(c.series, None)
+    path = gguf.model_file(c.series, None)
     path.write_bytes(data[:-1] + b"\x00")  # size kept, content and mtime changed: the stamp no longer holds
-    assert gguf.resolve(c.series, None).read_bytes() == data
+    assert gguf.model_file(c.series, None).read_bytes() == data
 
 
 def test_a_wrong_sha256_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     c = _series(tmp_path, monkeypatch, _fake_gguf(), sha256="0" * 64)
     with pytest.raises(PolicyInvalid, match=r"expected .* with 0{64}: reinstall"):
-        gguf.resolve(c.series, None)
+        gguf.model_file(c.series, None)
     assert not (tmp_path / "cache" / "fake.gguf").exists()
     assert not list((tmp_path / "cache").glob(".*.part"))
 
@@ -109,7 +109,7 @@ def test_a_wrong_sha256_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def test_a_wrong_architecture_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     c = _series(tmp_path, monkeypatch, _fake_gguf(arch="gemma3"))
     with pytest.raises(PolicyInvalid, match="architecture 'gemma3', expected 'qwen2'"):
-        gguf.resolve(c.series, None)
+        gguf.model_file(c.series, None)
 
 
 def test_missing_parts_say_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,7 +117,7 @@ def test_missing_parts_say_what_to_install(tmp_path: Path, monkeypatch: pytest.M
     missing = gguf.ChunkedGGUF(c.series, c.version, c.parts + 1, c.file, c.size, c.sha256, c.architecture)
     monkeypatch.setitem(gguf.CHUNKED, c.series, missing)
     with pytest.raises(PolicyInvalid, match=rf"{c.series}-part4 .* not installed: pip install 'triage\[models\]'"):
-        gguf.resolve(c.series, None)
+        gguf.model_file(c.series, None)
 
 
 def _installed(c: gguf.ChunkedGGUF) -> bool:
@@ -129,7 +129,7 @@ def test_the_packaged_qwen_files(series: str) -> None:
     c = gguf.CHUNKED[series]
     if not _installed(c):
         pytest.skip(f"{series}: {MISSING_MODELS}")
-    path = gguf.resolve(series, None)  # joined into the model cache the first time (SHA-256 checked)
+    path = gguf.model_file(series, None)  # joined into the model cache the first time (SHA-256 checked)
     header = gguf.read_header(path)
     assert path.stat().st_size == c.size and header.architecture == "qwen2"
     assert "qwen2.5" in (header.name or "").lower().replace(" ", "")

@@ -102,7 +102,7 @@ def test_the_batch_body_model_takes_the_endpoints_the_runner_serves(
     import typing
 
     from gateway.service.batch_runner import ENDPOINTS
-    from gateway.service.schemas import BatchCreate
+    from gateway.service.bodies import BatchCreate
 
     assert typing.get_args(BatchCreate.model_fields["endpoint"].annotation) == ENDPOINTS
     gw = gateway(policy(extra=f'batches: {{dir: "{tmp_path / "b"}"}}\n'))

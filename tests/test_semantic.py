@@ -9,7 +9,7 @@ import pytest
 from policies import loader, reasoning
 from policies.errors import InvalidRequest, PolicyInvalid
 from policies.schema import HeadRule, ModelSpec, SemanticModel
-from policies.semantic import Prediction, decide, decide_turns, label_problems
+from policies.semantic import Prediction, choose_route, choose_route_turns, label_problems
 
 VM = SemanticModel(
     type="semantic",
@@ -29,14 +29,14 @@ def heads(category: str, confidence: float, pays: float) -> dict[str, Prediction
 
 
 def test_rules_in_order() -> None:
-    assert decide(VM, heads("math", 0.9, 0.6), familiar=True).model == "big"
-    assert decide(VM, heads("math", 0.9, 0.6), familiar=False).reason == "unfamiliar"
-    assert decide(VM, heads("law", 0.9, 0.1), familiar=True).reason == "default"
+    assert choose_route(VM, heads("math", 0.9, 0.6), familiar=True).model == "big"
+    assert choose_route(VM, heads("math", 0.9, 0.6), familiar=False).reason == "unfamiliar"
+    assert choose_route(VM, heads("law", 0.9, 0.1), familiar=True).reason == "default"
     # a mapped category under min_confidence without escalate_to: the default, not the category
-    doubtful = decide(VM, heads("math", 0.3, 0.1), familiar=True)
+    doubtful = choose_route(VM, heads("math", 0.3, 0.1), familiar=True)
     assert (doubtful.model, doubtful.reason) == ("small", "default")
     escalating = VM.model_copy(update={"escalate_to": "big"})
-    assert decide(escalating, heads("law", 0.3, 0.1), familiar=True).reason == "escalated"
+    assert choose_route(escalating, heads("law", 0.3, 0.1), familiar=True).reason == "escalated"
 
 
 def flagged(base: dict[str, Prediction], p_router: float) -> dict[str, Prediction]:
@@ -49,41 +49,45 @@ def flagged(base: dict[str, Prediction], p_router: float) -> dict[str, Predictio
 
 def test_a_prompt_addressed_to_the_router_takes_the_fixed_route_without_reasoning() -> None:
     escalating = VM.model_copy(update={"escalate_to": "big", "injection": "guarded"})
-    route = decide(escalating, flagged(heads("math", 0.9, 0.9), 0.97), familiar=True)
+    route = choose_route(escalating, flagged(heads("math", 0.9, 0.9), 0.97), familiar=True)
     assert (route.model, route.reason, route.reasoning) == ("guarded", "injection", False)
     # without an `injection` route: the default, never escalate_to (what such a prompt asks for)
-    route = decide(VM.model_copy(update={"escalate_to": "big"}), flagged(heads("math", 0.2, 0.9), 0.97), familiar=True)
+    route = choose_route(
+        VM.model_copy(update={"escalate_to": "big"}), flagged(heads("math", 0.2, 0.9), 0.97), familiar=True
+    )
     assert (route.model, route.reason) == ("small", "injection")
     # far from the training prompts but in English: still the injection route (router-aimed prompts
     # are far from the other heads' prompts; the injection head learnt them)
-    assert decide(escalating, flagged(heads("math", 0.9, 0.9), 0.97), familiar=False).reason == "injection"
+    assert choose_route(escalating, flagged(heads("math", 0.9, 0.9), 0.97), familiar=False).reason == "injection"
     # text the heads cannot read (another language, foreign words) takes the unfamiliar route; flagged
     # as aimed at the router too, it never falls back to escalate_to
     unread = {"familiar": False, "readable": False}
-    assert decide(escalating, flagged(heads("math", 0.9, 0.9), 0.97), **unread).model == "safe"
+    assert choose_route(escalating, flagged(heads("math", 0.9, 0.9), 0.97), **unread).model == "safe"
     no_unfamiliar = escalating.model_copy(update={"unfamiliar": None})
-    route = decide(no_unfamiliar, flagged(heads("math", 0.2, 0.9), 0.97), **unread)
+    route = choose_route(no_unfamiliar, flagged(heads("math", 0.2, 0.9), 0.97), **unread)
     assert (route.model, route.reason, route.reasoning) == ("small", "unfamiliar", False)
-    assert decide(no_unfamiliar, heads("math", 0.2, 0.9), familiar=False).model == "big"
+    assert choose_route(no_unfamiliar, heads("math", 0.2, 0.9), familiar=False).model == "big"
     on = VM.model_copy(update={"reasoning": VM.reasoning.model_copy(update={"mode": "on"})})
-    assert decide(on, flagged(heads("math", 0.9, 0.1), 0.97), familiar=True).reasoning is True
-    assert decide(VM, flagged(heads("math", 0.9, 0.6), 0.2), familiar=True).reason == "category"  # not flagged
+    assert choose_route(on, flagged(heads("math", 0.9, 0.1), 0.97), familiar=True).reasoning is True
+    assert choose_route(VM, flagged(heads("math", 0.9, 0.6), 0.2), familiar=True).reason == "category"  # not flagged
     # a short follow-up addressed to the router does not keep the conversation's route
-    turn = decide_turns(VM, (flagged(heads("law", 0.6, 0.1), 0.9), True, True), (heads("math", 0.9, 0.1), True, True))
+    turn = choose_route_turns(
+        VM, (flagged(heads("law", 0.6, 0.1), 0.9), True, True), (heads("math", 0.9, 0.1), True, True)
+    )
     assert (turn.model, turn.reason, turn.follow_up) == ("small", "injection", False)
 
 
 def test_reasoning_threshold_and_modes() -> None:
-    assert decide(VM, heads("math", 0.9, 0.45), familiar=True).reasoning is True
-    assert decide(VM, heads("math", 0.9, 0.35), familiar=True).reasoning is False
+    assert choose_route(VM, heads("math", 0.9, 0.45), familiar=True).reasoning is True
+    assert choose_route(VM, heads("math", 0.9, 0.35), familiar=True).reasoning is False
     off = VM.model_copy(update={"reasoning": VM.reasoning.model_copy(update={"mode": "off"})})
-    assert decide(off, heads("math", 0.9, 0.99), familiar=True).reasoning is False
+    assert choose_route(off, heads("math", 0.9, 0.99), familiar=True).reasoning is False
 
 
 def test_follow_up_keeps_the_route_unless_confidently_different() -> None:
-    kept = decide_turns(VM, (heads("law", 0.6, 0.1), True, True), (heads("math", 0.9, 0.1), True, True))
+    kept = choose_route_turns(VM, (heads("law", 0.6, 0.1), True, True), (heads("math", 0.9, 0.1), True, True))
     assert (kept.model, kept.follow_up) == ("big", True)
-    switched = decide_turns(VM, (heads("law", 0.95, 0.1), True, True), (heads("math", 0.9, 0.1), True, True))
+    switched = choose_route_turns(VM, (heads("law", 0.95, 0.1), True, True), (heads("math", 0.9, 0.1), True, True))
     assert (switched.model, switched.follow_up) == ("small", False)
 
 
@@ -110,47 +114,49 @@ RULED = VM.model_copy(
 
 def test_head_rules_come_after_the_guard_and_before_the_category_map() -> None:
     base = heads("math", 0.9, 0.6)
-    route = decide(RULED, typed(base, "open", 0.9, "transfer", 0.95), familiar=True)
+    route = choose_route(RULED, typed(base, "open", 0.9, "transfer", 0.95), familiar=True)
     assert (route.model, route.reason, route.reasoning) == ("bank", "rule", False)  # the rule's own reasoning
     assert route.rule is not None and (route.rule.index, route.rule.label) == (0, "transfer")
     # the first rule is under its confidence: the second holds; reasoning by the virtual model's rule
-    route = decide(RULED, typed(base, "choice", 0.75, "transfer", 0.6), familiar=True)
+    route = choose_route(RULED, typed(base, "choice", 0.75, "transfer", 0.6), familiar=True)
     assert (route.model, route.reason, route.reasoning, route.rule.index) == ("small-scorer", "rule", True, 1)
     # neither holds: the category map, as without rules
-    assert decide(RULED, typed(base, "choice", 0.6, "oos"), familiar=True).reason == "category"
+    assert choose_route(RULED, typed(base, "choice", 0.6, "oos"), familiar=True).reason == "category"
     # a rule holds for a doubtful category too: no escalation
-    assert decide(RULED, typed(heads("law", 0.2, 0.1), "yes_no", 0.9), familiar=True).model == "small-scorer"
-    assert decide(RULED, typed(heads("law", 0.2, 0.1), "open", 0.9), familiar=True).reason == "escalated"
+    assert choose_route(RULED, typed(heads("law", 0.2, 0.1), "yes_no", 0.9), familiar=True).model == "small-scorer"
+    assert choose_route(RULED, typed(heads("law", 0.2, 0.1), "open", 0.9), familiar=True).reason == "escalated"
     # the guard first: unfamiliar and router-aimed prompts never take a rule
-    assert decide(RULED, typed(base, "choice", 0.99, "transfer", 0.99), familiar=False).reason == "unfamiliar"
+    assert choose_route(RULED, typed(base, "choice", 0.99, "transfer", 0.99), familiar=False).reason == "unfamiliar"
     aimed = flagged(typed(base, "choice", 0.99, "transfer", 0.99), 0.97)
-    assert decide(RULED, aimed, familiar=True).reason == "injection"
+    assert choose_route(RULED, aimed, familiar=True).reason == "injection"
     # a head the request's classification lacks never holds
-    assert decide(RULED, base, familiar=True).reason == "category"
+    assert choose_route(RULED, base, familiar=True).reason == "category"
     assert set(RULED.routes()) == {"small", "bank", "small-scorer", "big", "safe"}
 
 
 def test_a_follow_up_switches_to_another_rule_only_when_sure() -> None:
     earlier = (typed(heads("math", 0.9, 0.1), "open", 0.9, "balance", 0.95), True, True)
-    kept = decide_turns(RULED, (typed(heads("law", 0.5, 0.1), "open", 0.9, "oos"), True, True), earlier)
+    kept = choose_route_turns(RULED, (typed(heads("law", 0.5, 0.1), "open", 0.9, "oos"), True, True), earlier)
     assert (kept.model, kept.reason, kept.follow_up) == ("bank", "rule", True)
     # the same rule holds for the follow-up: still the conversation's
-    same = decide_turns(RULED, (typed(heads("law", 0.5, 0.1), "open", 0.9, "transfer", 0.99), True, True), earlier)
+    same = choose_route_turns(
+        RULED, (typed(heads("law", 0.5, 0.1), "open", 0.9, "transfer", 0.99), True, True), earlier
+    )
     assert same.follow_up
     # another rule, sure enough: the follow-up's own route
-    other = decide_turns(RULED, (typed(heads("law", 0.5, 0.1), "choice", 0.95, "oos"), True, True), earlier)
+    other = choose_route_turns(RULED, (typed(heads("law", 0.5, 0.1), "choice", 0.95, "oos"), True, True), earlier)
     assert (other.model, other.follow_up) == ("small-scorer", False)
-    unsure = decide_turns(RULED, (typed(heads("law", 0.5, 0.1), "choice", 0.8, "oos"), True, True), earlier)
+    unsure = choose_route_turns(RULED, (typed(heads("law", 0.5, 0.1), "choice", 0.8, "oos"), True, True), earlier)
     assert unsure.follow_up
     # a rule held only weakly does not stop a confident change of category
-    moved = decide_turns(RULED, (typed(heads("law", 0.95, 0.1), "choice", 0.8, "oos"), True, True), earlier)
+    moved = choose_route_turns(RULED, (typed(heads("law", 0.95, 0.1), "choice", 0.8, "oos"), True, True), earlier)
     assert (moved.model, moved.reason, moved.follow_up) == ("small-scorer", "rule", False)
 
 
 def test_the_rule_header_survives_any_label() -> None:
     from gateway.http.api import route_headers
 
-    route = decide(RULED, typed(heads("math", 0.9, 0.6), "open", 0.9, "transfer", 0.95), familiar=True)
+    route = choose_route(RULED, typed(heads("math", 0.9, 0.6), "open", 0.9, "transfer", 0.95), familiar=True)
     assert route_headers(route, "none")["x-triage-rule"] == "0 intents=transfer 0.9500"
     odd = replace(route, rule=replace(route.rule, label="cañón de día"))
     header = route_headers(odd, "none")["x-triage-rule"]

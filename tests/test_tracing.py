@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from gateway.obs import tracing
-from policies.schema import Tracing
+from policies.schema import TracingSpec
 from tests.conftest import Gateway, GatewayRunner, free_port, wait_http
 
 KEY = "sk-alpha-secret"
@@ -457,14 +457,14 @@ def test_sampling_follows_the_caller_and_the_decision_goes_upstream(receiver: Re
 
 
 def test_the_endpoint_is_the_policys_else_the_environments() -> None:
-    spec, env = Tracing(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/"}
+    spec, env = TracingSpec(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/"}
     assert tracing.export_endpoint(spec, {}) is None
     assert tracing.export_endpoint(spec, env) == "http://collector:4318/v1/traces"
     full = {**env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://other:4318/custom"}
     assert tracing.export_endpoint(spec, full) == "http://other:4318/custom"  # the signal's own: a full URL
-    mine = Tracing(otlp_endpoint="http://mine:4318")
+    mine = TracingSpec(otlp_endpoint="http://mine:4318")
     assert tracing.export_endpoint(mine, full) == "http://mine:4318/v1/traces"
     assert tracing.export_endpoint(mine, {"OTEL_SDK_DISABLED": "true"}) is None
     assert tracing.export_endpoint(mine, {"OTEL_TRACES_EXPORTER": "none"}) is None
     with pytest.raises(ValueError, match="http"):
-        Tracing(otlp_endpoint="collector:4318")
+        TracingSpec(otlp_endpoint="collector:4318")

@@ -14,7 +14,7 @@ from rich.console import Console
 from policies import loader
 from policies.errors import NotReady, PolicyInvalid
 from policies.schema import Policy, RoutedModel, SemanticModel
-from policies.semantic import decide, label_problems
+from policies.semantic import choose_route, label_problems
 
 if TYPE_CHECKING:
     from classifiers.service import Classifier
@@ -92,7 +92,7 @@ def route(
         assert chosen is not None
         doc = {"decision": _routed(pol, policy, chosen, vm, clf, prompt), **doc}
     elif isinstance(vm, SemanticModel):
-        decision = decide(vm, out.heads, out.familiarity.in_distribution, out.familiarity.readable)
+        decision = choose_route(vm, out.heads, out.familiarity.in_distribution, out.familiarity.readable)
         doc = {"decision": {"virtual_model": chosen, **asdict(decision)}, **doc}
     if as_json:
         typer.echo(json.dumps(doc))

@@ -53,7 +53,9 @@ def evaluate_router(
     assert pol.classifier is not None
     cache = _embedder(pol)
     try:
-        result = router_run.run(pol, name, vm, data_dir(pol.classifier, policy.resolve().parent), cache.embed, cv_by)
+        result = router_run.measure(
+            pol, name, vm, data_dir(pol.classifier, policy.resolve().parent), cache.embed, cv_by
+        )
     finally:
         cache.save()
     r = result.report

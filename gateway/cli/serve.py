@@ -60,7 +60,7 @@ def serve(
         raise typer.Exit(2) from None
     if workers > 1:
         logs.configure(loaded.logging)  # the parent's own events, as the workers log theirs
-        if code := several.serve(settings, host, port, workers, UVICORN):  # each worker guards its connections
+        if code := several.supervise(settings, host, port, workers, UVICORN):  # each worker guards its connections
             raise typer.Exit(code)
         return
     import uvicorn

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.http.doors import read_body
 from gateway.service import keyring
+from gateway.service.bodies import parse_json
 from gateway.service.runtime import Runtime
-from gateway.service.schemas import parse_json
 from policies import spend
 from policies.errors import Conflict, InvalidRequest, NotFound, Unauthorized
 from policies.plans import public_models

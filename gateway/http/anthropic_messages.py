@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from gateway.service.schemas import check
+from gateway.service.bodies import check
 from policies.errors import InvalidRequest, TriageError
 
 Body = dict[str, Any]

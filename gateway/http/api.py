@@ -19,7 +19,7 @@ from gateway.http import surfaces
 from gateway.http.doors import Call, door, error_response, gateway_state, json_response
 from gateway.http.exchange import Exchange
 from gateway.http.relay import Relay, events
-from gateway.service import decide, embeddings, quotas
+from gateway.service import decisions, embeddings, quotas
 from gateway.service.service import Outcome
 from policies import spend
 from policies.cascade import CascadeExhausted, Decision
@@ -119,34 +119,34 @@ async def create_message(call: Call) -> Response:
     return await _generate(call, surfaces.Messages(call))
 
 
-@door("decide", served=decide.served_cascade)
+@door("decide", served=decisions.served_cascade)
 async def decide_one(call: Call) -> Response:
     ex = call.ex
-    spec = decide.served_cascade(ex.rt)
-    decide.barred(ex.rt, spec, ex.key)  # 403 when the key may ask no tier
-    q, overrides = decide.parse_one(ex.rt, call.body)
+    spec = decisions.served_cascade(ex.rt)
+    decisions.barred(ex.rt, spec, ex.key)  # 403 when the key may ask no tier
+    q, overrides = decisions.parse_one(ex.rt, call.body)
     ex.prompt = q.question
     decision = await ex.service.decide(q, overrides, call.context(always=True))
     ex.record(Outcome(decision=decision))
-    return json_response(decide.body(decision, ex.request_id), headers=decision_headers(ex, decision))
+    return json_response(decisions.body(decision, ex.request_id), headers=decision_headers(ex, decision))
 
 
-@door("decide_batch", any_json=True, served=decide.served_cascade)
+@door("decide_batch", any_json=True, served=decisions.served_cascade)
 async def decide_batch(call: Call) -> Response:
     """Every question answered, in order; a bad or unanswerable one gets its own error entry."""
     ex, raw = call.ex, call.body
-    spec = decide.served_cascade(ex.rt)
-    decide.barred(ex.rt, spec, ex.key)  # 403 when the key may ask no tier
+    spec = decisions.served_cascade(ex.rt)
+    decisions.barred(ex.rt, spec, ex.key)  # 403 when the key may ask no tier
     items = raw.get("questions") if isinstance(raw, dict) else raw
     if not isinstance(items, list) or not items:
         raise InvalidRequest('the body must be a non-empty list of questions (or {"questions": [...]})')
     if len(items) > spec.max_batch:
         raise InvalidRequest(f"at most {spec.max_batch} questions per batch, not {len(items)}")
-    tasks = decide.known_tasks(ex.rt)
+    tasks = decisions.known_tasks(ex.rt)
     parsed: list[Any] = []
     for item in items:
         try:
-            parsed.append(decide.parse(item, spec, tasks))
+            parsed.append(decisions.parse(item, spec, tasks))
         except InvalidRequest as exc:
             parsed.append(exc)
     good = [(i, p) for i, p in enumerate(parsed) if not isinstance(p, InvalidRequest)]
@@ -159,7 +159,7 @@ async def decide_batch(call: Call) -> Response:
     answers: list[Body] = [p.body() if isinstance(p, InvalidRequest) else {} for p in parsed]
     for (i, _), result in zip(good, results, strict=True):
         rid = f"{ex.request_id}-{i}"
-        answers[i] = result.body() if isinstance(result, TriageError) else decide.body(result, rid)  # type: ignore[arg-type]
+        answers[i] = result.body() if isinstance(result, TriageError) else decisions.body(result, rid)  # type: ignore[arg-type]
     return json_response(answers, headers={"x-request-id": ex.request_id, "x-triage-cost": f"{ex.cost or 0.0:.8f}"})
 
 

@@ -18,9 +18,9 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from gateway.http.anthropic_messages import MessagesRequest
 from gateway.http.responses import ResponsesRequest
-from gateway.service.decide import DecideRequest
+from gateway.service.bodies import BatchCreate, ChatRequest, CompletionRequest
+from gateway.service.decisions import DecideRequest
 from gateway.service.embeddings import EmbeddingsRequest
-from gateway.service.schemas import BatchCreate, ChatRequest, CompletionRequest
 
 
 class _Open(BaseModel):

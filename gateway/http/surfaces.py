@@ -18,9 +18,9 @@ from gateway.http.doors import Call
 from gateway.http.exchange import Exchange
 from gateway.http.relay import as_chunk, chat_chunks, translated
 from gateway.service import typed
+from gateway.service.bodies import check
 from gateway.service.dispatch import Served
 from gateway.service.runtime import Runtime
-from gateway.service.schemas import check
 from policies.errors import InvalidRequest
 
 

@@ -272,7 +272,7 @@ class Supervisor:
                 p.join(5)
 
 
-def serve(settings: Settings, host: str, port: int, workers: int, options: dict[str, Any]) -> int:
+def supervise(settings: Settings, host: str, port: int, workers: int, options: dict[str, Any]) -> int:
     """Serve with ``workers`` processes until SIGTERM or SIGINT; the exit code."""
     reuse = reuse_port()
     try:

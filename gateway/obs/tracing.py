@@ -30,7 +30,7 @@ from backends.base import Attempt, Call
 from backends.openai_compat import TRACE_HEADERS
 from policies.cascade import Ask, CascadeExhausted, Decision, Question, Step, TierAnswer
 from policies.errors import TriageError
-from policies.schema import Tracing as TracingSpec
+from policies.schema import TracingSpec
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -246,7 +246,7 @@ def annotate(event: Mapping[str, Any]) -> None:
 
 
 def cascade(gen: Generator[Ask, TierAnswer, Decision], q: Question) -> Generator[Ask, TierAnswer, Decision]:
-    """``policies.cascade.run``'s generator, traced in a traced request (else ``gen`` itself): a
+    """``policies.cascade.steps``'s generator, traced in a traced request (else ``gen`` itself): a
     ``triage.cascade`` span, and a span per tier asked, current while the tier answers and ended
     with what the cascade made of its answer (confidence, threshold, outcome)."""
     scope = _SCOPE.get()

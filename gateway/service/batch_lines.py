@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from backends.prefix import Item, plan
-from gateway.service.schemas import MAX_DEPTH, check_depth
+from gateway.service.bodies import MAX_DEPTH, check_depth
 from gateway.state.batch_model import Row, new_id
 from policies.errors import InvalidRequest
 

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import structlog
 
 from backends.base import Kind
-from gateway.service import decide, quotas
+from gateway.service import decisions, quotas
 from gateway.service.batch_lines import check_lines, plan_rows
 from gateway.service.context import Context
 from gateway.service.runtime import RuntimeHolder
@@ -369,7 +369,7 @@ class BatchRunner:
         rt = self.holder.acquire()
         try:
             key = await rt.keyring.owner(owner) if owner is not None and rt.keyring is not None else None
-            return await serve(rt, endpoint, dict(req.body), rid, req.affinity, key)
+            return await answer_line(rt, endpoint, dict(req.body), rid, req.affinity, key)
         finally:
             await self.holder.release(rt)
 
@@ -437,7 +437,7 @@ def _result(rid: str, custom_id: str, status: int, body: dict[str, Any]) -> dict
 Charges = list[tuple[str, Mapping[str, Any] | None, float]]
 
 
-async def serve(
+async def answer_line(
     rt: Any,
     endpoint: str,
     body: dict[str, Any],
@@ -452,9 +452,9 @@ async def serve(
     ctx = Context(request_id, key=key, surface="batch", affinity=affinity)
     try:
         if endpoint == "/v1/decide":
-            q, overrides = decide.parse_one(rt, body)  # the route's checks and statuses
+            q, overrides = decisions.parse_one(rt, body)  # the route's checks and statuses
             d = await service.decide(q, overrides, ctx)
-            return 200, decide.body(d, request_id), spend.decision_charges(models, d)
+            return 200, decisions.body(d, request_id), spend.decision_charges(models, d)
         kind: Kind = "chat" if endpoint == "/v1/chat/completions" else "completion"
         quotas.allowed(rt, key, body.get("model") if isinstance(body.get("model"), str) else None)
         out = await service.generate(kind, {**body, "stream": False}, ctx)

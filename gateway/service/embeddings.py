@@ -25,10 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from backends.base import Completion
 from classifiers.artifacts import MODEL_NAME
+from gateway.service.bodies import check
 from gateway.service.context import Context
 from gateway.service.dispatch import Served, dispatch
 from gateway.service.runtime import Runtime
-from gateway.service.schemas import check
 from policies.errors import InvalidRequest, ModelNotFound
 from policies.plans import public_models, resolve
 from policies.schema import ClassifierSpec

@@ -18,7 +18,7 @@ from gateway.service.messages import text as message_text
 from policies import routed
 from policies.errors import NotReady
 from policies.schema import ClassifierSpec, Policy, RoutedModel, SemanticModel
-from policies.semantic import Route, decide, decide_turns, is_follow_up
+from policies.semantic import Route, choose_route, choose_route_turns, is_follow_up
 
 ReasoningRouter = tuple[Policy, RoutedModel, QualityHead]
 
@@ -64,7 +64,7 @@ class Encoding:
             texts = [last, "\n".join(earlier)]
             readings = await asyncio.gather(*(self.batcher.embed(t) for t in texts))
             (own, own_fam), (prev, prev_fam) = self.classifier.classify_readings(list(readings), texts)
-            route = decide_turns(
+            route = choose_route_turns(
                 vm,
                 (own, own_fam.in_distribution, own_fam.readable),
                 (prev, prev_fam.in_distribution, prev_fam.readable),
@@ -73,10 +73,10 @@ class Encoding:
         else:
             reading = await self.batcher.embed(last)
             [(heads, fam)] = self.classifier.classify_readings([reading], [last])
-            route = decide(vm, heads, fam.in_distribution, fam.readable)
+            route = choose_route(vm, heads, fam.in_distribution, fam.readable)
         if route.reasoning_by_router and reasoning_router is not None:
             policy, rvm, head = reasoning_router
-            choice = routed.decide(
+            choice = routed.choose_candidate(
                 policy, rvm, head.proba(reading.vector)[0], input_tokens(kind, body), head.dev_accuracy
             )
             route = replace(route, reasoning=choice.reasoning == "on", quality=choice)
@@ -117,7 +117,7 @@ def load_quality(policy: Policy, policy_dir: Path, dim: int) -> tuple[dict[str, 
 
 def quality_route(policy: Policy, vm: RoutedModel, head: QualityHead, reading: Reading, tokens: int) -> Route:
     """The learned router's route for one prompt's reading."""
-    choice = routed.decide(policy, vm, head.proba(reading.vector)[0], tokens, head.dev_accuracy)
+    choice = routed.choose_candidate(policy, vm, head.proba(reading.vector)[0], tokens, head.dev_accuracy)
     return Route(
         choice.model,
         choice.reasoning == "on",

@@ -14,20 +14,20 @@ from policies.schema import RoutedModel
 from policies.semantic import Route
 
 
-async def serve(rt: Runtime, plan: ChainPlan | EncoderPlan, kind: Kind, body: Body, ctx: Context) -> Served:
+async def serve_plan(rt: Runtime, plan: ChainPlan | EncoderPlan, kind: Kind, body: Body, ctx: Context) -> Served:
     """An untyped plan dispatched: the encoder's pick (then that model's chain), or the plan's chain."""
     route = await _route(rt, plan, kind, body) if isinstance(plan, EncoderPlan) else None
     chain = resolve(rt.policy, route.model).chain if route is not None else plan.chain
     return await dispatch(rt, kind, body, ctx.request_id, ctx.attempts, chain, route, ctx.affinity)
 
 
-async def chat(rt: Runtime, body: Body, ctx: Context) -> Served:
+async def serve_chat(rt: Runtime, body: Body, ctx: Context) -> Served:
     """A chat body whose model is no cascade model, served (a model tier's question: its model's
     chain, or the learned router's pick)."""
     plan = resolve(rt.policy, body["model"])
     if isinstance(plan, TypedPlan):
         raise InvalidRequest(f"'{plan.name}' is a cascade model: it cannot answer a cascade's tier", param="model")
-    return await serve(rt, plan, "chat", body, ctx)
+    return await serve_plan(rt, plan, "chat", body, ctx)
 
 
 async def _route(rt: Runtime, plan: EncoderPlan, kind: Kind, body: Body) -> Route:

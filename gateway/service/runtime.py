@@ -19,7 +19,7 @@ import structlog
 
 from backends import registry
 from backends.base import Backend
-from backends.secrets import MissingSecret, resolve
+from backends.secrets import MissingSecret, lookup
 from gateway.service.keyring import Keyring, as_key
 from gateway.state.stores import MemoryStore, Store, StoreDown, open_store
 from policies import plans
@@ -104,7 +104,7 @@ def _key_hashes(policy: Policy) -> list[tuple[str, str]]:
     hashes: list[tuple[str, str]] = []
     for i, key in enumerate(policy.keys):
         try:
-            value = resolve(key.sha256) if key.sha256.startswith("env:") else key.sha256
+            value = lookup(key.sha256) if key.sha256.startswith("env:") else key.sha256
         except MissingSecret as exc:
             raise PolicyInvalid([f"keys[{i}].sha256: {exc}"]) from None
         value = (value or "").strip().lower()
@@ -231,7 +231,7 @@ def _admin_digest(policy: Policy) -> str | None:
     if ref is None:
         return None
     try:
-        value = resolve(ref) if ref.startswith("env:") else ref
+        value = lookup(ref) if ref.startswith("env:") else ref
     except MissingSecret as exc:
         raise PolicyInvalid([f"access.admin_key: {exc}"]) from None
     value = (value or "").strip().lower()

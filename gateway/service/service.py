@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends.base import Body, Kind
-from gateway.service import decide as deciding
-from gateway.service import embeddings, pipeline, typed
+from gateway.service import decisions, embeddings, pipeline, typed
+from gateway.service.bodies import ChatRequest, CompletionRequest, check
 from gateway.service.context import Context
-from gateway.service.decide import Overrides
+from gateway.service.decisions import Overrides
 from gateway.service.dispatch import Served
 from gateway.service.runtime import Runtime
-from gateway.service.schemas import ChatRequest, CompletionRequest, check
 from policies.cascade import Decision, Question
 from policies.plans import TypedPlan, resolve
 
@@ -62,24 +61,24 @@ class Service:
             ask = typed.typed_ask(body, plan.cascade) if kind == "chat" and plan.cascade is not None else None
             if ask is not None:
                 d = await self.decide(ask.question, None, ctx)
-                reply = typed.completion(ask, d, body["model"], ctx.request_id, deciding.body(d, ctx.request_id))
+                reply = typed.completion(ask, d, body["model"], ctx.request_id, decisions.body(d, ctx.request_id))
                 return Outcome(typed=reply, decision=d, stream=stream)
             body["model"], plan = plan.open.name, plan.open  # untyped: served by the cascade model's open route
         assert not isinstance(plan, TypedPlan), "validated: a cascade model's open route is no cascade model"
-        served = await ctx.waited(pipeline.serve(self.rt, plan, kind, body, ctx))
+        served = await ctx.waited(pipeline.serve_plan(self.rt, plan, kind, body, ctx))
         if served.completion is not None:
             served.completion.body["model"] = served.model
         return Outcome(served=served, stream=stream)
 
     async def decide(self, q: Question, overrides: Overrides | None, ctx: Context) -> Decision:
         """The cascade's decision on one typed question."""
-        return await ctx.waited(deciding.decide(self.rt, q, overrides, ctx, self.serve_tier))
+        return await ctx.waited(decisions.make(self.rt, q, overrides, ctx, self.serve_tier))
 
     async def decide_many(
         self, items: Sequence[tuple[Question, Overrides | None]], ctx: Context
     ) -> list[Decision | Exception]:
         """Several questions, answers in order (an item that fails is its error)."""
-        return await ctx.waited(deciding.decide_many(self.rt, list(items), ctx, self.serve_tier))
+        return await ctx.waited(decisions.make_many(self.rt, list(items), ctx, self.serve_tier))
 
     async def embed(self, body: dict[str, Any], ctx: Context) -> Outcome:
         """Embeddings of a request's body: the encoder's, or a policy model's engine's."""
@@ -87,4 +86,4 @@ class Service:
 
     async def serve_tier(self, body: Body, ctx: Context) -> Served:
         """A model tier's question, served by its model's plan (the port the cascade's tiers get)."""
-        return await pipeline.chat(self.rt, body, ctx)
+        return await pipeline.serve_chat(self.rt, body, ctx)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from backends.secrets import MissingSecret, resolve
+from backends.secrets import MissingSecret, lookup
 from gateway.state.batch_model import BatchClaim, FileRow, GroupClaim, Row
 from gateway.state.batch_store import BatchStore
 from gateway.state.stores import StoreDown
@@ -92,7 +92,7 @@ async def open_batches(spec: StateSpec, root: Path) -> Batches:
     if spec.database is None:
         return await BatchStore.open(root)
     try:
-        dsn = resolve(spec.database) if spec.database.startswith("env:") else spec.database
+        dsn = lookup(spec.database) if spec.database.startswith("env:") else spec.database
     except MissingSecret as exc:
         raise StoreDown(f"state.database: {exc}") from None
     assert dsn is not None

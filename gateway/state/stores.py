@@ -22,7 +22,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from backends.secrets import MissingSecret, resolve
+from backends.secrets import MissingSecret, lookup
 from policies.errors import NotReady
 from policies.schema import StateSpec
 
@@ -369,7 +369,7 @@ async def open_store(spec: StateSpec) -> tuple[Store, str | None]:
     if spec.store == "memory":
         return MemoryStore(), None
     try:
-        url = resolve(spec.url) if spec.url and spec.url.startswith("env:") else spec.url
+        url = lookup(spec.url) if spec.url and spec.url.startswith("env:") else spec.url
     except MissingSecret as exc:
         raise StoreDown(f"state.url: {exc}") from None
     assert url is not None, "validated: store redis has a url"

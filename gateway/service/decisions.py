@@ -147,9 +147,7 @@ def gates(spec: Cascade, overrides: Overrides | None, judges: Mapping[str, Judge
     ]
 
 
-async def decide(
-    rt: Runtime, q: Question, overrides: Overrides | None, ctx: Context, serve_chat: ServeChat
-) -> Decision:
+async def make(rt: Runtime, q: Question, overrides: Overrides | None, ctx: Context, serve_chat: ServeChat) -> Decision:
     """The cascade's decision; with ``cascade.cache_ttl_s``, from the decision cache when the same
     question was decided under the same policy version (a hit asks no tier and costs nothing).
     A model tier whose model the caller's key may not reach is skipped (403 when no tier is left);
@@ -157,16 +155,16 @@ async def decide(
     spec = served_cascade(rt)
     shut = barred(rt, spec, ctx.key)
     if spec.cache_ttl_s is None or rt.budget is not None:  # a budget's thresholds move: not a pure function
-        return await _decide(rt, q, overrides, ctx, serve_chat, shut)
+        return await _make(rt, q, overrides, ctx, serve_chat, shut)
     ckey = cache_key(rt.version, q, overrides, sorted(shut))
     try:
         hit = await rt.store.cache_get(ckey)
     except StoreDown as exc:  # the cache only saves work: decide without it
         log.warning("decision_cache_unavailable", error=exc.message)
-        return await _decide(rt, q, overrides, ctx, serve_chat, shut)
+        return await _make(rt, q, overrides, ctx, serve_chat, shut)
     if hit is not None and (kept := unpack(hit)) is not None:
         return dataclasses.replace(kept, cached=True)
-    decision = dataclasses.replace(await _decide(rt, q, overrides, ctx, serve_chat, shut), cached=False)
+    decision = dataclasses.replace(await _make(rt, q, overrides, ctx, serve_chat, shut), cached=False)
     try:
         await rt.store.cache_put(ckey, pack(decision), spec.cache_ttl_s)
     except StoreDown as exc:
@@ -216,7 +214,7 @@ def unpack(raw: bytes) -> Decision | None:
         return None
 
 
-async def _decide(
+async def _make(
     rt: Runtime, q: Question, overrides: Overrides | None, ctx: Context, serve_chat: ServeChat, shut: Mapping[str, str]
 ) -> Decision:
     spec = served_cascade(rt)
@@ -226,7 +224,7 @@ async def _decide(
         chosen = rt.budget.gates(chosen)
     budget = rt.budget if overrides is None and not shut else None  # a key's narrower cascade is not the policy's
     embedding = await tier_answers.question_embedding(rt, q, chosen)
-    gen = tracing.cascade(cascade.run(q, chosen, spec.on_exhausted, embedding), q)  # spans, when traced
+    gen = tracing.cascade(cascade.steps(q, chosen, spec.on_exhausted, embedding), q)  # spans, when traced
     ask = next(gen)
     while True:
         reply = await tier_answers.answer(rt, by_name[ask.tier], ask, ctx, serve_chat, embedding)
@@ -243,7 +241,7 @@ async def _decide(
             raise
 
 
-async def decide_many(
+async def make_many(
     rt: Runtime,
     items: list[tuple[Question, Overrides | None]],
     ctx: Context,
@@ -260,7 +258,7 @@ async def decide_many(
     async def one(i: int) -> None:
         async with limit:
             try:
-                results[i] = await decide(rt, items[i][0], items[i][1], ctx.item(i), serve_chat)
+                results[i] = await make(rt, items[i][0], items[i][1], ctx.item(i), serve_chat)
             except TriageError as exc:  # the item's own error entry (the cascade exhausted, an engine down)
                 results[i] = exc
 
