@@ -29,6 +29,10 @@ def overhead(
         list[float] | None,
         typer.Option(help="Also triage with OpenTelemetry tracing at this sample ratio (repeatable).", min=0, max=1),
     ] = None,
+    baseline: Annotated[
+        Path | None,
+        typer.Option(help="Another checkout of triage (git worktree add DIR REV): the row triage-baseline, same run."),
+    ] = None,
     sweep_duration: Annotated[float, typer.Option(help="Seconds per concurrency level of the sweep.")] = 3.0,
     max_concurrency: Annotated[int, typer.Option(help="Highest level of the sweep (1, 2, 4, ...).")] = 64,
     rounds: Annotated[int, typer.Option(help="Interleaved rounds of the latency run.")] = 10,
@@ -51,6 +55,7 @@ def overhead(
         pair_rounds=pair_rounds,
         pair_duration=pair_duration,
         traced=tuple(traced or ()),
+        baseline=baseline,
         sweep_duration=sweep_duration,
         max_concurrency=max_concurrency,
         rounds=rounds,

@@ -3,7 +3,9 @@
 One tiny upstream (:mod:`benchmarks.upstream`), and in front of it: nothing (``direct``), triage
 with request logging off (``triage``: level warning), triage logging one event per request
 (``triage-info``), the LiteLLM proxy, and, with ``--workers N``, ``triage serve --workers N``
-(``triage-wN``, logging as ``triage``) beside the one process. The load generator runs in this process:
+(``triage-wN``, logging as ``triage``) beside the one process, and, with ``--baseline DIR``, another
+checkout of triage (``triage-baseline``: a before/after pair of a change, in the same run). The load
+generator runs in this process:
 1. latency at concurrency 1, in rounds whose target order rotates, so that machine noise
    falls on every target alike; added latency is the target's percentile minus direct's;
 2. a throughput sweep over concurrency levels, interleaved the same way: the best requests/s
@@ -52,6 +54,7 @@ class Options:
     with_logging_row: bool = True
     workers: int = 1  # N > 1: also `triage serve --workers N`, the row triage-wN
     traced: tuple[float, ...] = ()  # also triage with tracing on, one row per sample ratio (triage-traced-R)
+    baseline: Path | None = None  # another checkout of triage, the row triage-baseline: a before/after pair
     pair_rounds: int = 6  # with workers: interleaved rounds of one worker against N, at `concurrency`
     pair_duration: float = 3.0
     sweep_duration: float = 3.0
@@ -119,7 +122,7 @@ def _versions() -> dict[str, str]:
 async def _main(opts: Options, console: Console, workdir: Path) -> dict[str, Any]:
     result: dict[str, Any] = {
         "machine": machine(),
-        "settings": {**asdict(opts), "out": str(opts.out), "levels": opts.levels()},
+        "settings": {**asdict(opts), "out": str(opts.out), "baseline": str(opts.baseline or ""), "levels": opts.levels()},
         "targets": {},
         "latency": {},
         "sweep": {},
@@ -154,6 +157,7 @@ async def _start(
         "triage",
         *([multi] if multi else []),
         *traced,
+        *(["triage-baseline"] if opts.baseline is not None else []),
         *(["triage-info"] if opts.with_logging_row else []),
         *(["litellm"] if opts.with_litellm else []),
     ]
@@ -165,6 +169,8 @@ async def _start(
         procs[multi] = fleet.triage(multi, up, "warning", workers=opts.workers)
     for name, ratio in traced.items():
         procs[name] = fleet.triage(name, up, "warning", traced=ratio)
+    if opts.baseline is not None:
+        procs["triage-baseline"] = fleet.triage("triage-baseline", up, "warning", source=opts.baseline.resolve())
     if opts.with_logging_row:
         procs["triage-info"] = fleet.triage("triage-info", up, "info")
     if opts.with_litellm:

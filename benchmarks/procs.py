@@ -198,10 +198,13 @@ class Fleet:
         pre: list[str] | None = None,
         workers: int = 1,
         traced: float | None = None,
+        source: Path | None = None,
     ) -> Proc:
         """``pre``: interpreter arguments before ``-m gateway.cli`` (a profiler, say); ``workers``:
         ``triage serve --workers N`` (its workers stay in the parent's session, so stop and the CPU
-        meters reach them); ``traced``: spans kept at this ratio, exported to the upstream's OTLP sink."""
+        meters reach them); ``traced``: spans kept at this ratio, exported to the upstream's OTLP sink;
+        ``source``: another checkout of triage to run instead of this one (its packages first on the
+        path, in the same virtualenv: a before/after pair in one run)."""
         port = free_port()
         policy = self.workdir / f"{name}.yaml"
         text = triage_policy(upstream.base + "/v1", level)
@@ -223,7 +226,10 @@ class Fleet:
             "--no-watch",
             *(["--workers", str(workers)] if workers > 1 else []),
         ]
-        return self.add(Proc(name, argv, port, "/v1/models", self.workdir / f"{name}.log"))
+        proc = Proc(name, argv, port, "/v1/models", self.workdir / f"{name}.log")
+        if source is not None:
+            proc.cwd, proc.env = source, {**proc.env, "PYTHONPATH": str(source)}
+        return self.add(proc)
 
     def litellm(self, upstream: Proc) -> Proc:
         exe = Path(sys.executable).with_name("litellm")
