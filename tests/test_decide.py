@@ -18,6 +18,7 @@ import structlog
 from classifiers.training.export import ensure_exported
 from classifiers.training.train_all import train
 from policies import loader
+from tests import lanes
 from tests.conftest import SHARED_DATA, Gateway, LlamaServer, free_port
 
 
@@ -222,6 +223,7 @@ def test_bad_questions_get_a_400_naming_the_field(gw: Gateway, body: dict[str, o
         assert http.post("/v1/decide", json={"question": "Is it?", "type": "yes_no"}).status_code == 200
 
 
+@pytest.mark.engine
 def test_every_tier_failing_is_a_502_with_the_trace(gateway: Callable[..., Gateway]) -> None:
     dead = f"http://127.0.0.1:{free_port()}/v1"
     gw = gateway(cascade_policy(dead, scorer_timeout=0.001))
@@ -235,6 +237,7 @@ def test_every_tier_failing_is_a_502_with_the_trace(gateway: Callable[..., Gatew
         assert http.get("/health").status_code == 200  # still serving
 
 
+@pytest.mark.engine
 def test_a_client_that_leaves_ends_its_decision(gateway: Callable[..., Gateway]) -> None:
     """A question escalated to a pool that never answers: the client gives up, the gateway stops
     waiting within about a quarter of a second (not at the tier's 60 s timeout) and logs 499."""
@@ -263,6 +266,7 @@ def test_a_client_that_leaves_ends_its_decision(gateway: Callable[..., Gateway])
         hole.close()
 
 
+@pytest.mark.engine
 def test_failed_pool_after_a_doubtful_scorer(gateway: Callable[..., Gateway]) -> None:
     dead = f"http://127.0.0.1:{free_port()}/v1"
     body = {"question": "Is ice cold?", "type": "yes_no"}
@@ -317,6 +321,7 @@ cascade:
 
 
 @pytest.fixture(scope="session")
+@lanes.model
 def option_heads(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ensure_exported()
     out = tmp_path_factory.mktemp("option-heads")
@@ -365,6 +370,7 @@ def test_the_encoder_answers_first_and_escalates_by_its_thresholds(
     assert d["trace"][0]["tier"] == "encoder" and d["trace"][0]["threshold"] == 1.0
 
 
+@pytest.mark.engine
 def test_a_pool_that_refuses_logprobs_still_answers(gateway: Callable[..., Gateway]) -> None:
     """The in-process llama.cpp backend has no logprobs (no logits_all): the tier asks again
     without them, and the answer counts with the tier's assumed confidence."""
@@ -448,6 +454,7 @@ def test_a_reasoned_tier_answers_what_the_lettered_one_doubts(
     assert 0 < d["usage"]["completion_tokens"] <= 16, d["usage"]
 
 
+@pytest.mark.engine
 def test_a_last_tier_under_a_grammar_never_names_no_option(gateway: Callable[..., Gateway]) -> None:
     """The in-process model as the last tier, decoding under a grammar of the labels: a valid
     question always gets one of its options (SmolLM2 answered 'This review is positive' before)."""

@@ -14,6 +14,8 @@ import pytest
 
 from tests.conftest import Gateway
 
+pytestmark = pytest.mark.engine  # every test here serves the default policy's local model
+
 # TRIAGE_TEST_DEFAULT_POLICY: another policy measured on the same questions (the one before, say)
 DEFAULT = Path(
     os.environ.get("TRIAGE_TEST_DEFAULT_POLICY")

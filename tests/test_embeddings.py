@@ -10,6 +10,7 @@ import numpy as np
 import openai
 import pytest
 
+from tests import lanes
 from tests.conftest import SHARED_DATA, Gateway, LlamaServer, start_llama_server
 
 MODEL = "all-minilm-l6-v2"
@@ -90,6 +91,7 @@ models:
 
 
 @pytest.fixture(scope="module")
+@lanes.engine
 def embedding_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
     """A real llama.cpp server in embedding mode (SmolLM2's mean-pooled hidden states)."""
     server = start_llama_server(tmp_path_factory.mktemp("llama-embed"), ["--embedding", "True"])

@@ -20,6 +20,7 @@ from classifiers.batching import MicroBatcher
 from classifiers.encoder import Encoder, EncoderSettings
 from classifiers.training.export import ensure_exported
 from policies.errors import InvalidRequest, NotReady
+from tests import lanes
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -64,6 +65,7 @@ def cache_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+@lanes.model
 def exported(cache_root: Path) -> Artifacts:
     art, built = ensure_exported(cache_root=cache_root)
     assert built
@@ -81,6 +83,7 @@ def int8(exported: Artifacts) -> Encoder:
 
 
 @pytest.fixture(scope="session")
+@lanes.model
 def reference() -> np.ndarray:
     import torch
     from sentence_transformers import SentenceTransformer
@@ -169,6 +172,7 @@ def test_fewer_layers_are_an_export_of_their_own(exported: Artifacts, cache_root
         ensure_exported(settings=ExportSettings(layers=7), cache_root=cache_root)
 
 
+@pytest.mark.model
 def test_missing_export_names_the_command(tmp_path: Path) -> None:
     with pytest.raises(NotReady, match=r"python -m classifiers\.training\.export"):
         Encoder.load(cache_root=tmp_path)

@@ -22,6 +22,7 @@ import pytest
 
 from backends import engine_host, native
 from backends.gguf import smollm2_path
+from tests import lanes
 from tests.conftest import Gateway, GatewayRunner
 
 POLICY = """version: 1
@@ -57,6 +58,7 @@ QUESTION = {
 
 
 @pytest.fixture(scope="module")
+@lanes.engine
 def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     runner = GatewayRunner(tmp_path_factory.mktemp("engines"))
     yield runner.start(POLICY)
@@ -177,6 +179,7 @@ def test_twenty_requests_in_flight_through_a_crash_each_get_an_answer_or_an_erro
     assert host.pid != pid
 
 
+@pytest.mark.engine
 def test_a_hung_worker_times_out_at_the_deadline_and_is_replaced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -201,6 +204,7 @@ def test_a_hung_worker_times_out_at_the_deadline_and_is_replaced(
         runner.stop_all()
 
 
+@pytest.mark.engine
 def test_the_deadline_covers_the_wait_for_the_model_and_abandoned_work_stops(tmp_path: Path) -> None:
     """Three long requests queued on one context with total_s 3: each gets its 504 at about 3 s
     (not at 3, 6, 9), and a short request right after is answered at once (the timed-out
@@ -230,6 +234,7 @@ def test_the_deadline_covers_the_wait_for_the_model_and_abandoned_work_stops(tmp
         runner.stop_all()
 
 
+@pytest.mark.engine
 def test_a_file_that_is_not_a_whole_gguf_leaves_its_model_unhealthy_and_the_rest_served(tmp_path: Path) -> None:
     truncated = tmp_path / "truncated.gguf"
     with smollm2_path().open("rb") as src:
@@ -267,6 +272,7 @@ models:
 # --- the build -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.engine
 def test_llama_cpp_is_built_without_amx_kernels() -> None:
     """On every CPU: the libraries llama-cpp-python loads hold no AMX instruction (they fault on
     the first token on AMX CPUs; the Makefile builds without them)."""
@@ -293,6 +299,7 @@ def test_the_amx_check_finds_amx_code(tmp_path: Path) -> None:
     assert native.amx_instructions(out) == 0
 
 
+@pytest.mark.engine
 def test_doctor_reports_the_machine_and_runs_a_token_through_each_engine(tmp_path: Path) -> None:
     policy = tmp_path / "p.yaml"
     policy.write_text(POLICY)
@@ -310,6 +317,7 @@ def test_doctor_reports_the_machine_and_runs_a_token_through_each_engine(tmp_pat
     assert native.cpu().kind in done.stdout
 
 
+@pytest.mark.engine
 def test_doctor_fails_with_what_to_do_when_a_model_does_not_load(tmp_path: Path) -> None:
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + b"\0" * 64)
@@ -402,6 +410,7 @@ def test_a_schema_within_the_bounds_is_served(local: Gateway) -> None:
     assert out.choices[0].message.content is not None
 
 
+@pytest.mark.engine
 def test_a_batch_line_that_kills_the_engine_gets_its_own_error_line_and_the_batch_completes(tmp_path: Path) -> None:
     """A line whose request crashes the worker (here: the worker is killed while it runs that
     line) is failed once with its own error line, never retried into the same crash; the lines

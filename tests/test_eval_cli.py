@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from ruamel.yaml import YAML
 
 from tests.conftest import LlamaServer
@@ -121,6 +122,7 @@ cascade:
     assert bad.returncode == 2 and "no such file" in bad.stderr
 
 
+@pytest.mark.model
 def test_train_fits_a_learned_gate_and_the_gateway_reads_it(tmp_path: Path, gateway) -> None:
     """`triage train` on a cascade of local models only (no classifier): the scorer tier's gate is
     fitted on its answers to the dev rows, saved, and read by the gateway, whose trace shows both

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from gateway.http.openapi import document  # noqa: E402
+from tests import lanes  # noqa: E402
 from tests.conftest import Gateway, GatewayRunner  # noqa: E402
 from tests.test_hardening import policy  # noqa: E402
 
@@ -312,6 +313,7 @@ SCHEMAS = st.recursive(
 
 
 @pytest.fixture(scope="module")
+@lanes.engine
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     from tests.test_engines import POLICY
 

@@ -61,6 +61,7 @@ def test_the_policy_schema_names_every_package() -> None:
     assert set(get_args(literal)) == set(gguf.PACKAGES)
 
 
+@pytest.mark.model
 def test_header_of_a_real_file() -> None:
     header = gguf.read_header(gguf.smollm2_path())
     assert header.version == 3 and header.tensors > 0
@@ -124,6 +125,7 @@ def _installed(c: gguf.ChunkedGGUF) -> bool:
     return all(importlib.util.find_spec(c.module(i)) is not None for i in range(1, c.parts + 1))
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("series", list(gguf.CHUNKED))
 def test_the_packaged_qwen_files(series: str) -> None:
     c = gguf.CHUNKED[series]

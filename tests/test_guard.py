@@ -17,9 +17,11 @@ from classifiers.language import detect
 from classifiers.training.export import ensure_exported
 from classifiers.training.train_all import EmbeddingCache
 from policies.errors import NotReady
+from tests import lanes
 
 
 @pytest.fixture(scope="module")
+@lanes.model
 def int8() -> Encoder:
     art, _ = ensure_exported()
     return Encoder.load(EncoderSettings(precision="int8"), artifacts=art)
@@ -73,6 +75,7 @@ def test_a_character_cld2_refuses_does_not_hide_the_language() -> None:
     assert detect("") == "un" and detect("\ufffe") == "un"
 
 
+@pytest.mark.model
 def test_readings_are_the_same_over_lanes_and_from_the_cache(tmp_path: Path) -> None:
     art, _ = ensure_exported()
     texts = [

@@ -26,11 +26,13 @@ from policies.cascade import YES_NO, Question
 from policies.errors import InvalidRequest
 from policies.schema import GGUFScorerBackendSpec
 from policies.tiers import ScorerTier
+from tests import lanes
 
 CAPITAL = Question("choice", "What is the capital of France?", ("Berlin", "Paris", "Madrid", "Rome"))
 
 
 @pytest.fixture(scope="module")
+@lanes.model
 def chat() -> Iterator[ChatScorer]:
     s = ChatScorer(smollm2_path(), n_ctx=1024, n_threads=1, n_batch=128)
     yield s
@@ -49,6 +51,7 @@ def test_a_choice_question(chat: ChatScorer) -> None:
     assert 0 <= int(np.argmax(p)) < len(CAPITAL.options)
 
 
+@pytest.mark.model
 def test_matches_the_last_logits_of_a_full_evaluation() -> None:
     """The letters' distribution is the one llama-cpp-python computes with logits at every position
     (a fresh context: nothing reused)."""
@@ -79,6 +82,7 @@ def test_the_prompt_is_the_models_chat_template(chat: ChatScorer) -> None:
     assert "A. Berlin\nB. Paris\nC. Madrid\nD. Rome" in text
 
 
+@pytest.mark.model
 def test_a_file_without_a_chat_template_is_prompted_in_plain_text() -> None:
     from backends.gguf import gemma3_270m_path
 
@@ -146,6 +150,7 @@ def test_the_tier_mode_is_a_validated_setting() -> None:
         ScorerTier(name="s", type="scorer", backend="b", mode="reasoned", reason_tokens=0)
 
 
+@pytest.mark.model
 def test_the_backend_scores_a_question() -> None:
     async def main() -> None:
         backend = ScorerBackend(

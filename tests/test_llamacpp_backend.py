@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
+from tests import lanes
 from tests.conftest import Gateway, GatewayRunner
 
 LOCAL = """version: 1
@@ -22,6 +23,7 @@ MSG = [{"role": "user", "content": "What is 2 + 2?"}]
 
 
 @pytest.fixture(scope="module")
+@lanes.engine
 def local_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     runner = GatewayRunner(tmp_path_factory.mktemp("local"))  # module scope: load the model once
     yield runner.start(LOCAL)

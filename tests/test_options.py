@@ -21,6 +21,7 @@ from classifiers.training.train_all import EmbeddingCache, TrainReport, train
 from policies import loader
 from policies.errors import NotReady
 from policies.paths import cache_dir
+from tests import lanes
 from tests.conftest import SHARED_DATA
 
 DATA = SHARED_DATA
@@ -124,6 +125,7 @@ models:
 
 
 @pytest.fixture(scope="module")
+@lanes.model
 def cache() -> Iterator[EmbeddingCache]:
     """The int8 encoder (the policy default) and the on-disk embedding cache ``triage train`` uses
     for the option head, so that a re-run embeds nothing (a first run embeds ~12k short texts)."""
@@ -150,6 +152,7 @@ def test_a_head_fitted_on_a_small_dev_sample_beats_chance_on_held_out_test_rows(
 
 
 @pytest.fixture(scope="module")
+@lanes.model
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TrainReport]:
     ensure_exported()
     out = tmp_path_factory.mktemp("options")

@@ -182,7 +182,7 @@ def test_approx_tokens_are_stable() -> None:
     assert approx_tokens("") == ()
 
 
-@pytest.mark.slow
+@pytest.mark.model
 def test_the_scorer_reuses_what_the_plan_predicts() -> None:
     """The local scorer keeps one prompt; in plan order it evaluates only the unshared tokens (all
     but the last token of a prompt cached whole, which it evaluates again for its logits)."""

@@ -202,6 +202,7 @@ def test_triage_route_prints_the_decision_and_every_head(heads: Path, tmp_path: 
     assert done.returncode == 0 and json.loads(done.stdout)["decision"]["model"] == "mathbot", done.stderr
 
 
+@pytest.mark.model
 def test_triage_route_without_a_policy_reads_the_served_default() -> None:
     """The default policy ships its heads (policies/examples/heads/): no training, no shared data."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRIAGE_POLICY", "TRIAGE_SHARED_DATA")}
@@ -288,6 +289,7 @@ def test_question_type_reads_the_prompt_layout_and_refuses_other_layout_features
     assert f"reads layout features 'layout-v0', this triage computes '{layout.NAME}': retrain with" in problem
 
 
+@pytest.mark.model
 def test_missing_head_artifact_is_a_clear_startup_error(tmp_path: Path) -> None:
     ensure_exported()
     pol = loader.parse(policy_yaml(tmp_path / "nothing", "http://127.0.0.1:9/v1"))

