@@ -52,14 +52,15 @@ services:
 		{ DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; }
 
-# The test lanes (tests/lanes.py): a test that starts an engine or loads a model is marked `engine`
-# or `model` by the fixture that does it. `make test-fast` runs the others (the pure core, the fits
-# on vectors, the HTTP edge on scripted backends) in a virtualenv of their own: the package's
-# dependencies and its test and fit (scikit-learn) extras, less llama-cpp-python (compiled for
-# minutes; a test that runs llama.cpp is an engine test) and the default scorer's GGUF package; no
-# torch, no model package (the train and default-model extras). Its model cache is its own and
-# empty: no test there finds an exported encoder or a joined GGUF. `make test` runs that lane, then
-# the marked tests in .venv/.
+# The test lanes (tests/lanes.py): a test that starts an engine, loads a model or starts the fleet's
+# servers (Redis, PostgreSQL, gateway processes) is marked `engine`, `model` or `fleet` by the
+# fixture that does it. `make test-fast` runs the rest (the pure core, the fits on vectors, the HTTP
+# edge on scripted backends) in a virtualenv of its own: the package's dependencies and its test
+# and fit (scikit-learn) extras, less llama-cpp-python (compiled for minutes; a test that runs
+# llama.cpp is an engine test) and the default scorer's GGUF package; no torch, no model package
+# (the train and default-model extras). Its model cache is its own and empty: no test there finds
+# an exported encoder or a joined GGUF. `make test` runs the fleet's tests there too, then the
+# engine and model tests in .venv/.
 FAST_VENV   := .venv-fast
 FAST_STAMP  := $(FAST_VENV)/.installed
 FAST_EXTRAS := test fit
@@ -73,10 +74,13 @@ $(FAST_STAMP): pyproject.toml Makefile tests/light_install.py
 	$(FAST_VENV)/bin/pip install --quiet --no-deps -e .
 	touch $@
 
-test-fast: $(FAST_STAMP) services
-	HF_HUB_OFFLINE=1 TRIAGE_CACHE_DIR=$(CURDIR)/$(FAST_VENV)/cache $(FAST_VENV)/bin/python -m pytest -m "not engine and not model"
+LIGHT := HF_HUB_OFFLINE=1 TRIAGE_CACHE_DIR=$(CURDIR)/$(FAST_VENV)/cache $(FAST_VENV)/bin/python -m pytest
 
-test: test-fast $(STAMP) vllm services
+test-fast: $(FAST_STAMP)
+	$(LIGHT) -m "not engine and not model and not fleet"
+
+test: $(FAST_STAMP) services $(STAMP) vllm
+	$(LIGHT) -m "not engine and not model"
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "engine or model"
 
 # schemathesis on the OpenAPI document against a running gateway, FUZZ_EXAMPLES per operation

@@ -43,22 +43,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(no_data)
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
-    with lanes.guard(item):  # a light test touches no heavy module and no model file
-        return (yield)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    with lanes.guard(item):
-        return (yield)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
-    with lanes.guard(item):
-        return (yield)
+def pytest_configure(config: pytest.Config) -> None:
+    # the lanes' checks, as a plugin: hooks of this conftest do not see session fixtures set up
+    config.pluginmanager.register(lanes.Checks(), "lanes")
 
 
 @pytest.fixture(scope="session")
@@ -324,6 +311,7 @@ def gateway(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
 
 
 @pytest.fixture
+@lanes.fleet
 def gateways(tmp_path: Path) -> Iterator[Callable[[str, int], list[str]]]:
     """``start(policy_yaml, n)``: n `triage serve` processes on one policy file; their base URLs."""
     procs: list[subprocess.Popen] = []

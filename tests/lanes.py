@@ -1,12 +1,14 @@
-"""The test lanes: ``make test-fast`` runs ``pytest -m "not engine and not model"`` in a light
-virtualenv (no llama-cpp-python, no torch, no model package), ``make test`` that lane and then the
-rest in the full one.
+"""The test lanes. ``make test-fast`` runs ``pytest -m "not engine and not model and not fleet"``
+in a light virtualenv (no llama-cpp-python, no torch, no model package): the pure core and the HTTP
+edge on scripted backends, in under two minutes. ``make test`` runs every test but the engine and
+model ones there (the fleet's too), then those in the full virtualenv.
 
-A test is heavy by what it starts or loads, and the fixture that does it says so where it is
-defined, under ``@pytest.fixture``: ``@lanes.engine`` (it starts an inference engine) or
-``@lanes.model`` (it loads a model). :func:`mark` gives every test whose fixture closure holds such
-a fixture its marker. A test that loads a model itself carries the marker (``pytestmark`` on its
-module, or ``@pytest.mark.model`` on it).
+A test is marked by what it starts or loads, and the fixture that does it says so where it is
+defined, under ``@pytest.fixture``: ``@lanes.engine`` (it starts an inference engine),
+``@lanes.model`` (it loads a model) or ``@lanes.fleet`` (it starts Redis, PostgreSQL or gateway
+processes). :func:`mark` gives every test whose fixture closure holds such a fixture its marker. A
+test that starts or loads one itself carries the marker (``pytestmark`` on its module, or
+``@pytest.mark.model`` on it).
 
 :func:`guard` keeps the light tests light in any lane: a test with neither marker that imports
 torch or llama-cpp-python in the test's process, or opens from Python a GGUF or ONNX file that the
@@ -30,7 +32,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 # the markers, registered in pyproject.toml
 ENGINE = "engine"  # starts an inference engine: llama.cpp's server, vLLM, a local model's worker
 MODEL = "model"  # loads a model: a GGUF file, the encoder (exported with torch, run by ONNX Runtime)
-HEAVY = (ENGINE, MODEL)
+HEAVY = (ENGINE, MODEL)  # what the light virtualenv cannot run
+FLEET = "fleet"  # starts the fleet's servers: Redis, PostgreSQL, gateway processes of its own
 
 _declared: dict[str, str] = {}  # fixture name -> its marker, filled by the decorators below
 
@@ -47,6 +50,7 @@ def _declare(marker: str) -> Callable[[F], F]:
 
 engine = _declare(ENGINE)
 model = _declare(MODEL)
+fleet = _declare(FLEET)
 
 
 def mark(items: list[pytest.Item]) -> None:
@@ -107,3 +111,33 @@ def guard(item: pytest.Item) -> Iterator[None]:
             "declare the fixture that does it (tests/lanes.py) or mark the test",
             pytrace=False,
         )
+
+
+class Checks:
+    """The hooks, registered as a plugin (``pytest_configure`` in conftest.py): a conftest's own
+    hooks are not called for session fixtures, which belong to no folder."""
+
+    def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest) -> None:
+        """A declared fixture set up for a test without its marker: asked for by name at run time
+        (``request.getfixturevalue``), out of the closure :func:`mark` reads. Such a test carries
+        the marker itself (``pytest.param(..., marks=...)``). In a lane without that marker the
+        fixture is always first set up for such a test, so the lane never runs it unmarked."""
+        marker = _declared.get(fixturedef.argname)
+        item = getattr(request, "_pyfuncitem", None)
+        if marker is not None and item is not None and item.get_closest_marker(marker) is None:
+            pytest.fail(f"{item.nodeid} asks for {fixturedef.argname!r} ({marker}) without the marker", pytrace=False)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
+        with guard(item):  # a light test touches no heavy module and no model file
+            return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
+        with guard(item):
+            return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
+        with guard(item):
+            return (yield)

@@ -23,6 +23,8 @@ from typing import Any
 import asyncpg
 import pytest
 
+from tests import lanes
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -31,6 +33,7 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
+@lanes.fleet
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real Redis server (Debian's redis-server, which make test installs) on a free loopback port."""
     binary = shutil.which("redis-server")
@@ -109,6 +112,7 @@ class PgServer:
 
 
 @pytest.fixture(scope="session")
+@lanes.fleet
 def pg() -> Iterator[PgServer]:
     """A real PostgreSQL server (Debian's postgresql, which make test installs) on a free
     loopback port, its cluster in a fresh folder; as root, run by an unprivileged user."""

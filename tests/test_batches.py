@@ -190,6 +190,7 @@ batches: {{dir: "{tmp_path / "batches"}", concurrency: 1}}
     assert len(jsonl(client, batch.output_file_id)) == done
 
 
+@pytest.mark.fleet  # a gateway process, killed and started again
 def test_a_restart_mid_batch_finishes_it_with_every_request_once(tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text("""version: 1

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import orjson
+import pytest
 
 from tests.conftest import Gateway, free_port, wait_http
 
@@ -45,6 +46,7 @@ def wait_for(check: Callable[[], bool], timeout: float = 10.0) -> bool:
     return False
 
 
+@pytest.mark.fleet  # a gateway process of its own
 def test_sighup_reloads_a_good_policy_and_keeps_the_old_on_a_bad_one(tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text(ONE)

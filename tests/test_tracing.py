@@ -25,6 +25,7 @@ import pytest
 
 from gateway.obs import tracing
 from policies.schema import TracingSpec
+from tests import lanes
 from tests.conftest import Gateway, GatewayRunner, free_port, wait_http
 
 KEY = "sk-alpha-secret"
@@ -124,6 +125,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 @pytest.fixture
+@lanes.fleet
 def serve(tmp_path: Path) -> Iterator[Callable[[str], tuple[str, subprocess.Popen]]]:
     """``serve(policy_yaml)``: a `triage serve` process; its base URL and the process."""
     procs: list[subprocess.Popen] = []

@@ -28,6 +28,8 @@ from tests.conftest import free_port, wait_http
 from tests.test_batches import jsonl, line, wait_batch
 from tests.test_fleet_batches import fleet_policy
 
+pytestmark = pytest.mark.fleet  # every test here starts `triage serve --workers N`
+
 POLICY = """version: 1
 backends: {script: {type: scripted, text: "TEXT"}}
 models: {scripted: {backend: script}}
