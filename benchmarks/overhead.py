@@ -122,7 +122,12 @@ def _versions() -> dict[str, str]:
 async def _main(opts: Options, console: Console, workdir: Path) -> dict[str, Any]:
     result: dict[str, Any] = {
         "machine": machine(),
-        "settings": {**asdict(opts), "out": str(opts.out), "baseline": str(opts.baseline or ""), "levels": opts.levels()},
+        "settings": {
+            **asdict(opts),
+            "out": str(opts.out),
+            "baseline": str(opts.baseline or ""),
+            "levels": opts.levels(),
+        },
         "targets": {},
         "latency": {},
         "sweep": {},

@@ -43,7 +43,7 @@ class Engine:
         asyncio.run(go())
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.fleet)])
 def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Engine:
     if request.param == "sqlite":
         return Engine("sqlite", lambda: BatchStore.open(tmp_path))
