@@ -24,6 +24,7 @@ class Capabilities:
     n_choices: bool = True  # n > 1
     logprobs: bool = True
     tools: bool = True
+    images: bool = True  # image parts in a chat message
     embeddings: bool = False  # POST /v1/embeddings passed through to the engine
 
 
@@ -102,6 +103,11 @@ class Backend(Protocol):
     async def complete(self, call: Call) -> Completion: ...
 
     async def open_stream(self, call: Call) -> ChunkStream: ...
+
+    async def context_length(self, upstream: str) -> int | None:
+        """The tokens the engine takes for the model it serves as ``upstream``, prompt and completion
+        together, where it says (None where it does not, or cannot be asked now)."""
+        ...
 
 
 class Stopwatch:

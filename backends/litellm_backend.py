@@ -40,6 +40,9 @@ class LiteLLMBackend(OpenAICompatBackend):
             args["api_key"] = replica.api_key
         return args
 
+    async def context_length(self, upstream: str) -> int | None:
+        return None  # a hosted provider's context: declared in the policy (models.NAME.context_length)
+
     async def _invoke(self, replica: ReplicaState, call: Call, stream: bool) -> Any:
         lib = _litellm()
         fn = {"chat": lib.acompletion, "completion": lib.atext_completion, "embedding": lib.aembedding}[call.kind]

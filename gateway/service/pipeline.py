@@ -5,20 +5,25 @@ here: :class:`gateway.service.service.Service` gives it to the cascade."""
 from __future__ import annotations
 
 from backends.base import Body, Kind
+from gateway.service import fitting
 from gateway.service.context import Context
 from gateway.service.dispatch import Served, dispatch
 from gateway.service.runtime import Runtime
 from policies.errors import InvalidRequest
+from policies.fit import Shape, shape_of
 from policies.plans import ChainPlan, EncoderPlan, TypedPlan, resolve
 from policies.schema import RoutedModel
 from policies.semantic import Route
 
 
-async def serve_plan(rt: Runtime, plan: ChainPlan | EncoderPlan, kind: Kind, body: Body, ctx: Context) -> Served:
-    """An untyped plan dispatched: the encoder's pick (then that model's chain), or the plan's chain."""
-    route = await _route(rt, plan, kind, body) if isinstance(plan, EncoderPlan) else None
+async def serve_plan(
+    rt: Runtime, plan: ChainPlan | EncoderPlan, kind: Kind, body: Body, ctx: Context, shape: Shape | None = None
+) -> Served:
+    """An untyped plan dispatched: the encoder's pick (then that model's chain), or the plan's chain;
+    ``shape``: what the request needs of a model (a model that cannot take it is skipped)."""
+    route = await _route(rt, plan, kind, body, shape) if isinstance(plan, EncoderPlan) else None
     chain = resolve(rt.policy, route.model).chain if route is not None else plan.chain
-    return await dispatch(rt, kind, body, ctx.request_id, ctx.attempts, chain, route, ctx.affinity)
+    return await dispatch(rt, kind, body, ctx.request_id, ctx.attempts, chain, route, ctx.affinity, shape)
 
 
 async def serve_chat(rt: Runtime, body: Body, ctx: Context) -> Served:
@@ -27,15 +32,19 @@ async def serve_chat(rt: Runtime, body: Body, ctx: Context) -> Served:
     plan = resolve(rt.policy, body["model"])
     if isinstance(plan, TypedPlan):
         raise InvalidRequest(f"'{plan.name}' is a cascade model: it cannot answer a cascade's tier", param="model")
-    return await serve_plan(rt, plan, "chat", body, ctx)
+    return await serve_plan(rt, plan, "chat", body, ctx, shape_of("chat", body))
 
 
-async def _route(rt: Runtime, plan: EncoderPlan, kind: Kind, body: Body) -> Route:
-    """The encoder's route for a semantic or routed virtual model."""
+async def _route(rt: Runtime, plan: EncoderPlan, kind: Kind, body: Body, shape: Shape | None) -> Route:
+    """The encoder's route for a semantic or routed virtual model (a routed model chooses among the
+    candidates that can take the request)."""
     assert rt.encoding is not None, "a semantic or routed model without a classifier fails validation"
     vm = plan.model
     if isinstance(vm, RoutedModel):
-        return await rt.encoding.route_quality(rt.policy, vm, rt.quality[plan.name], kind, body)
+        barred: list[str | None] = [None] * len(vm.candidates)
+        if shape is not None:
+            barred = [await fitting.refusal(rt, c.model, shape) for c in vm.candidates]
+        return await rt.encoding.route_quality(rt.policy, vm, rt.quality[plan.name], kind, body, barred)
     if plan.reasoning is None:
         return await rt.encoding.route(vm, kind, body)
     name, router = plan.reasoning  # `reasoning: {mode: router}`: that routed model switches reasoning

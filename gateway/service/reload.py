@@ -44,7 +44,7 @@ class Reloader:
                 policy = await asyncio.to_thread(loader.load, self.path)
                 if self.check is not None and (problems := self.check(policy)):
                     raise PolicyInvalid(problems)
-                new = await runtime.build(policy, self.holder.current, self.path.parent)
+                new = await runtime.build(policy, self.holder.current, self.path.parent, self.path)
             except PolicyInvalid as exc:
                 return self._rejected(reason, exc.problems)
             except Exception as exc:  # an edge: a model that will not load must not stop the watcher

@@ -22,9 +22,10 @@ from backends.base import Backend
 from backends.secrets import MissingSecret, lookup
 from gateway.service.keyring import Keyring, as_key
 from gateway.state.stores import MemoryStore, Store, StoreDown, open_store
-from policies import plans
+from policies import loader, plans
 from policies.budget import EscalationBudget
-from policies.errors import NotReady, PolicyInvalid, Unauthorized
+from policies.errors import NotReady, PolicyInvalid, TriageError, Unauthorized
+from policies.fit import Fit
 from policies.schema import ApiKey, Policy
 
 if TYPE_CHECKING:
@@ -54,6 +55,9 @@ class Runtime:
     keyring: Keyring | None = None  # who may call (None: the policy's keys only, no store keys)
     admin_digest: str | None = None  # the admin API's key's sha256 (None: /admin is off)
     version: str = ""  # the policy and its artifacts, hashed: what the decision cache is keyed on
+    fits: dict[str, Fit] = field(default_factory=dict)  # model -> what it takes (policies.fit)
+    base_dir: Path = Path(".")  # the policy file's folder
+    tokenizers: dict[str, Any] = field(default_factory=dict)  # model -> its tokenizer, once loaded (fitting)
     _reach: dict[tuple[str, ...], frozenset[str]] = field(default_factory=dict)
 
     def reach(self, key: ApiKey | None) -> frozenset[str] | None:
@@ -145,10 +149,13 @@ async def _encoding(
     return encoding, heads
 
 
-async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path = Path(".")) -> Runtime:
+async def build(
+    policy: Policy, previous: Runtime | None = None, base_dir: Path = Path("."), source: Path | None = None
+) -> Runtime:
     """Start the backends of ``policy``, reusing those of ``previous`` whose spec is unchanged.
 
-    Relative paths in the policy (classifier data and artifacts) are taken from ``base_dir``.
+    Relative paths in the policy (classifier data and artifacts) are taken from ``base_dir``;
+    ``source``: the policy file, to place a problem found against the engines (file:line:col).
     """
     keys = _key_hashes(policy)
     admin = _admin_digest(policy)
@@ -186,6 +193,7 @@ async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path 
             await backend.start()
             started.append(backend)
             backends[name] = backend
+        fits = await _fits(policy, backends, source)
     except BaseException:
         for backend in started:
             await backend.close()
@@ -211,7 +219,43 @@ async def build(policy: Policy, previous: Runtime | None = None, base_dir: Path 
         keyring=Keyring(by_digest, store, dynamic=admin is not None),
         admin_digest=admin,
         version=version,
+        fits=fits,
+        base_dir=base_dir,
     )
+
+
+async def _fits(policy: Policy, backends: dict[str, Backend], source: Path | None) -> dict[str, Fit]:
+    """What each model takes: the policy's declared context, tools and images, else what its engine
+    and backend say. A declared context larger than the engine's is a start-up problem."""
+
+    async def said(name: str) -> int | None:
+        try:
+            async with asyncio.timeout(10):
+                return await backends[policy.models[name].backend].context_length(policy.upstream_name(name))
+        except (TimeoutError, TriageError):
+            return None
+
+    engines = dict(zip(policy.models, await asyncio.gather(*(said(m) for m in policy.models)), strict=True))
+    fits: dict[str, Fit] = {}
+    problems: list[tuple[tuple[str | int, ...], str]] = []
+    for name, spec in policy.models.items():
+        caps, engine, declared = backends[spec.backend].capabilities, engines[name], spec.context_length
+        if declared is not None and engine is not None and declared > engine:
+            problems.append(
+                (
+                    ("models", name, "context_length"),
+                    f"{declared} tokens declared, but its engine (backend '{spec.backend}') takes {engine}",
+                )
+            )
+        fits[name] = Fit(
+            declared if declared is not None else engine,
+            spec.tools if spec.tools is not None else caps.tools,
+            spec.images if spec.images is not None else caps.images,
+            "declared" if declared is not None else "engine" if engine is not None else "unknown",
+        )
+    if problems:
+        raise PolicyInvalid(loader.located(source, problems))
+    return fits
 
 
 async def _names_apart(policy: Policy, store: Store) -> None:

@@ -27,6 +27,7 @@ from gateway.service.decisions import Overrides
 from gateway.service.dispatch import Served
 from gateway.service.runtime import Runtime
 from policies.cascade import Decision, Question
+from policies.fit import shape_of
 from policies.plans import TypedPlan, resolve
 
 
@@ -65,7 +66,8 @@ class Service:
                 return Outcome(typed=reply, decision=d, stream=stream)
             body["model"], plan = plan.open.name, plan.open  # untyped: served by the cascade model's open route
         assert not isinstance(plan, TypedPlan), "validated: a cascade model's open route is no cascade model"
-        served = await ctx.waited(pipeline.serve_plan(self.rt, plan, kind, body, ctx))
+        shape = shape_of(kind, body)  # what it needs of a model: its context, tools, images
+        served = await ctx.waited(pipeline.serve_plan(self.rt, plan, kind, body, ctx, shape))
         if served.completion is not None:
             served.completion.body["model"] = served.model
         return Outcome(served=served, stream=stream)

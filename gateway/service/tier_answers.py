@@ -24,7 +24,7 @@ from gateway.service.dispatch import Served
 from gateway.service.runtime import Runtime
 from policies.answers import assumed_scores, extract_number, label_in_text, label_logprobs
 from policies.cascade import Ask, Gate, Question, TierAnswer
-from policies.errors import InvalidRequest, TriageError, UpstreamRejected
+from policies.errors import InvalidRequest, NothingFits, TriageError, UpstreamRejected
 from policies.prompts import model_body, scorer_prompt
 from policies.tiers import EncoderTier, ModelTier, ScorerTier, Tier
 
@@ -52,6 +52,10 @@ async def answer(
                 result = await _model(rt, tier, ask.question, ctx, serve_chat)
     except TimeoutError:
         return TierAnswer(latency_ms=ms(), error=f"timed out after {tier.timeout_s:g}s")
+    except InvalidRequest as exc:  # the tier cannot take this question (it does not fit): skipped, not failed
+        if exc.code not in ("context_length_exceeded", "unsupported_request"):
+            return TierAnswer(latency_ms=ms(), error=exc.message)
+        return TierAnswer(latency_ms=ms(), skipped=True, error=exc.message)
     except TriageError as exc:
         return TierAnswer(latency_ms=ms(), error=exc.message)
     if isinstance(result, str):
@@ -126,6 +130,8 @@ async def _model(rt: Runtime, tier: ModelTier, q: Question, ctx: Context, serve_
     body, labels = model_body(tier, q)
     try:
         served = await serve_chat(body, ctx)  # the tier model's plan: its chain, or the learned router's pick
+    except NothingFits:
+        raise
     except (InvalidRequest, UpstreamRejected):
         if not body.get("logprobs"):
             raise
