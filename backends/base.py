@@ -25,6 +25,7 @@ class Capabilities:
     logprobs: bool = True
     tools: bool = True
     images: bool = True  # image parts in a chat message
+    json_schema: bool = True  # response_format json_schema (a local engine: by grammar)
     embeddings: bool = False  # POST /v1/embeddings passed through to the engine
 
 

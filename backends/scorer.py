@@ -28,7 +28,7 @@ from policies.errors import InvalidRequest, UpstreamError, UpstreamTimeout
 
 class ScorerBackend:
     capabilities = Capabilities(
-        chat=False, completions=False, streaming=False, n_choices=False, tools=False, images=False
+        chat=False, completions=False, streaming=False, n_choices=False, tools=False, images=False, json_schema=False
     )
 
     def __init__(self, name: str, spec: Any) -> None:

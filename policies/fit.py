@@ -36,6 +36,7 @@ class Fit:
     tools: bool
     images: bool
     source: Literal["declared", "engine", "unknown"] = "unknown"  # where the context came from
+    json_schema: bool = True
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Shape:
     tools: bool
     images: bool
     size: int  # the text's UTF-8 bytes
+    json_schema: bool = False  # it asks for an answer to a JSON schema
 
     @property
     def bound(self) -> int:
@@ -100,7 +102,9 @@ def shape_of(kind: str, body: dict[str, Any]) -> Shape:
     asked = body.get("max_completion_tokens", body.get("max_tokens"))
     completion = asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else 1
     text = "\n".join(parts)
-    return Shape(text, messages, completion, tools, images, len(text.encode()))
+    fmt = body.get("response_format")
+    schema = isinstance(fmt, dict) and fmt.get("type") == "json_schema"
+    return Shape(text, messages, completion, tools, images, len(text.encode()), schema)
 
 
 def estimate(shape: Shape) -> int:
@@ -114,6 +118,8 @@ def takes(fit: Fit, shape: Shape) -> str | None:
         return "it takes no tools"
     if shape.images and not fit.images:
         return "it takes no images"
+    if shape.json_schema and not fit.json_schema:
+        return "it answers to no JSON schema"
     return None
 
 

@@ -232,6 +232,9 @@ class ModelSpec(Strict):
     images: bool | None = Field(
         None, description="whether it takes images; default: what its backend says (a llamacpp backend: no)"
     )
+    json_schema: bool | None = Field(
+        None, description="whether it answers to a JSON schema (response_format); default: what its backend says"
+    )
 
     def tokenizer_file(self, policy_dir: Path) -> Path | None:
         """Where ``tokenizer`` points, from the policy file's folder."""

@@ -34,7 +34,7 @@ models:
   small: {{backend: small, fallbacks: [roomy]}}
   roomy: {{backend: roomy}}
   tiny: {{backend: small}}
-  notools: {{backend: roomy, tools: false, fallbacks: [roomy]}}
+  notools: {{backend: roomy, tools: false, json_schema: false, fallbacks: [roomy]}}
   unknown: {{backend: silent}}
 {extra_models}virtual_models:
   only-small: {{type: alias, targets: [tiny]}}
@@ -69,6 +69,10 @@ def test_a_prompt_that_surely_fits_is_never_counted_and_one_that_may_not_is() ->
     assert too_long(Fit(256, True, True), long, n, "estimated") is not None
     assert too_long(Fit(n + 1, True, True), long, n, "estimated") is None  # prompt and one completion token
     assert takes(Fit(None, False, True), shape_of("chat", {"messages": [], "tools": [{"x": 1}]})) == "it takes no tools"
+    schema = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}
+    asks = shape_of("chat", {"messages": [], "response_format": schema})
+    assert takes(Fit(None, True, True, json_schema=False), asks) == "it answers to no JSON schema"
+    assert takes(Fit(None, True, True), asks) is None
 
 
 def test_the_learned_router_chooses_among_the_candidates_that_fit() -> None:
@@ -125,6 +129,9 @@ def test_a_tool_request_never_goes_to_a_model_without_tools(gateway: Callable[..
     assert r.status_code == 200 and r.headers["x-triage-model"] == "roomy"
     assert r.headers["x-triage-skipped"] == "notools (it takes no tools)"
     assert chat(gw, "notools", "What time is it?").headers["x-triage-model"] == "notools"
+    schema = {"type": "json_schema", "json_schema": {"name": "t", "schema": {"type": "object"}}}
+    r = chat(gw, "notools", "What time is it?", response_format=schema)
+    assert r.headers["x-triage-model"] == "roomy" and "no JSON schema" in r.headers["x-triage-skipped"]
 
 
 def test_nothing_that_fits_is_a_400_in_each_surfaces_shape(gateway: Callable[..., Gateway]) -> None:

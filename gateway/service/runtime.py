@@ -252,6 +252,7 @@ async def _fits(policy: Policy, backends: dict[str, Backend], source: Path | Non
             spec.tools if spec.tools is not None else caps.tools,
             spec.images if spec.images is not None else caps.images,
             "declared" if declared is not None else "engine" if engine is not None else "unknown",
+            spec.json_schema if spec.json_schema is not None else caps.json_schema,
         )
     if problems:
         raise PolicyInvalid(loader.located(source, problems))
