@@ -103,7 +103,20 @@ $(VENV)/.bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[train,test,bench]'
 	touch $@
 
-bench-overhead: $(VENV)/.bench
+# The LiteLLM proxy the overhead bench compares with, in its own virtualenv (as vLLM's: it pins a
+# FastAPI, Starlette and uvicorn of its own), at a release whose `proxy` extra installs from the
+# package index (1.109 and later pin litellm-proxy or litellm-proxy-extras releases it does not
+# have, and pip then walks back through every release). About 30 s with pip's cache warm.
+LITELLM_VENV  := .venv-litellm
+LITELLM_STAMP := $(LITELLM_VENV)/.installed
+
+$(LITELLM_STAMP): Makefile
+	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(LITELLM_VENV)/bin/pip install --quiet 'litellm[proxy]==1.108.0'
+	touch $@
+
+bench-overhead: $(VENV)/.bench $(LITELLM_STAMP)
 	$(BIN)/python -m benchmarks overhead
 
 # Every packaged stronger local model (Qwen2.5-Coder 0.5B too, ~0.5 GB more, measured in
@@ -135,4 +148,4 @@ doctor: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/triage doctor
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(FAST_VENV)
+	rm -rf $(VENV) $(VLLM_VENV) $(FAST_VENV) $(LITELLM_VENV)

@@ -26,6 +26,7 @@ import os
 import platform
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +40,7 @@ from rich.console import Console
 from benchmarks import meters, report
 from benchmarks import profile as prof
 from benchmarks.load import BadAnswer, Sample, Target, closed_loop, sequential
-from benchmarks.procs import Fleet, Proc, StartFailed
+from benchmarks.procs import Fleet, Proc, StartFailed, litellm_exe
 from benchmarks.report import goals, render
 
 READY_S = {"upstream": 20.0, "triage": 60.0, "triage-info": 60.0, "litellm": 180.0}
@@ -113,9 +114,15 @@ def machine() -> dict[str, Any]:
 
 def _versions() -> dict[str, str]:
     out = {}
-    for dist in ("triage", "litellm", "fastapi", "uvicorn", "aiohttp", "uvloop"):
+    for dist in ("triage", "fastapi", "uvicorn", "aiohttp", "uvloop"):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             out[dist] = importlib.metadata.version(dist)
+    python = litellm_exe().with_name("python")  # the proxy's own virtualenv
+    if python.exists():
+        ask = "import importlib.metadata as m; print(m.version('litellm'))"
+        said = subprocess.run([str(python), "-c", ask], capture_output=True, text=True, timeout=60)
+        if said.returncode == 0:
+            out["litellm (proxy)"] = said.stdout.strip()
     return out
 
 

@@ -232,12 +232,9 @@ class Fleet:
         return self.add(proc)
 
     def litellm(self, upstream: Proc) -> Proc:
-        exe = Path(sys.executable).with_name("litellm")
+        exe = litellm_exe()
         if not exe.exists():
-            raise StartFailed(
-                f"the LiteLLM proxy is not installed ({exe} is missing): "
-                "pip install -e '.[bench]' (make bench-overhead does)"
-            )
+            raise StartFailed(f"the LiteLLM proxy is not installed ({exe} is missing): make bench-overhead builds it")
         port = free_port()
         cfg = self.workdir / "litellm.yaml"
         cfg.write_text(litellm_config(upstream.base + "/v1"))
@@ -265,6 +262,15 @@ class Fleet:
                 cwd=self.workdir,
             )
         )
+
+
+def litellm_exe() -> Path:
+    """The LiteLLM proxy's command: ``TRIAGE_LITELLM``, else the checkout's ``.venv-litellm`` (its own
+    virtualenv, built by ``make bench-overhead``), else one beside this interpreter."""
+    if (given := os.environ.get("TRIAGE_LITELLM")) is not None:
+        return Path(given)
+    own = Path(__file__).resolve().parents[1] / ".venv-litellm" / "bin" / "litellm"
+    return own if own.exists() else Path(sys.executable).with_name("litellm")
 
 
 def triage_policy(api_base: str, level: str) -> str:
