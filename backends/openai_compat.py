@@ -29,6 +29,7 @@ class OpenAICompatBackend(RemoteBackend):
     def __init__(self, name: str, spec: Any) -> None:
         super().__init__(name, spec)
         self._session: aiohttp.ClientSession | None = None
+        self._listing: asyncio.Future[dict[str, int]] | None = None  # a GET /models in flight (context_length)
 
     async def start(self) -> None:
         t = self.spec.timeouts
@@ -90,23 +91,34 @@ class OpenAICompatBackend(RemoteBackend):
 
     async def context_length(self, upstream: str) -> int | None:
         """``max_model_len`` of ``upstream`` in the first replica's ``GET /models`` (vLLM and SGLang
-        say it; llama.cpp's server and hosted APIs do not: None)."""
+        say it; llama.cpp's server and hosted APIs do not: None). The models a backend serves are
+        asked at once at start-up: their calls share one ``GET /models`` while it is in flight."""
+        if self._listing is None:
+            self._listing = asyncio.ensure_future(self._models())
+            self._listing.add_done_callback(lambda _: setattr(self, "_listing", None))
+        return (await asyncio.shield(self._listing)).get(upstream)
+
+    async def _models(self) -> dict[str, int]:
+        """Each listed model's ``max_model_len``, where the engine says it."""
         assert self._session is not None, "backend not started"
         replica = self.replicas.replicas[0]
         try:
             async with asyncio.timeout(self.spec.timeouts.connect_s + 5):
                 async with self._session.get(replica.api_base + "/models", headers=self._headers(replica)) as resp:
                     if resp.status >= 400:
-                        return None
+                        return {}
                     listed = orjson.loads(await resp.read())
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
-            return None
+            return {}
         cards = listed.get("data") if isinstance(listed, dict) else None
-        for card in cards if isinstance(cards, list) else []:
-            if isinstance(card, dict) and card.get("id") == upstream:
-                value = card.get("max_model_len")
-                return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-        return None
+        return {
+            str(card.get("id")): value
+            for card in (cards if isinstance(cards, list) else [])
+            if isinstance(card, dict)
+            and isinstance(value := card.get("max_model_len"), int)
+            and not isinstance(value, bool)
+            and value > 0
+        }
 
     async def _probe(self, replica: ReplicaState) -> bool:
         assert self._session is not None
