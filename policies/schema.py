@@ -524,6 +524,49 @@ class Access(Strict):
         return v
 
 
+class SemanticCacheSpec(Strict):
+    """A request answered by a *similar* earlier request's answer, in the same context (the same
+    system prompt, earlier turns and fields), where the fitted rule says it is acceptable."""
+
+    models: list[str] = Field(
+        min_length=1, description="the models and virtual models (as requested) whose requests may get a similar answer"
+    )
+    false_hit_budget: float = Field(
+        0.01, gt=0, lt=0.5, description="the share of semantic hits allowed to be wrong (the rule was fitted to it)"
+    )
+    rule: dict[str, float | int | str] = Field(
+        description="the fitted hit rule, as `triage cache fit` prints it (kind and its parameters)"
+    )
+    capacity: int = Field(10_000, ge=1, description="entries kept per context (the oldest leave first)")
+    audit_share: float = Field(
+        0.02,
+        ge=0,
+        le=1,
+        description="the share of semantic hits also asked upstream, off the request's path, to count wrong hits; "
+        "the rule is tightened while the wrong hits' upper bound is over the budget",
+    )
+
+
+class ResponseCacheSpec(Strict):
+    """Whole answers of open requests (chat, completions, Responses, Messages) kept and served again
+    to the same request: exactly, and (``semantic``) to a similar one."""
+
+    ttl_s: float = Field(3600.0, gt=0, description="how long an answer is kept")
+    when: Literal["reproducible", "always"] = Field(
+        "reproducible",
+        description="reproducible: only requests with temperature 0 or a seed (or the header "
+        "`x-triage-cache: allow`); always: any request",
+    )
+    scope: Literal["key", "shared"] = Field(
+        "key", description="key: a key only gets answers made for its own requests; shared: every key's (same model)"
+    )
+    hit_charge: float = Field(
+        0.0, ge=0, le=1, description="the share of the answer's price a hit is charged (in spend as cache:MODEL)"
+    )
+    max_entry_bytes: int = Field(1_048_576, ge=1024, description="a larger answer is not kept")
+    semantic: SemanticCacheSpec | None = None
+
+
 class StateSpec(Strict):
     """Where what several requests share lives: rate windows, spend, the decision cache."""
 
@@ -598,6 +641,7 @@ class Policy(Strict):
     state: StateSpec = StateSpec()
     logging: Logging = Logging()
     tracing: TracingSpec = TracingSpec()
+    response_cache: ResponseCacheSpec | None = Field(None, description="answers kept and served again (off: unset)")
 
     def upstream_name(self, model: str) -> str:
         spec = self.models[model]
@@ -652,6 +696,12 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
             if target not in models:
                 problems.append((("virtual_models", name, *where), f"model '{target}' is not defined"))
     problems.extend(_cascade_problems(policy))
+    semantic = policy.response_cache.semantic if policy.response_cache is not None else None
+    for i, name in enumerate(semantic.models if semantic is not None else []):
+        if name not in models and name not in policy.virtual_models:
+            problems.append((("response_cache", "semantic", "models", i), f"model '{name}' is not defined"))
+    if semantic is not None and policy.classifier is None:
+        problems.append((("response_cache", "semantic"), "a semantic cache needs a `classifier` section (its encoder)"))
     names = {key.name for key in policy.keys}
     for i, name in enumerate(policy.access.operator_keys):
         if name not in names:

@@ -75,6 +75,8 @@ def answer_headers(ex: Exchange, out: Outcome) -> dict[str, str]:
             headers["x-triage-fallback-from"] = served.route.model
     if served.completion is not None:
         headers["x-triage-cost"] = f"{ex.cost or 0.0:.8f}"
+    if out.cache is not None:
+        headers.update(out.cache.headers())
     skipped = [*(served.route.skipped if served.route is not None else ()), *served.skipped]
     if skipped:  # models that could not take it (context, tools, images), and why
         said = "; ".join(f"{model} ({why})" for model, why in skipped)

@@ -25,6 +25,7 @@ from gateway.service.bodies import parse_any_json, parse_json
 from gateway.service.context import Context
 from gateway.service.runtime import Runtime
 from policies.errors import BudgetExhausted, ClientGone, KeyRateLimited, PayloadTooLarge, RequestTimeout, TriageError
+from policies.response_cache import directive
 from policies.schema import Limits
 
 T = TypeVar("T")
@@ -123,7 +124,10 @@ class Call:
         """The service's context; it watches for a client that leaves where a request can queue
         (``always``: a decision, which may ask several tiers)."""
         watch = always or self.ex.rt.admission
-        return self.ex.context(self.wait if watch else None)
+        ctx = self.ex.context(self.wait if watch else None)
+        if self.ex.rt.policy.response_cache is not None:
+            ctx.cache = directive(self.request.headers.get("x-triage-cache"))
+        return ctx
 
 
 Handler = Callable[[Call], Awaitable[Response]]

@@ -19,7 +19,7 @@ import structlog
 from backends.base import Attempt, Stopwatch
 from gateway.obs import tracing
 from gateway.obs.metrics import Metrics
-from gateway.service import quotas
+from gateway.service import quotas, response_cache
 from gateway.service.context import Context, Wait
 from gateway.service.runtime import Runtime, RuntimeHolder
 from gateway.service.service import Outcome, Service
@@ -73,6 +73,7 @@ class Exchange:
     key: ApiKey | None = None  # the key that called (its name is logged, never the key)
     cost: float | None = None
     charges: list[tuple[str, Mapping[str, int] | None, float]] = field(default_factory=list)  # typed: per model tier
+    cache: response_cache.Note | None = None  # what the response cache did
     _slot: bool = False
     _done: bool = False
 
@@ -101,6 +102,11 @@ class Exchange:
         assert served is not None
         self.route = served.route
         self.served, self.backend, self.replica = served.model, served.backend, served.replica
+        self.cache = outcome.cache
+        if outcome.cache is not None and outcome.cache.result == "hit":  # no engine asked: its share of the price
+            self.cost = outcome.cache.charged
+            self.charges = [response_cache.charge(served.model, outcome.cache)]
+            return
         if served.completion is not None:
             usage = served.completion.body.get("usage")
             self.usage = usage if isinstance(usage, dict) else None
@@ -184,6 +190,11 @@ class Exchange:
         }
         if self.route is not None:
             event["route"] = asdict(self.route)
+        if self.cache is not None:
+            event["cache"] = self.cache.event()
+            self.metrics.cache.labels(self.cache.result).inc()
+            if self.cache.result == "hit" and self.cache.price > self.cache.charged:
+                self.metrics.cache_saved.inc(self.cache.price - self.cache.charged)
         if self.decision is not None:
             event["decision"] = self._decision_event(self.decision)
             self.metrics.decisions.labels(self.decision.tier, self.decision.qtype).inc()

@@ -79,6 +79,17 @@ class Metrics:
         self.decisions = Counter(
             "triage_decisions", "Typed decisions by the tier that answered", ["tier", "type"], registry=r
         )
+        self.cache = Counter(
+            "triage_response_cache",
+            "Open requests by what the response cache did (hit, miss, bypass)",
+            ["result"],
+            registry=r,
+        )
+        self.cache_saved = Counter(
+            "triage_response_cache_saved",
+            "What cache hits did not cost, at the answers' prices (less hit_charge)",
+            registry=r,
+        )
         self.started = (
             Gauge(
                 "triage_worker_start_time_seconds",

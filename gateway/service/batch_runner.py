@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import structlog
 
 from backends.base import Kind
-from gateway.service import decisions, quotas
+from gateway.service import decisions, quotas, response_cache
 from gateway.service.batch_lines import check_lines, plan_rows
 from gateway.service.context import Context
 from gateway.service.runtime import RuntimeHolder
@@ -464,6 +464,8 @@ async def answer_line(
         assert out.served is not None and out.served.completion is not None
         usage = out.served.completion.body.get("usage")
         usage = usage if isinstance(usage, dict) else None
+        if out.cache is not None and out.cache.result == "hit":
+            return 200, out.served.completion.body, [response_cache.charge(out.served.model, out.cache)]
         return 200, out.served.completion.body, [(out.served.model, usage, quotas.price(rt, out.served.model, usage))]
     except CascadeExhausted as exc:
         return exc.status, exc.body(), spend.trace_charges(models, exc.trace)

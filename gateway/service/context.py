@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from backends.base import Attempt
+from policies.response_cache import Directive
 from policies.schema import ApiKey
 
 T = TypeVar("T")
@@ -29,6 +30,7 @@ class Context:
     surface: str = "chat"  # the door it came in by: chat, completions, responses, messages, decide, batch, ...
     affinity: str | None = None  # a replica hint (a batch's prefix group)
     wait: Wait | None = None  # None: awaited as is
+    cache: Directive | None = None  # the request's `x-triage-cache` header: allow, refresh, bypass
 
     def item(self, i: int) -> Context:
         """The context of the ``i``-th item of a batch of questions: its own id, the same attempts."""

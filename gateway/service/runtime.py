@@ -160,7 +160,9 @@ async def build(
     keys = _key_hashes(policy)
     admin = _admin_digest(policy)
     judges = load_judges(policy, base_dir)
-    cached = policy.cascade is not None and policy.cascade.cache_ttl_s is not None
+    cached = policy.response_cache is not None or (
+        policy.cascade is not None and policy.cascade.cache_ttl_s is not None
+    )
     version = await asyncio.to_thread(policy_version, policy, base_dir) if cached else ""
     if previous is not None and previous.policy.state == policy.state:
         store, problem = previous.store, previous.store_problem

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends.base import Body, Kind
-from gateway.service import decisions, embeddings, pipeline, typed
+from gateway.service import decisions, embeddings, pipeline, response_cache, typed
 from gateway.service.bodies import ChatRequest, CompletionRequest, check
 from gateway.service.context import Context
 from gateway.service.decisions import Overrides
@@ -40,6 +40,7 @@ class Outcome:
     typed: Body | None = None
     decision: Decision | None = None
     stream: bool = False
+    cache: response_cache.Note | None = None  # what the response cache did (None: the policy keeps no answers)
 
     @property
     def whole(self) -> Body | None:
@@ -66,11 +67,23 @@ class Service:
                 return Outcome(typed=reply, decision=d, stream=stream)
             body["model"], plan = plan.open.name, plan.open  # untyped: served by the cascade model's open route
         assert not isinstance(plan, TypedPlan), "validated: a cascade model's open route is no cascade model"
+        cache = response_cache.begin(self.rt, kind, body, ctx)
+        if cache is not None and (hit := await cache.find()) is not None:
+            return Outcome(
+                served=response_cache.replayed(cache, hit, ctx.request_id, stream, body),
+                stream=stream,
+                cache=cache.note,
+            )
         shape = shape_of(kind, body)  # what it needs of a model: its context, tools, images
         served = await ctx.waited(pipeline.serve_plan(self.rt, plan, kind, body, ctx, shape))
         if served.completion is not None:
             served.completion.body["model"] = served.model
-        return Outcome(served=served, stream=stream)
+        if cache is not None and cache.write:
+            if served.completion is not None:
+                await cache.keep(served.model, served.completion.body)
+            else:
+                served = cache.kept_after(served)
+        return Outcome(served=served, stream=stream, cache=cache.note if cache is not None else None)
 
     async def decide(self, q: Question, overrides: Overrides | None, ctx: Context) -> Decision:
         """The cascade's decision on one typed question."""

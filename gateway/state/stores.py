@@ -100,14 +100,14 @@ class Store(Protocol):
 class MemoryStore:
     """One process's state (asyncio: every method runs on the loop, so each is atomic)."""
 
-    def __init__(self, cache_entries: int = 100_000) -> None:
+    def __init__(self, cache_entries: int = 100_000, cache_bytes: int = 256 << 20) -> None:
         self._windows: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
         self._spend: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self._keys: dict[str, str] = {}  # sha256 -> record
         self._names: dict[str, str] = {}  # name -> its live key's sha256
         self._revoked: dict[str, float] = {}  # sha256 -> when
         self._cache: OrderedDict[str, tuple[float, bytes]] = OrderedDict()  # key -> (expires, value): LRU
-        self._cache_entries = cache_entries
+        self._cache_entries, self._cache_bytes, self._cache_used = cache_entries, cache_bytes, 0
 
     def _trim(self, window: str, window_s: float, now: float) -> deque[tuple[float, int]]:
         q = self._windows[window]
@@ -172,16 +172,19 @@ class MemoryStore:
         if hit is None:
             return None
         if hit[0] <= time.monotonic():
-            del self._cache[key]
+            self._cache_used -= len(self._cache.pop(key)[1])
             return None
         self._cache.move_to_end(key)
         return hit[1]
 
     async def cache_put(self, key: str, value: bytes, ttl_s: float) -> None:
+        """Kept for ``ttl_s``; the least recently used leave past the entries' or the bytes' bound."""
+        if (old := self._cache.pop(key, None)) is not None:
+            self._cache_used -= len(old[1])
         self._cache[key] = (time.monotonic() + ttl_s, value)
-        self._cache.move_to_end(key)
-        while len(self._cache) > self._cache_entries:
-            self._cache.popitem(last=False)
+        self._cache_used += len(value)
+        while self._cache and (len(self._cache) > self._cache_entries or self._cache_used > self._cache_bytes):
+            self._cache_used -= len(self._cache.popitem(last=False)[1][1])
 
     async def ping(self) -> None:
         return None

@@ -1,0 +1,185 @@
+"""The response cache in the request path: an open request's whole answer kept in the state store
+(memory, or Redis shared by a fleet) and served again to the same request, exactly, or (for the
+models the policy names) to a similar one in the same context (``gateway.service.semantic_cache``).
+
+A hit asks no engine: its answer is replayed as the request asked for it (JSON, or a stream in
+the surface's own events), charged ``hit_charge`` of its price (in spend as ``cache:MODEL``). What
+the cache did is said in ``x-triage-cache: hit | miss | bypass``. The rules (what is keyed, when a
+request may be answered from the cache, a stream assembled into the answer it is kept as) are
+``policies.response_cache``; a store that fails, or an entry that does not read, is a miss, logged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import structlog
+
+from backends.base import Body, ChunkStream, Completion, Kind
+from gateway.service.context import Context
+from gateway.service.dispatch import Served
+from gateway.service.runtime import Runtime
+from gateway.state.stores import StoreDown
+from policies import response_cache as rules
+from policies import spend
+from policies.schema import ResponseCacheSpec
+
+log = structlog.get_logger("triage.cache")
+BACKEND = "cache"
+
+
+@dataclass
+class Note:
+    """What the cache did for one request (its headers, its log event, what a hit is charged)."""
+
+    result: str  # hit | miss | bypass
+    why: str | None = None  # a bypass's reason
+    match: str | None = None  # a hit's: exact, or "semantic 0.9412"
+    price: float = 0.0  # a hit: what its answer cost when it was made (0 when unknown)
+    charged: float = 0.0  # a hit: what this request is charged for it
+
+    def headers(self) -> dict[str, str]:
+        out = {"x-triage-cache": self.result}
+        if self.why is not None:
+            out["x-triage-cache-bypass"] = self.why
+        if self.match is not None:
+            out["x-triage-cache-match"] = self.match
+        return out
+
+    def event(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"result": self.result}
+        if self.why is not None:
+            out["why"] = self.why
+        if self.result == "hit":
+            out.update(match=self.match, saved=round(self.price - self.charged, 8))
+        return out
+
+
+@dataclass
+class Lookup:
+    """One request's pass through the cache: looked up before it is served, kept after."""
+
+    rt: Runtime
+    spec: ResponseCacheSpec
+    kind: Kind
+    key: str
+    read: bool
+    write: bool
+    note: Note
+
+    async def find(self) -> Served | None:
+        """The kept answer as served, or None (a miss, or a request that may not read it)."""
+        if not self.read:
+            return None
+        try:
+            raw = await self.rt.store.cache_get(self.key)
+        except StoreDown as exc:
+            log.warning("response_cache_unavailable", error=exc.message)
+            return None
+        if raw is None:
+            return None
+        served = self._read(raw)
+        if served is None:
+            log.warning("response_cache_unreadable", key=self.key[:20])
+        return served
+
+    def _read(self, raw: bytes) -> Served | None:
+        try:
+            entry = orjson.loads(raw)
+            model, body, price = entry["model"], entry["body"], float(entry.get("price") or 0.0)
+            if not (isinstance(model, str) and isinstance(body, dict) and isinstance(body.get("choices"), list)):
+                return None
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            return None
+        charged = price * self.spec.hit_charge
+        self.note = Note("hit", match="exact", price=price, charged=charged)
+        return Served(model, BACKEND, BACKEND, Completion(body, BACKEND))
+
+    async def keep(self, model: str, whole: Body) -> None:
+        """Keep a whole answer (its model set to the one that served), unless it is too large."""
+        price = (
+            spend.cost(self.rt.policy.models[model].prices, whole.get("usage"))
+            if model in self.rt.policy.models
+            else 0.0
+        )
+        raw = orjson.dumps({"model": model, "body": whole, "price": price, "at": time.time()})
+        if len(raw) > self.spec.max_entry_bytes:
+            log.info("response_cache_too_large", bytes=len(raw), limit=self.spec.max_entry_bytes)
+            return
+        try:
+            await self.rt.store.cache_put(self.key, raw, self.spec.ttl_s)
+        except StoreDown as exc:
+            log.warning("response_cache_unavailable", error=exc.message)
+
+    def kept_after(self, served: Served) -> Served:
+        """``served`` with its answer kept once it is whole: now for a completion, at its end for a
+        stream (a stream that fails or is left is not kept)."""
+        if not self.write:
+            return served
+        if served.completion is not None:
+            return served  # kept by the caller, after its model is set (:meth:`keep`)
+        assert served.stream is not None
+        served.stream = _Recording(self, served.model, served.stream)
+        return served
+
+
+class _Recording(ChunkStream):
+    """A stream relayed as it comes, its chunks kept; whole at its end, its answer is kept."""
+
+    def __init__(self, lookup: Lookup, model: str, inner: ChunkStream) -> None:
+        self.first, self.replica = inner.first, inner.replica
+        self._lookup, self._model, self._inner = lookup, model, inner
+
+    async def __aiter__(self) -> AsyncIterator[Body]:
+        seen: list[Body] = []
+        async for chunk in self._inner:
+            seen.append(orjson.loads(orjson.dumps(chunk)))  # as it came: the relay changes it once sent
+            yield chunk
+        whole = rules.assemble(self._lookup.kind, seen)
+        if whole is not None:
+            whole["model"] = self._model
+            await self._lookup.keep(self._model, whole)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def begin(rt: Runtime, kind: Kind, body: Body, ctx: Context) -> Lookup | None:
+    """The request's pass through the cache; None where the policy keeps no answers (or for
+    embeddings). A request the cache must not answer gets a pass that only says why."""
+    spec = rt.policy.response_cache
+    if spec is None or kind == "embedding":
+        return None
+    v = rules.verdict(spec, kind, body, ctx.cache)
+    if not (v.read or v.write):
+        return Lookup(rt, spec, kind, "", False, False, Note("bypass", why=v.why))
+    scope = ctx.key.name if spec.scope == "key" and ctx.key is not None else "*"
+    return Lookup(rt, spec, kind, rules.key(rt.version, scope, kind, body), v.read, v.write, Note("miss"))
+
+
+def charge(model: str, note: Note) -> tuple[str, None, float]:
+    """What a hit is charged, as spend records it: under ``cache:MODEL``, no tokens (no engine ran)."""
+    return f"cache:{model}", None, note.charged
+
+
+def replayed(lookup: Lookup, hit: Served, request_id: str, stream: bool, body: Body) -> Served:
+    """A hit as this request gets it: a fresh id and time, whole or as a stream of chunks."""
+    assert hit.completion is not None
+    whole = dict(hit.completion.body)
+    whole["id"] = ("chatcmpl-" if lookup.kind == "chat" else "cmpl-") + request_id
+    whole["created"] = int(time.time())
+    whole["model"] = hit.model
+    if not stream:
+        return Served(hit.model, BACKEND, BACKEND, Completion(whole, BACKEND))
+    usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    chunks = rules.replay(lookup.kind, whole, usage)
+    return Served(hit.model, BACKEND, BACKEND, None, ChunkStream(chunks[0], _rest(chunks[1:]), BACKEND))
+
+
+async def _rest(chunks: list[Body]) -> AsyncIterator[Body]:
+    for chunk in chunks:
+        yield chunk
