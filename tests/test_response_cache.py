@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -16,7 +17,7 @@ import pytest
 from gateway.service import response_cache
 from policies import response_cache as rules
 from policies.schema import ResponseCacheSpec
-from tests.conftest import Gateway
+from tests.conftest import SHARED_DATA, Gateway
 
 CACHE = "response_cache: {ttl_s: 600}\n"
 
@@ -320,3 +321,96 @@ def test_an_entry_that_does_not_read_is_a_miss() -> None:
     )
     for raw in (b"not json", b'{"model": "m"}', b'{"model": "m", "body": {"choices": "x"}}'):
         assert lookup._read(raw) is None
+
+
+# --- the semantic cache ---------------------------------------------------------------------------------------
+
+
+def semantic_policy(heads: Path, state: str = "{store: memory}", rule: str = "{kind: global, similarity: 0.8}") -> str:
+    return f"""version: 1
+classifier:
+  data_dir: {SHARED_DATA}
+  artifacts: {heads}
+  heads: [question_type, category, reasoning, injection]
+backends:
+  script: {{type: scripted, text: "a kept answer", latency_s: 0.05}}
+models:
+  scripted: {{backend: script}}
+  other: {{backend: script}}
+state: {state}
+response_cache:
+  semantic: {{models: [scripted], rule: {rule}, audit_share: 0}}
+"""
+
+
+def ask(url: str, question: str, model: str = "scripted", system: str | None = None) -> httpx.Response:
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
+    r = httpx.post(f"{url}/v1/chat/completions", json={"model": model, "messages": messages, "temperature": 0})
+    assert r.status_code == 200, r.text
+    return r
+
+
+def test_a_similar_question_in_the_same_context_gets_the_kept_answer(
+    gateway: Callable[..., Gateway], trained_heads: Path
+) -> None:
+    gw = gateway(semantic_policy(trained_heads))
+    assert ask(gw.base_url, "How do I reset my password?").headers["x-triage-cache"] == "miss"
+    time.sleep(0.3)  # the entry is made off the request's path
+    similar = ask(gw.base_url, "how can I reset my password")
+    assert similar.headers["x-triage-cache"] == "hit", similar.headers
+    match = similar.headers["x-triage-cache-match"].split()
+    assert match[0] == "semantic" and 0.8 <= float(match[1]) < 1.0
+    assert similar.json()["choices"][0]["message"]["content"] == "a kept answer"
+    # another question, another context (a system prompt), another model: none of them
+    assert ask(gw.base_url, "What will the weather be in Paris tomorrow?").headers["x-triage-cache"] == "miss"
+    assert ask(gw.base_url, "how can I reset my password", system="Be brief.").headers["x-triage-cache"] == "miss"
+    assert ask(gw.base_url, "how can I reset my password", model="other").headers["x-triage-cache"] == "miss"
+    assert engine_calls(gw) == 4
+
+
+def test_two_gateways_on_one_redis_share_semantic_entries(
+    redis_url: str, gateways: Callable[[str, int], list[str]], trained_heads: Path
+) -> None:
+    state = f'{{store: redis, url: "{redis_url}", prefix: "t-semantic"}}'
+    first, second = gateways(semantic_policy(trained_heads, state), 2)
+    assert ask(first, "How do I reset my password?").headers["x-triage-cache"] == "miss"
+    deadline, result = time.monotonic() + 10, ""
+    while time.monotonic() < deadline:  # the other gateway reads the fleet's entries every half second
+        result = ask(second, "how can I reset my password").headers["x-triage-cache"]
+        if result == "hit":
+            break
+        time.sleep(0.3)
+    assert result == "hit"
+
+
+def test_audited_wrong_hits_tighten_the_rule() -> None:
+    import asyncio
+
+    import numpy as np
+
+    from gateway.service.semantic_cache import MIN_AUDITS, SemanticCache, bounds
+    from gateway.state.stores import MemoryStore
+    from policies.schema import SemanticCacheSpec
+
+    async def embed(text: str) -> np.ndarray:
+        return np.ones(4, dtype=np.float32) / 2
+
+    spec = SemanticCacheSpec(models=["m"], rule={"kind": "global", "similarity": 0.9}, false_hit_budget=0.01)
+    cache = SemanticCache(spec, embed, 4, "v", MemoryStore())
+    for _ in range(MIN_AUDITS):
+        cache.audited_hit(True)
+    cache.audited_hit(False)
+    assert cache.rule.similarity == 0.9  # 1 wrong in 31: over 1%, but not for sure
+    cache.audited_hit(False)
+    assert cache.rule.similarity == pytest.approx(0.91) and cache.audited == 0  # 2 in 32: for sure
+    assert bounds(0, 0) == (0.0, 1.0) and bounds(0, 300)[1] < 0.01 < bounds(1, 100)[1]
+    assert bounds(2, 32)[0] > 0.01 > bounds(1, 31)[0]
+    # the index: an entry whose answer agrees with a kept one joins its group
+    q = np.array([1, 0, 0, 0], dtype=np.float32)
+    g1 = cache.add("ctx", q, np.array([0, 1, 0, 0], dtype=np.float32), "k1")
+    g2 = cache.add("ctx", q, np.array([0, 0.99, 0.141, 0], dtype=np.float32), "k2")
+    g3 = cache.add("ctx", q, np.array([0, 0, 1, 0], dtype=np.float32), "k3")
+    assert g1 == g2 != g3
+    found = cache.find("ctx", q)
+    assert found is not None and found.key in ("k1", "k2", "k3") and cache.find("other", q) is None
+    asyncio.run(cache.close())

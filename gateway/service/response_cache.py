@@ -23,10 +23,12 @@ from backends.base import Body, ChunkStream, Completion, Kind
 from gateway.service.context import Context
 from gateway.service.dispatch import Served
 from gateway.service.runtime import Runtime
+from gateway.service.semantic_cache import SemanticCache
 from gateway.state.stores import StoreDown
 from policies import response_cache as rules
 from policies import spend
 from policies.schema import ResponseCacheSpec
+from policies.semantic_cache import Vector
 
 log = structlog.get_logger("triage.cache")
 BACKEND = "cache"
@@ -70,24 +72,43 @@ class Lookup:
     read: bool
     write: bool
     note: Note
+    semantic: SemanticCache | None = None  # where the requested model may get a similar request's answer
+    context: str = ""  # the semantic cache's bucket (everything but the last user turn)
+    text: str = ""  # the last user turn
+    vector: Vector | None = None  # its embedding, once made
 
     async def find(self) -> Served | None:
-        """The kept answer as served, or None (a miss, or a request that may not read it)."""
+        """The kept answer as served: this request's, else (semantic) a similar one's; or None (a
+        miss, or a request that may not read the cache)."""
         if not self.read:
             return None
+        served = await self._get(self.key, "exact")
+        if served is not None or self.semantic is None:
+            return served
+        await self.semantic.sync(time.monotonic())
+        self.vector = await self.semantic.embed(self.text)
+        found = self.semantic.find(self.context, self.vector)
+        if found is None:
+            return None
+        served = await self._get(found.key, f"semantic {found.neighbours.similarity:.4f}")
+        if served is None:
+            found.forget()  # its answer expired, or was evicted
+        return served
+
+    async def _get(self, key: str, match: str) -> Served | None:
         try:
-            raw = await self.rt.store.cache_get(self.key)
+            raw = await self.rt.store.cache_get(key)
         except StoreDown as exc:
             log.warning("response_cache_unavailable", error=exc.message)
             return None
         if raw is None:
             return None
-        served = self._read(raw)
+        served = self._read(raw, match)
         if served is None:
-            log.warning("response_cache_unreadable", key=self.key[:20])
+            log.warning("response_cache_unreadable", key=key[:20])
         return served
 
-    def _read(self, raw: bytes) -> Served | None:
+    def _read(self, raw: bytes, match: str = "exact") -> Served | None:
         try:
             entry = orjson.loads(raw)
             model, body, price = entry["model"], entry["body"], float(entry.get("price") or 0.0)
@@ -96,16 +117,14 @@ class Lookup:
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             return None
         charged = price * self.spec.hit_charge
-        self.note = Note("hit", match="exact", price=price, charged=charged)
+        self.note = Note("hit", match=match, price=price, charged=charged)
         return Served(model, BACKEND, BACKEND, Completion(body, BACKEND))
 
     async def keep(self, model: str, whole: Body) -> None:
-        """Keep a whole answer (its model set to the one that served), unless it is too large."""
-        price = (
-            spend.cost(self.rt.policy.models[model].prices, whole.get("usage"))
-            if model in self.rt.policy.models
-            else 0.0
-        )
+        """Keep a whole answer (its model set to the one that served), unless it is too large; with
+        a semantic cache, its entry is made off the request's path."""
+        prices = self.rt.policy.models[model].prices if model in self.rt.policy.models else None
+        price = spend.cost(prices, whole.get("usage")) if prices is not None else 0.0
         raw = orjson.dumps({"model": model, "body": whole, "price": price, "at": time.time()})
         if len(raw) > self.spec.max_entry_bytes:
             log.info("response_cache_too_large", bytes=len(raw), limit=self.spec.max_entry_bytes)
@@ -114,17 +133,35 @@ class Lookup:
             await self.rt.store.cache_put(self.key, raw, self.spec.ttl_s)
         except StoreDown as exc:
             log.warning("response_cache_unavailable", error=exc.message)
+            return
+        if self.semantic is not None and (answer := answer_text(whole)):
+            self.semantic.later(self._keep_similar(self.semantic, answer))
+
+    async def _keep_similar(self, semantic: SemanticCache, answer: str) -> None:
+        vector = self.vector if self.vector is not None else await semantic.embed(self.text)
+        await semantic.keep(self.context, vector, self.key, answer)
 
     def kept_after(self, served: Served) -> Served:
-        """``served`` with its answer kept once it is whole: now for a completion, at its end for a
-        stream (a stream that fails or is left is not kept)."""
-        if not self.write:
-            return served
-        if served.completion is not None:
-            return served  # kept by the caller, after its model is set (:meth:`keep`)
+        """A stream whose answer is kept once whole, at its end (one that fails or is left is not)."""
         assert served.stream is not None
         served.stream = _Recording(self, served.model, served.stream)
         return served
+
+    @property
+    def similar(self) -> bool:
+        """The answer served is a similar request's (a semantic hit)."""
+        return self.note.result == "hit" and (self.note.match or "").startswith("semantic")
+
+
+def answer_text(whole: Body) -> str:
+    """What a whole answer says, as text (its first choice: the content, else its tool calls)."""
+    choice = (whole.get("choices") or [{}])[0]
+    if "text" in choice:
+        return str(choice.get("text") or "")
+    message = choice.get("message") or {}
+    if message.get("content"):
+        return str(message["content"])
+    return orjson.dumps(message.get("tool_calls") or []).decode() if message.get("tool_calls") else ""
 
 
 class _Recording(ChunkStream):
@@ -148,9 +185,10 @@ class _Recording(ChunkStream):
         await self._inner.aclose()
 
 
-def begin(rt: Runtime, kind: Kind, body: Body, ctx: Context) -> Lookup | None:
+def begin(rt: Runtime, kind: Kind, body: Body, ctx: Context, requested: str) -> Lookup | None:
     """The request's pass through the cache; None where the policy keeps no answers (or for
-    embeddings). A request the cache must not answer gets a pass that only says why."""
+    embeddings). A request the cache must not answer gets a pass that only says why.
+    ``requested``: the model the request named (the semantic cache is the policy's per model)."""
     spec = rt.policy.response_cache
     if spec is None or kind == "embedding":
         return None
@@ -158,7 +196,12 @@ def begin(rt: Runtime, kind: Kind, body: Body, ctx: Context) -> Lookup | None:
     if not (v.read or v.write):
         return Lookup(rt, spec, kind, "", False, False, Note("bypass", why=v.why))
     scope = ctx.key.name if spec.scope == "key" and ctx.key is not None else "*"
-    return Lookup(rt, spec, kind, rules.key(rt.version, scope, kind, body), v.read, v.write, Note("miss"))
+    found = Lookup(rt, spec, kind, rules.key(rt.version, scope, kind, body), v.read, v.write, Note("miss"))
+    semantic = rt.semantic
+    if semantic is not None and requested in semantic.models and (text := rules.last_user_text(body)):
+        found.semantic, found.text = semantic, text
+        found.context = rules.context_key(rt.version, scope, kind, body)
+    return found
 
 
 def charge(model: str, note: Note) -> tuple[str, None, float]:

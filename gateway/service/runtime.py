@@ -21,12 +21,14 @@ from backends import registry
 from backends.base import Backend
 from backends.secrets import MissingSecret, lookup
 from gateway.service.keyring import Keyring, as_key
+from gateway.service.semantic_cache import SemanticCache
 from gateway.state.stores import MemoryStore, Store, StoreDown, open_store
 from policies import loader, plans
 from policies.budget import EscalationBudget
 from policies.errors import NotReady, PolicyInvalid, TriageError, Unauthorized
 from policies.fit import Fit
 from policies.schema import ApiKey, Policy
+from policies.semantic_cache import Vector
 
 if TYPE_CHECKING:
     from classifiers.confidence import ConfidenceModel
@@ -58,6 +60,7 @@ class Runtime:
     fits: dict[str, Fit] = field(default_factory=dict)  # model -> what it takes (policies.fit)
     base_dir: Path = Path(".")  # the policy file's folder
     tokenizers: dict[str, Any] = field(default_factory=dict)  # model -> its tokenizer, once loaded (fitting)
+    semantic: SemanticCache | None = None  # the response cache's similar-request index (policy: response_cache)
     _reach: dict[tuple[str, ...], frozenset[str]] = field(default_factory=dict)
 
     def reach(self, key: ApiKey | None) -> frozenset[str] | None:
@@ -223,7 +226,23 @@ async def build(
         version=version,
         fits=fits,
         base_dir=base_dir,
+        semantic=_semantic(policy, encoding, version, store),
     )
+
+
+def _semantic(policy: Policy, encoding: Encoding | None, version: str, store: Store) -> SemanticCache | None:
+    """The semantic response cache, where the policy asks for one (its encoder: the classifier's)."""
+    spec = policy.response_cache.semantic if policy.response_cache is not None else None
+    if spec is None:
+        return None
+    assert encoding is not None, "validated: a semantic cache needs a classifier"
+    embedder = encoding.embedder
+
+    async def embed(text: str) -> Vector:
+        vector, _ = await embedder.embed(text)
+        return vector
+
+    return SemanticCache(spec, embed, encoding.classifier.encoder.dim, version, store)
 
 
 async def _fits(policy: Policy, backends: dict[str, Backend], source: Path | None) -> dict[str, Fit]:

@@ -19,16 +19,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
+
 from backends.base import Body, Kind
-from gateway.service import decisions, embeddings, pipeline, response_cache, typed
+from gateway.service import decisions, embeddings, pipeline, quotas, response_cache, semantic_cache, typed
 from gateway.service.bodies import ChatRequest, CompletionRequest, check
 from gateway.service.context import Context
 from gateway.service.decisions import Overrides
 from gateway.service.dispatch import Served
 from gateway.service.runtime import Runtime
 from policies.cascade import Decision, Question
-from policies.fit import shape_of
-from policies.plans import TypedPlan, resolve
+from policies.fit import Shape, shape_of
+from policies.plans import ChainPlan, EncoderPlan, TypedPlan, resolve
+
+log = structlog.get_logger("triage.cache")
 
 
 @dataclass
@@ -58,6 +62,7 @@ class Service:
         """Check ``body``, resolve its model once, and serve the plan."""
         request = check(ChatRequest if kind == "chat" else CompletionRequest, body)
         body["stream"] = stream = request.stream  # the validated value, not a truthy string
+        requested = body["model"]
         plan = resolve(self.rt.policy, body["model"])
         if isinstance(plan, TypedPlan):
             ask = typed.typed_ask(body, plan.cascade) if kind == "chat" and plan.cascade is not None else None
@@ -67,22 +72,21 @@ class Service:
                 return Outcome(typed=reply, decision=d, stream=stream)
             body["model"], plan = plan.open.name, plan.open  # untyped: served by the cascade model's open route
         assert not isinstance(plan, TypedPlan), "validated: a cascade model's open route is no cascade model"
-        cache = response_cache.begin(self.rt, kind, body, ctx)
-        if cache is not None and (hit := await cache.find()) is not None:
-            return Outcome(
-                served=response_cache.replayed(cache, hit, ctx.request_id, stream, body),
-                stream=stream,
-                cache=cache.note,
-            )
+        cache = response_cache.begin(self.rt, kind, body, ctx, requested)
         shape = shape_of(kind, body)  # what it needs of a model: its context, tools, images
+        if cache is not None and (hit := await cache.find()) is not None:
+            if cache.similar and cache.semantic is not None and cache.semantic.audit_due():
+                cache.semantic.later(self._audit(cache, plan, kind, body, hit, ctx, shape))
+            replay = response_cache.replayed(cache, hit, ctx.request_id, stream, body)
+            return Outcome(served=replay, stream=stream, cache=cache.note)
         served = await ctx.waited(pipeline.serve_plan(self.rt, plan, kind, body, ctx, shape))
         if served.completion is not None:
             served.completion.body["model"] = served.model
         if cache is not None and cache.write:
-            if served.completion is not None:
-                await cache.keep(served.model, served.completion.body)
-            else:
+            if served.completion is None:
                 served = cache.kept_after(served)
+            else:
+                await cache.keep(served.model, served.completion.body)
         return Outcome(served=served, stream=stream, cache=cache.note if cache is not None else None)
 
     async def decide(self, q: Question, overrides: Overrides | None, ctx: Context) -> Decision:
@@ -98,6 +102,28 @@ class Service:
     async def embed(self, body: dict[str, Any], ctx: Context) -> Outcome:
         """Embeddings of a request's body: the encoder's, or a policy model's engine's."""
         return Outcome(served=await ctx.waited(embeddings.embed(self.rt, body, ctx)))
+
+    async def _audit(
+        self,
+        cache: response_cache.Lookup,
+        plan: ChainPlan | EncoderPlan,
+        kind: Kind,
+        body: dict[str, Any],
+        hit: Served,
+        ctx: Context,
+        shape: Shape,
+    ) -> None:
+        """A semantic hit's answer checked against a fresh one, off the request's path, at the
+        operator's cost (no key is charged): the semantic cache counts the wrong hits."""
+        assert cache.semantic is not None and hit.completion is not None
+        audit = Context(f"{ctx.request_id}-audit", surface="cache_audit")
+        fresh = await pipeline.serve_plan(self.rt, plan, kind, {**body, "stream": False}, audit, shape)
+        assert fresh.completion is not None
+        said, now = response_cache.answer_text(hit.completion.body), response_cache.answer_text(fresh.completion.body)
+        right = said == now or semantic_cache.agree(await cache.semantic.embed(said), await cache.semantic.embed(now))
+        cost = quotas.price(self.rt, fresh.model, fresh.completion.body.get("usage"))
+        log.info("semantic_cache_audited", request_id=ctx.request_id, right=right, model=fresh.model, cost=cost)
+        cache.semantic.audited_hit(right)
 
     async def serve_tier(self, body: Body, ctx: Context) -> Served:
         """A model tier's question, served by its model's plan (the port the cascade's tiers get)."""

@@ -92,6 +92,16 @@ class Store(Protocol):
 
     async def cache_put(self, key: str, value: bytes, ttl_s: float) -> None: ...
 
+    async def feed_add(self, name: str, item: bytes, most: int = 100_000) -> None:
+        """Append ``item`` to the feed ``name`` that every gateway sharing the store reads (its
+        oldest items leave past about ``most``); this process's store has no one else: a no-op."""
+        ...
+
+    async def feed_read(self, name: str, after: str, most: int = 1000) -> tuple[str, list[bytes]]:
+        """Up to ``most`` items of the feed ``name`` added after the position ``after`` ("0": from
+        the start), and the position to read from next."""
+        ...
+
     async def ping(self) -> None: ...
 
     async def close(self) -> None: ...
@@ -185,6 +195,12 @@ class MemoryStore:
         self._cache_used += len(value)
         while self._cache and (len(self._cache) > self._cache_entries or self._cache_used > self._cache_bytes):
             self._cache_used -= len(self._cache.popitem(last=False)[1][1])
+
+    async def feed_add(self, name: str, item: bytes, most: int = 100_000) -> None:
+        return None  # one process: nobody else reads it
+
+    async def feed_read(self, name: str, after: str, most: int = 1000) -> tuple[str, list[bytes]]:
+        return after, []
 
     async def ping(self) -> None:
         return None
@@ -358,6 +374,20 @@ class RedisStore:
 
     async def cache_put(self, key: str, value: bytes, ttl_s: float) -> None:
         await self._call(self._redis.set(self._k("cache", key), value, px=max(1, int(ttl_s * 1000))))
+
+    async def feed_add(self, name: str, item: bytes, most: int = 100_000) -> None:
+        await self._call(self._redis.xadd(self._k("feed", name), {"i": item}, maxlen=most, approximate=True))
+
+    async def feed_read(self, name: str, after: str, most: int = 1000) -> tuple[str, list[bytes]]:
+        got: Any = await self._call(self._redis.xread({self._k("feed", name): after}, count=most))
+        items: list[bytes] = []
+        for _, entries in got or []:  # [(stream, [(position, {field: value})])]
+            for position, fields in entries:
+                after = _text(position)
+                value = fields.get(b"i", fields.get("i"))
+                if value is not None:
+                    items.append(value.encode() if isinstance(value, str) else value)
+        return after, items
 
     async def ping(self) -> None:
         await self._call(self._redis.ping())
