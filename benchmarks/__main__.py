@@ -67,6 +67,19 @@ def overhead(
     )
 
 
+@app.command("response-cache")
+def response_cache(
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 10,
+    requests: Annotated[int, typer.Option(help="Sequential requests per row, in all rounds.")] = 2000,
+    warmup: Annotated[int, typer.Option(help="Warm-up requests per row.")] = 200,
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-response-cache.json"),
+) -> None:
+    """The exact response cache: a hit and a miss against the pass-through, memory and Redis."""
+    from benchmarks.cache_bench import run
+
+    run(rounds=rounds, requests=requests, warmup=warmup, out=out)
+
+
 @app.command("engines")
 def engines(
     models: Annotated[

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ class Target:
     name: str
     url: str  # the full chat completions URL
     session: aiohttp.ClientSession | None = None
+    bodies: Iterator[bytes] | None = None  # each request's body (None: BODY every time)
 
     async def open(self, max_conns: int) -> None:
         self.session = aiohttp.ClientSession(
@@ -45,8 +47,9 @@ class Target:
     async def once(self) -> float:
         """One request; its latency in seconds. Raises on a non-200 answer."""
         assert self.session is not None
+        body = BODY if self.bodies is None else next(self.bodies)
         t0 = time.perf_counter()
-        async with self.session.post(self.url, data=BODY, headers=HEADERS) as r:
+        async with self.session.post(self.url, data=body, headers=HEADERS) as r:
             raw = await r.read()
         dt = time.perf_counter() - t0
         if r.status != 200:

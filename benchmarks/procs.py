@@ -199,15 +199,16 @@ class Fleet:
         workers: int = 1,
         traced: float | None = None,
         source: Path | None = None,
+        extra: str = "",
     ) -> Proc:
         """``pre``: interpreter arguments before ``-m gateway.cli`` (a profiler, say); ``workers``:
         ``triage serve --workers N`` (its workers stay in the parent's session, so stop and the CPU
         meters reach them); ``traced``: spans kept at this ratio, exported to the upstream's OTLP sink;
         ``source``: another checkout of triage to run instead of this one (its packages first on the
-        path, in the same virtualenv: a before/after pair in one run)."""
+        path, in the same virtualenv: a before/after pair in one run); ``extra``: policy text added."""
         port = free_port()
         policy = self.workdir / f"{name}.yaml"
-        text = triage_policy(upstream.base + "/v1", level)
+        text = triage_policy(upstream.base + "/v1", level) + extra
         if traced is not None:
             text += f'tracing: {{otlp_endpoint: "{upstream.base}", sample_ratio: {traced}}}\n'
         policy.write_text(text)

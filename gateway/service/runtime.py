@@ -62,6 +62,27 @@ class Runtime:
     tokenizers: dict[str, Any] = field(default_factory=dict)  # model -> its tokenizer, once loaded (fitting)
     semantic: SemanticCache | None = None  # the response cache's similar-request index (policy: response_cache)
     _reach: dict[tuple[str, ...], frozenset[str]] = field(default_factory=dict)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)  # work after an answer (cache writes)
+
+    def later(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` off the request's path (a failure is logged); :meth:`settled` waits for it."""
+
+        async def run() -> None:
+            try:
+                await work
+            except Exception as exc:
+                log.warning("background_failed", error=repr(exc)[:300])
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def settled(self, timeout_s: float = 10.0) -> None:
+        """Until the work started by :meth:`later` (and the semantic cache's) is done, at most ``timeout_s``."""
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=timeout_s)
+        if self.semantic is not None:
+            await self.semantic.close()
 
     def reach(self, key: ApiKey | None) -> frozenset[str] | None:
         """Every model ``key`` may be served by (:func:`policies.plans.reach`); None: any."""
@@ -427,6 +448,7 @@ class RuntimeHolder:
     async def close(self) -> None:
         if self._later:
             await asyncio.wait(self._later, timeout=10)
+        await self.current.settled()
         for backend in self.current.backends.values():
             await backend.close()
         if self.current.encoding is not None:

@@ -85,8 +85,8 @@ class Service:
         if cache is not None and cache.write:
             if served.completion is None:
                 served = cache.kept_after(served)
-            else:
-                await cache.keep(served.model, served.completion.body)
+            else:  # kept off the request's path (a Redis write is a round trip)
+                self.rt.later(cache.keep(served.model, served.completion.body))
         return Outcome(served=served, stream=stream, cache=cache.note if cache is not None else None)
 
     async def decide(self, q: Question, overrides: Overrides | None, ctx: Context) -> Decision:
