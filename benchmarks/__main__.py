@@ -130,6 +130,22 @@ def state(
     run(rounds=rounds, per_round=per_round, warmup=warmup, out=out)
 
 
+@app.command("semantic-cache")
+def semantic_cache(
+    budgets: Annotated[str, typer.Option(help="False-hit budgets, comma-separated.")] = "0.005,0.01,0.02",
+    policy: Annotated[Path, typer.Option(help="The policy whose classifier.encoder embeds.")] = Path(
+        "policies/examples/default.yaml"
+    ),
+    data: Annotated[Path, typer.Option(help="The shared labeled sets.")] = Path("../shared/data"),
+    threads: Annotated[int, typer.Option(help="Encoder threads.")] = 2,
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("benchmarks/results/semantic_cache.json"),
+) -> None:
+    """The semantic cache's hit rule fitted to false-hit budgets (intent sets) and its lookup latency."""
+    from benchmarks.semantic_cache import run
+
+    run(policy, data, [float(b) for b in budgets.split(",")], threads, out)
+
+
 @app.command("encoder")
 def encoder(
     rounds: Annotated[int, typer.Option(help="Interleaved rounds of the latency runs.")] = 5,

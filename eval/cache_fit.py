@@ -195,9 +195,15 @@ class Replay:
                 break
         if near < 0:  # nothing inserted among the candidates
             return None if len(cand) == i else self._exact(i, inserted)
-        if rule.kind == "vote" and seen < NEIGHBOURS and len(cand) < i:
-            return self._exact(i, inserted)
-        j0 = cand[near]
+        j0 = cand[near]  # the nearest inserted row: any row past the candidates is no closer
+        if len(cand) < i and (not found or (rule.kind == "vote" and seen < NEIGHBOURS)):
+            # unsettled: reject when even the most favourable rest (no other group, all agreeing) is rejected
+            agree_up = agree + max(0, NEIGHBOURS - seen)
+            hopeful = Neighbours(j0, sims[near], groups[j0], -1.0, agree_up, NEIGHBOURS, seen)
+            if not rule.accepts(hopeful):
+                return hopeful
+            if rule.kind == "vote" and seen < NEIGHBOURS:
+                return self._exact(i, inserted)
         if found or len(cand) == i:  # exact: every earlier row is a candidate, or another group was found
             return Neighbours(j0, sims[near], groups[j0], other, agree, min(NEIGHBOURS, seen), seen)
         # no other group among the candidates: other <= the last candidate's similarity (rules are monotone)
@@ -223,14 +229,13 @@ class Replay:
 
 def grid(kind: str) -> list[Rule]:
     """The candidate rules of a kind, strictest similarity first within each other setting."""
-    sims = [round(s, 4) for s in np.arange(0.995, 0.595, -0.005)]
+    sims = [round(float(s), 4) for s in np.arange(0.99, 0.595, -0.01)]
     if kind == "global":
         return [Rule("global", s) for s in sims]
-    margins = [0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.10, 0.12, 0.15]
     if kind == "margin":
-        return [Rule("margin", s, m) for m in margins for s in sims]
+        return [Rule("margin", s, m) for m in (0.0, 0.02, 0.04, 0.06, 0.08, 0.10) for s in sims]
     if kind == "vote":
-        return [Rule("vote", s, m, a) for a in (2, 4, 6, 8) for m in (0.0, 0.02, 0.04, 0.06) for s in sims]
+        return [Rule("vote", s, m, a) for a in (4, 6, 8) for m in (0.0, 0.02, 0.04) for s in sims]
     raise ValueError(f"unknown kind {kind!r} (one of {', '.join(KINDS)})")
 
 
@@ -242,29 +247,78 @@ class Fit:
     tried: int
 
 
-def fit(
-    kind: str, replays: Sequence[Replay], budget: float, confidence: float = 0.95, patience: int = 4
-) -> Fit:
+def fit(kind: str, replays: Sequence[Replay], budget: float, confidence: float = 0.95, patience: int = 3) -> Fit:
     """The rule of ``kind`` with the most tuning hits whose false-hit rate's upper bound (at
     ``confidence``; 0: the point estimate) is within ``budget``. Within one setting of the other
-    parameters the similarity is lowered until ``patience`` steps in a row exceed the budget."""
+    parameters the similarity is lowered until, once a rule of that setting fitted, ``patience``
+    steps in a row have a false-hit rate (the point estimate) above the budget."""
     best: Fit | None = None
-    tried, misses, last_key = 0, 0, None
+    tried, misses, fitted, last_key = 0, 0, False, None
     for rule in grid(kind):
         key = (rule.margin, rule.agree)
         if key != last_key:
-            last_key, misses = key, 0
+            last_key, misses, fitted = key, 0, False
         elif misses >= patience:
             continue
         o = total(r.run(rule) for r in replays)
         tried += 1
+        fitted = fitted or upper_bound(o, confidence) <= budget
+        misses = misses + 1 if fitted and o.false_hit_rate > budget else 0
         ub = upper_bound(o, confidence)
         if ub > budget:
-            misses += 1
             continue
-        misses = 0
         if best is None or o.hits > best.tuning.hits:
             best = Fit(rule, o, ub, tried)
     if best is None:
         return Fit(Rule(kind, 1.01), Outcome(0, 0, 0), 0.0, tried)  # serves nothing
     return Fit(best.rule, best.tuning, best.bound, tried)
+
+
+# ---- the report -------------------------------------------------------------------------------
+
+
+def measure(rule: Rule, replays: Sequence[Replay]) -> dict[str, object]:
+    per = {r.stream.name: r.run(rule) for r in replays}
+    return {"rule": rule.as_dict(), "all": total(per.values()).as_dict(), **{k: v.as_dict() for k, v in per.items()}}
+
+
+def report(
+    tuning: Sequence[Stream],
+    test: Sequence[Stream],
+    budgets: Sequence[float],
+    kinds: Sequence[str] = ("margin", "vote"),
+    confidences: Sequence[float] = (0.95, 0.0),
+    say: Callable[[str], object] = print,
+) -> list[dict[str, object]]:
+    """Per budget and confidence: the global threshold and each kind fitted on the tuning rows,
+    measured on test rows; the best kind (most tuning hits) against the global threshold tuned on
+    the test rows to the best kind's measured false-hit rate."""
+    tune, held = [Replay(s) for s in tuning], [Replay(s) for s in test]
+    rows: list[dict[str, object]] = []
+    for confidence in confidences:
+        for budget in budgets:
+            fits = {kind: fit(kind, tune, budget, confidence) for kind in ("global", *kinds)}
+            best = max(kinds, key=lambda k: fits[k].tuning.hits)
+            measured = {kind: measure(f.rule, held) for kind, f in fits.items()}
+            rule_test = total(r.run(fits[best].rule) for r in held)
+            same = fit("global", held, rule_test.false_hit_rate, confidence=0.0, patience=len(grid("global")))
+            same_test = total(r.run(same.rule) for r in held)
+            row: dict[str, object] = {
+                "budget": budget,
+                "confidence": confidence,
+                "best": best,
+                "fits": {
+                    k: {"rule": f.rule.as_dict(), "tuning": f.tuning.as_dict(), "bound": f.bound}
+                    for k, f in fits.items()
+                },
+                "test": measured,
+                "global_at_same_rate": {"rule": same.rule.as_dict(), "test": same_test.as_dict()},
+                "ratio": rule_test.hits / same_test.hits if same_test.hits else float("inf"),
+            }
+            rows.append(row)
+            say(
+                json.dumps({k: row[k] for k in ("budget", "confidence", "best", "ratio")})
+                + " "
+                + json.dumps(measured[best]["all"])
+            )
+    return rows

@@ -29,6 +29,7 @@ import numpy.typing as npt
 Vector = npt.NDArray[np.float32]
 KINDS = ("global", "margin", "vote")
 NEIGHBOURS = 8  # the k nearest a lookup reads (``Neighbours.agree`` counts among them)
+NEAR = (0.1, 0.3, 0.6, 4.0)  # a lookup looks for the k nearest within these of the best similarity
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,12 @@ class SemanticIndex:
         if size < n:  # freed slots are never found
             sims[self._ids[:n] < 0] = -2.0
         k = min(self.k, size)
-        top = np.argpartition(sims, n - k)[n - k :] if n > k else np.arange(n)
+        best_sim = sims.max()
+        for width in NEAR:  # the k nearest are among those within ``width`` of the best when k of them are
+            near = np.flatnonzero(sims >= best_sim - width)
+            if len(near) >= k:
+                break
+        top = near[np.argpartition(sims[near], len(near) - k)[len(near) - k :]] if len(near) > k else near
         top = top[np.argsort(-sims[top], kind="stable")]
         best = int(top[0])
         group = int(self._groups[best])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from gateway.cli import doctor, evaluate, keys, route, serve, train, validate
+from gateway.cli import cache, doctor, evaluate, keys, route, serve, train, validate
 
 app = typer.Typer(
     name="triage",
@@ -21,6 +21,7 @@ app.command("route")(route.route)
 app.command("eval")(evaluate.evaluate)
 app.command("calibrate")(evaluate.calibrate)
 app.add_typer(keys.app, name="keys")
+app.add_typer(cache.app, name="cache")
 
 
 def main() -> None:
