@@ -72,12 +72,13 @@ def response_cache(
     rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 10,
     requests: Annotated[int, typer.Option(help="Sequential requests per row, in all rounds.")] = 2000,
     warmup: Annotated[int, typer.Option(help="Warm-up requests per row.")] = 200,
+    semantic: Annotated[bool, typer.Option(help="Also the semantic cache's rows (loads the encoder).")] = True,
     out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-response-cache.json"),
 ) -> None:
-    """The exact response cache: a hit and a miss against the pass-through, memory and Redis."""
+    """The response cache: hits and misses against the pass-through, memory, Redis, semantic."""
     from benchmarks.cache_bench import run
 
-    run(rounds=rounds, requests=requests, warmup=warmup, out=out)
+    run(rounds=rounds, requests=requests, warmup=warmup, semantic=semantic, out=out)
 
 
 @app.command("engines")

@@ -99,9 +99,10 @@ class SemanticIndex:
         if capacity < 1 or dim < 1 or k < 1:
             raise ValueError("dim, capacity and k must be positive")
         self.dim, self.capacity, self.k = dim, capacity, k
-        self._vectors = np.zeros((capacity, dim), dtype=np.float32)
-        self._groups = np.zeros(capacity, dtype=np.int64)
-        self._ids = np.full(capacity, -1, dtype=np.int64)  # the entry id in each slot, -1 when free
+        rows = min(capacity, 16)  # grown by doubling up to capacity: a context with few entries holds little
+        self._vectors = np.zeros((rows, dim), dtype=np.float32)
+        self._groups = np.zeros(rows, dtype=np.int64)
+        self._ids = np.full(rows, -1, dtype=np.int64)  # the entry id in each slot, -1 when free
         self._slot: dict[int, int] = {}  # entry id -> slot, in insertion order (the oldest first)
         self._free: list[int] = []  # freed slots below _high
         self._high = 0  # slots ever used: a lookup reads [:_high]
@@ -110,6 +111,16 @@ class SemanticIndex:
     def __len__(self) -> int:
         return len(self._slot)
 
+    def __contains__(self, entry_id: object) -> bool:
+        return entry_id in self._slot
+
+    def _grow(self) -> None:
+        rows = min(self.capacity, 2 * len(self._ids))
+        extra = rows - len(self._ids)
+        self._vectors = np.concatenate([self._vectors, np.zeros((extra, self.dim), dtype=np.float32)])
+        self._groups = np.concatenate([self._groups, np.zeros(extra, dtype=np.int64)])
+        self._ids = np.concatenate([self._ids, np.full(extra, -1, dtype=np.int64)])
+
     def add(self, vector: Vector, group: int) -> int:
         """Insert an entry; returns its id."""
         if len(self._slot) >= self.capacity:
@@ -117,6 +128,8 @@ class SemanticIndex:
         if self._free:
             slot = self._free.pop()
         else:
+            if self._high == len(self._ids):
+                self._grow()
             slot, self._high = self._high, self._high + 1
         entry, self._next = self._next, self._next + 1
         self._vectors[slot] = vector

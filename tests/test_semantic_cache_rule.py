@@ -104,3 +104,16 @@ def test_fitting_keeps_the_budget_and_the_margin_rule_beats_the_global_one() -> 
     assert safe.bound <= budget and safe.tuning.hits <= m.tuning.hits
     test = total(r.run(m.rule) for r in [Replay(clusters(3, 800))])
     assert test.hits > 0
+
+
+def test_the_index_grows_as_entries_come_and_stays_within_its_capacity() -> None:
+    rng = np.random.default_rng(0)
+    index = SemanticIndex(8, capacity=100)
+    assert index._vectors.shape[0] == 16  # a context with few entries holds little
+    vectors = rng.normal(size=(150, 8)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    ids = [index.add(v, i) for i, v in enumerate(vectors)]
+    assert len(index) == 100 and index._vectors.shape[0] == 100
+    assert ids[0] not in index and ids[-1] in index  # the oldest left first
+    found = index.nearest(vectors[-1])
+    assert found is not None and found.entry == ids[-1] and abs(found.similarity - 1) < 1e-5

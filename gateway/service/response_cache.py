@@ -43,6 +43,8 @@ class Note:
     match: str | None = None  # a hit's: exact, or "semantic 0.9412"
     price: float = 0.0  # a hit: what its answer cost when it was made (0 when unknown)
     charged: float = 0.0  # a hit: what this request is charged for it
+    lookup_ms: float | None = None  # how long the lookup took (the semantic one's encoder pass included)
+    embed_ms: float | None = None  # of which the encoder's pass (a semantic lookup)
 
     def headers(self) -> dict[str, str]:
         out = {"x-triage-cache": self.result}
@@ -58,6 +60,10 @@ class Note:
             out["why"] = self.why
         if self.result == "hit":
             out.update(match=self.match, saved=round(self.price - self.charged, 8))
+        if self.lookup_ms is not None:
+            out["lookup_ms"] = self.lookup_ms
+        if self.embed_ms is not None:
+            out["embed_ms"] = self.embed_ms
         return out
 
 
@@ -82,17 +88,28 @@ class Lookup:
         miss, or a request that may not read the cache)."""
         if not self.read:
             return None
+        t0 = time.perf_counter()
+        served = await self._find()
+        self.note.lookup_ms = round((time.perf_counter() - t0) * 1000, 3)
+        return served
+
+    async def _find(self) -> Served | None:
         served = await self._get(self.key, "exact")
         if served is not None or self.semantic is None:
             return served
         await self.semantic.sync(time.monotonic())
+        t1 = time.perf_counter()
         self.vector = await self.semantic.embed(self.text)
+        embed_ms = round((time.perf_counter() - t1) * 1000, 3)
+        self.note.embed_ms = embed_ms
         found = self.semantic.find(self.context, self.vector)
         if found is None:
             return None
         served = await self._get(found.key, f"semantic {found.neighbours.similarity:.4f}")
         if served is None:
             found.forget()  # its answer expired, or was evicted
+        else:
+            self.note.embed_ms = embed_ms  # the hit's note is a new one
         return served
 
     async def _get(self, key: str, match: str) -> Served | None:
