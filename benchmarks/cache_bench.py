@@ -249,6 +249,4 @@ def _print(result: dict[str, Any], console: Console) -> None:
         )
     for name, g in result["goals"].items():
         verdict = "met" if g["met"] else "NOT met"
-        console.print(
-            f"{name}: {g['measured_ms']:+.3f} ms over the pass-through (goal <= {g['goal_ms']} ms): {verdict}"
-        )
+        console.print(f"{name}: {g['what']}: {g['measured_ms']:+.3f} ms (goal <= {g['goal_ms']} ms): {verdict}")
