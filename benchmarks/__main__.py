@@ -147,6 +147,26 @@ def semantic_cache(
     run(policy, data, [float(b) for b in budgets.split(",")], threads, out)
 
 
+@app.command("semantic-replay")
+def semantic_replay(
+    rule: Annotated[
+        str, typer.Option(help="The rule, as JSON.")
+    ] = '{"kind": "vote", "similarity": 0.6, "margin": 0.04, "agree": 8}',
+    policy: Annotated[Path, typer.Option(help="The policy whose classifier.encoder embeds.")] = Path(
+        "policies/examples/default.yaml"
+    ),
+    data: Annotated[Path, typer.Option(help="The shared labeled sets.")] = Path("../shared/data"),
+    threads: Annotated[int, typer.Option(help="Encoder threads.")] = 2,
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("benchmarks/results/semantic_replay.json"),
+) -> None:
+    """The intent sets' test rows through the gateway's own semantic cache, answers grouped as it groups them."""
+    import json
+
+    from benchmarks.semantic_replay import run
+
+    run(policy, data, json.loads(rule), threads, out)
+
+
 @app.command("encoder")
 def encoder(
     rounds: Annotated[int, typer.Option(help="Interleaved rounds of the latency runs.")] = 5,

@@ -40,7 +40,7 @@ from policies.schema import SemanticCacheSpec
 from policies.semantic_cache import Neighbours, Rule, SemanticIndex, Vector
 
 log = structlog.get_logger("triage.cache")
-AGREE = 0.9  # two answers whose embeddings are this close say the same thing
+AGREE = 0.95  # two answers whose embeddings are this close say the same thing (0.9 merged HWU64 labels)
 ANSWER_CHARS = 2000  # what of an answer is embedded to group it
 MIN_AUDITS = 30  # audited hits before the rule may be tightened
 STEP = 0.01  # how far one tightening raises the similarity floor
