@@ -537,14 +537,24 @@ class SemanticCacheSpec(Strict):
     rule: dict[str, float | int | str] = Field(
         description="the fitted hit rule, as `triage cache fit` prints it (kind and its parameters)"
     )
-    capacity: int = Field(10_000, ge=1, description="entries kept per context (the oldest leave first)")
+    capacity: int = Field(
+        10_000, ge=1, description="entries kept in all and per context (the least recent context leaves first)"
+    )
     audit_share: float = Field(
         0.02,
         ge=0,
         le=1,
         description="the share of semantic hits also asked upstream, off the request's path, to count wrong hits; "
-        "the rule is tightened while the wrong hits' upper bound is over the budget",
+        "the rule is tightened once the wrong hits are over the budget with 95% confidence",
     )
+
+    @field_validator("rule")
+    @classmethod
+    def _rule(cls, v: dict[str, float | int | str]) -> dict[str, float | int | str]:
+        from policies.semantic_cache import Rule  # numpy: only for a policy with a semantic cache
+
+        Rule.from_dict(v)  # a ValueError names what is wrong
+        return v
 
 
 class ResponseCacheSpec(Strict):

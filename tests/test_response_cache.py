@@ -423,3 +423,17 @@ def test_audited_wrong_hits_tighten_the_rule() -> None:
     found = cache.find("ctx", q)
     assert found is not None and found.key in ("k1", "k2", "k3") and cache.find("other", q) is None
     asyncio.run(cache.close())
+
+
+def test_a_semantic_rule_that_does_not_read_is_a_policy_problem_with_its_place(tmp_path: Path) -> None:
+    from policies import loader
+    from policies.errors import PolicyInvalid
+
+    text = policy(extra="response_cache:\n  semantic: {models: [scripted], rule: {kind: nearest}}\n")
+    text = text.replace("version: 1\n", "version: 1\nclassifier: {heads: [question_type]}\n")
+    with pytest.raises(PolicyInvalid) as caught:
+        loader.parse(text, "p.yaml", tmp_path)
+    assert "response_cache.semantic.rule" in str(caught.value) and "unknown semantic cache rule kind" in str(
+        caught.value
+    )
+    assert loader.parse(text.replace("kind: nearest", "kind: vote, agree: 8"), "p.yaml", tmp_path)
