@@ -194,9 +194,9 @@ class _Recording(ChunkStream):
             seen.append(orjson.loads(orjson.dumps(chunk)))  # as it came: the relay changes it once sent
             yield chunk
         whole = rules.assemble(self._lookup.kind, seen)
-        if whole is not None:
+        if whole is not None:  # kept off the stream's end (a Redis write is a round trip before [DONE])
             whole["model"] = self._model
-            await self._lookup.keep(self._model, whole)
+            self._lookup.rt.later(self._lookup.keep(self._model, whole))
 
     async def aclose(self) -> None:
         await self._inner.aclose()
