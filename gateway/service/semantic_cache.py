@@ -62,8 +62,8 @@ class _Bucket:
     def add(self, question: Vector, answer: Vector, group: int, key: str) -> None:
         if len(self.keys) >= self.questions.capacity:  # the indexes evict their oldest: so do the keys
             self.known.discard(self.keys.pop(next(iter(self.keys))))
-        entry = self.questions.add(question, group)
-        assert self.answers.add(answer, group) == entry, "the two indexes add and evict in step"
+        entry, same = self.questions.add(question, group), self.answers.add(answer, group)
+        assert entry == same, "the two indexes add and evict in step"
         self.keys[entry] = key
         self.known.add(key)
 
