@@ -151,16 +151,17 @@ class SemanticCache:
             head, _, vectors = raw.partition(b"\n")
             try:
                 entry = orjson.loads(head)
+                ctx, key, group = str(entry["ctx"]), str(entry["key"]), int(entry["group"])
                 q, a = _unpack(vectors[: len(vectors) // 2]), _unpack(vectors[len(vectors) // 2 :])
-            except (orjson.JSONDecodeError, ValueError):
+            except (orjson.JSONDecodeError, ValueError, KeyError, TypeError):
                 log.warning("semantic_cache_feed_unreadable")
                 continue
             if entry.get("v") != self.version or q.shape != (self.dim,) or a.shape != (self.dim,):
                 continue  # another policy's (a gateway not yet reloaded), or another encoder's
-            bucket = self._buckets.get(entry["ctx"])
-            if bucket is not None and entry["key"] in bucket.known:
+            bucket = self._buckets.get(ctx)
+            if bucket is not None and key in bucket.known:
                 continue  # this gateway's own, or one read before
-            self.add(entry["ctx"], q, a, entry["key"], int(entry["group"]))
+            self.add(ctx, q, a, key, group)
 
     def later(self, work: Awaitable[None]) -> None:
         """Run ``work`` off the request's path (kept entries, audits)."""
