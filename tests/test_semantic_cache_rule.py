@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -117,3 +119,38 @@ def test_the_index_grows_as_entries_come_and_stays_within_its_capacity() -> None
     assert ids[0] not in index and ids[-1] in index  # the oldest left first
     found = index.nearest(vectors[-1])
     assert found is not None and found.entry == ids[-1] and abs(found.similarity - 1) < 1e-5
+
+
+def test_triage_cache_fit_prints_a_rule_the_policy_reads(tmp_path: Path, trained_heads: Path) -> None:
+    """The CLI end to end on a small sample of the three intent sets (the served encoder embeds)."""
+    import gzip
+    import json
+
+    from typer.testing import CliRunner
+
+    from eval.cache_fit import SETS, TUNING, read_rows, seeded
+    from gateway.cli import app
+    from policies import loader
+    from tests.conftest import SHARED_DATA
+
+    (tmp_path / "data" / "intent").mkdir(parents=True)
+    for name, file in SETS.items():
+        rows = read_rows(SHARED_DATA, name)
+        labels = sorted({r["label"] for r in rows})[:8]  # a few intents, many rows each: hits happen
+        kept = [r for r in seeded(rows) if r["label"] in labels and r["split"] == TUNING[name]][:160]
+        text = "".join(json.dumps(r) + "\n" for r in kept)
+        path = tmp_path / "data" / "intent" / file
+        path.write_bytes(gzip.compress(text.encode()) if file.endswith(".gz") else text.encode())
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        f"version: 1\nclassifier: {{artifacts: {trained_heads}, heads: [question_type]}}\n"
+        "backends: {b: {type: scripted}}\nmodels: {m: {backend: b}}\n"
+    )
+    out = CliRunner().invoke(
+        app, ["cache", "fit", "--policy", str(policy), "--budget", "0.05", "--data", str(tmp_path / "data")]
+    )
+    assert out.exit_code == 0, out.output
+    snippet = out.output.strip().splitlines()[-1]
+    assert snippet.startswith("semantic: {false_hit_budget: 0.05, rule: {kind: vote")
+    text = policy.read_text() + f"response_cache:\n  {snippet[:-1]}, models: [m]}}\n"
+    assert loader.parse(text, "p.yaml", tmp_path).response_cache is not None
