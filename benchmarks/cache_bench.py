@@ -42,6 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.load import Sample, Target, sequential
+from benchmarks.meters import cpu_kind
 from benchmarks.overhead import machine
 from benchmarks.procs import Fleet, Proc, StartFailed, free_port
 
@@ -72,21 +73,6 @@ def _lookups(log: Path, result: str) -> dict[str, Any]:
         "net_p50_ms": round(med(net), 3) if net else None,
         "net_p99_ms": round(sorted(net)[int(0.99 * (len(net) - 1))], 3) if net else None,
     }
-
-
-def cpu_kind() -> str:
-    """The CPU and the vector extensions its kernels may use, as every figure names it."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown CPU"
-    info: dict[str, str] = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        info.setdefault(key.strip(), value.strip())
-    name, flags = info.get("model name", "?"), set(info.get("flags", "").split())
-    kinds = [f for f in ("avx2", "avx512_vnni", "amx_tile") if f in flags]
-    return f"{name}, {' + '.join(kinds) or 'no AVX2'}"
 
 
 def _bodies(fixed: bool, cached: bool = True) -> Iterator[bytes]:

@@ -50,6 +50,7 @@ from benchmarks.encoder_backends import (
 )
 from benchmarks.encoder_floor import floor_contestant
 from benchmarks.encoder_report import FEWER_LAYERS, goals, render
+from benchmarks.meters import cpu_kind
 from classifiers.artifacts import ExportSettings
 from classifiers.batching import MicroBatcher
 from classifiers.encoder import Encoder, EncoderSettings
@@ -116,6 +117,7 @@ def run(**kwargs: Any) -> dict[str, Any]:
         "settings": {**asdict(opts), "out": str(opts.out)},
         "machine": {
             "cores": os.cpu_count(),
+            "cpu": cpu_kind(),
             "platform": platform.platform(),
             "python": platform.python_version(),
             "other_processes_cpu_share": busy.other_share(),

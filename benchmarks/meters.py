@@ -7,7 +7,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from backends.native import cpu
 from benchmarks.procs import Proc
+
+
+def cpu_kind() -> str:
+    """The CPU and the kind of kernels it runs (AVX2, AVX-512 VNNI, + AMX), as every figure names it."""
+    c = cpu()
+    return f"{c.model}, {os.cpu_count()} cores, {c.kind}"
 
 
 def cpu_s(pid: int) -> float:

@@ -105,6 +105,7 @@ def machine() -> dict[str, Any]:
         "affinity": len(os.sched_getaffinity(0)),
         "platform": platform.platform(),
         "machine": platform.machine(),
+        "cpu": meters.cpu_kind(),
         "python": sys.version.split()[0],
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "load_avg": [round(x, 2) for x in os.getloadavg()],

@@ -5,25 +5,17 @@ and the lookup's latency (``SemanticIndex.nearest`` + ``Rule.accepts``) at 1k, 1
 from __future__ import annotations
 
 import json
-import platform
 import time
 from datetime import date
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.meters import cpu_kind
 from classifiers.training.train_all import embedding_cache
 from eval.cache_fit import report, streams
 from policies.loader import load
 from policies.semantic_cache import Rule, SemanticIndex
-
-
-def cpu_kind() -> str:
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
-    flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
-    have = [f for f in ("avx2", "avx512f", "avx512_vnni", "amx_tile") if f in flags]
-    return f"{name or platform.processor()}, {len(text.split('processor')) - 1} cores, {' + '.join(have) or 'no avx2'}"
 
 
 def latency(sizes: tuple[int, ...] = (1_000, 10_000, 100_000), lookups: int = 400, dim: int = 384) -> dict[str, object]:
