@@ -1,7 +1,8 @@
 """The ``scripted`` backend: real code paths, behaviour fixed by typed policy fields.
 
-Used by tests and demos: fixed text, latency before the first byte, the first N calls failing,
-a stream that dies after N chunks. Token counts are whitespace words (it has no tokenizer).
+Used by tests and demos: fixed text (or a reply chosen by what the last message contains),
+latency before the first byte, the first N calls failing, a stream that dies after N chunks.
+Token counts are whitespace words (it has no tokenizer).
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ class ScriptedBackend:
                 return orjson.dumps(call.body, option=orjson.OPT_SORT_KEYS).decode()
             except orjson.JSONEncodeError as exc:  # the edge bounds nesting; this is the backstop
                 raise InvalidRequest(f"The request cannot be sent on: {exc}", code="nested_too_deep") from None
+        if self.spec.replies:
+            last = _last_text(call.body)
+            for reply in self.spec.replies:
+                if reply.contains in last:
+                    return str(reply.text)
         return self.spec.text
 
     def _pieces(self, call: Call) -> list[str]:
@@ -107,3 +113,14 @@ class ScriptedBackend:
 @register("scripted")
 def _build(name: str, spec: Any) -> ScriptedBackend:
     return ScriptedBackend(name, spec)
+
+
+def _last_text(body: Body) -> str:
+    """The last message's text (a chat body), or the prompt (a completion body)."""
+    if isinstance(prompt := body.get("prompt"), str):
+        return prompt
+    messages = body.get("messages") or [{}]
+    content = messages[-1].get("content") if isinstance(messages[-1], dict) else None
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else ""

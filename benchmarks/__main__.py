@@ -81,6 +81,19 @@ def response_cache(
     run(rounds=rounds, requests=requests, warmup=warmup, semantic=semantic, out=out)
 
 
+@app.command("quality")
+def quality_watch(
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 10,
+    requests: Annotated[int, typer.Option(help="Sequential decisions per row, in all rounds.")] = 2000,
+    warmup: Annotated[int, typer.Option(help="Warm-up decisions per row.")] = 200,
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-quality.json"),
+) -> None:
+    """The quality watch: records and shadow checks against the same cascade without them."""
+    from benchmarks.quality_bench import run
+
+    run(rounds=rounds, requests=requests, warmup=warmup, out=out)
+
+
 @app.command("engines")
 def engines(
     models: Annotated[

@@ -13,6 +13,7 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
+from policies.quality import QualitySpec, ShadowSpec
 from policies.strict import Strict
 from policies.tiers import Cascade, EncoderTier, ModelTier, ScorerTier
 
@@ -163,6 +164,11 @@ class LlamaCppBackendSpec(Strict):
     timeouts: Timeouts = Timeouts()
 
 
+class ScriptedReply(Strict):
+    contains: str = Field(min_length=1)
+    text: str
+
+
 class ScriptedBackendSpec(Strict):
     """A real backend with scripted behaviour, for tests and demos."""
 
@@ -174,6 +180,9 @@ class ScriptedBackendSpec(Strict):
     fail_first: int = Field(0, ge=0, description="the first N calls fail with a 502")
     die_after_chunks: int | None = Field(None, ge=0, description="streams break after N chunks")
     ready: bool = True
+    replies: list[ScriptedReply] = Field(
+        default_factory=list, description="the first whose `contains` is in the last message answers its text"
+    )
     echo: bool = Field(False, description="answer with the JSON of the request body received instead of text")
     context_length: int | None = Field(None, ge=1, description="the context it says it has (None: it says nothing)")
     timeouts: Timeouts = Timeouts()
@@ -362,6 +371,9 @@ class RoutedModel(Strict):
     learners: list[Learner] = Field(
         default_factory=_all_learners,
         description="learners `triage train` tries on dev rows (centroid where the labels have categories)",
+    )
+    shadow: ShadowSpec | None = Field(
+        None, description="a sampled share of requests routed below the reference asked of the reference too"
     )
     description: str = ""
 
@@ -652,6 +664,9 @@ class Policy(Strict):
     logging: Logging = Logging()
     tracing: TracingSpec = TracingSpec()
     response_cache: ResponseCacheSpec | None = Field(None, description="answers kept and served again (off: unset)")
+    quality: QualitySpec | None = Field(
+        None, description="records of cascade and routed answers, shadow checks and feedback (off: unset)"
+    )
 
     def upstream_name(self, model: str) -> str:
         spec = self.models[model]
@@ -706,6 +721,7 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
             if target not in models:
                 problems.append((("virtual_models", name, *where), f"model '{target}' is not defined"))
     problems.extend(_cascade_problems(policy))
+    problems.extend(_shadow_problems(policy))
     semantic = policy.response_cache.semantic if policy.response_cache is not None else None
     for i, name in enumerate(semantic.models if semantic is not None else []):
         if name not in models and name not in policy.virtual_models:
@@ -790,6 +806,31 @@ def _rule_head_problems(name: str, vm: SemanticModel, classifier: ClassifierSpec
             )
     if vm.categories and "category" not in classifier.heads:
         problems.append((("virtual_models", name, "categories"), "the classifier has no `category` head"))
+    return problems
+
+
+def _shadow_problems(policy: Policy) -> list[tuple[Loc, str]]:
+    """A shadow check needs a top to ask (the cascade's last tier a model tier; a routed model's
+    reference one of its candidates) and somewhere to keep its pairs (the `quality` section)."""
+    problems: list[tuple[Loc, str]] = []
+    shadowed: list[Loc] = []
+    cascade = policy.cascade
+    if cascade is not None and cascade.shadow is not None:
+        shadowed.append(("cascade", "shadow"))
+        if len(cascade.tiers) < 2 or not isinstance(cascade.tiers[-1], ModelTier):
+            problems.append((("cascade", "shadow"), "shadow checks need two tiers or more, the last a model tier"))
+    for name, vm in policy.virtual_models.items():
+        if isinstance(vm, RoutedModel) and vm.shadow is not None:
+            shadowed.append(("virtual_models", name, "shadow"))
+            ref = vm.shadow.reference
+            if ref is not None and ref not in vm.routes():
+                problems.append(
+                    (("virtual_models", name, "shadow", "reference"), f"'{ref}' is not one of the candidates")
+                )
+    if policy.quality is None:
+        problems.extend(
+            (where, "shadow checks need a `quality` section (where the pairs are kept)") for where in shadowed
+        )
     return problems
 
 

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from policies.quality import ShadowSpec
 from policies.strict import Strict
 
 QuestionType = Literal["choice", "yes_no", "score"]
@@ -164,4 +165,7 @@ class Cascade(Strict):
         gt=0,
         description="keep each typed decision this long in the state store, keyed by the policy's version and the "
         "question (type, text, options, context, scale, task): the same question is answered from it; none: off",
+    )
+    shadow: ShadowSpec | None = Field(
+        None, description="a sampled share of decisions kept below the last tier asked of the last tier too (quality)"
     )

@@ -341,3 +341,56 @@ def test_eval_router_reports_against_the_baselines(toy: tuple[Path, Path], tmp_p
         ],
     )
     assert failing.exit_code == 1 and "fail-under" in failing.output
+
+
+def test_a_routed_models_answers_are_shadow_checked_against_its_dearest_candidate(
+    gateway: Callable[..., Gateway], toy: tuple[Path, Path]
+) -> None:
+    """Issue 32 on a routed model: an answer routed to the cheap candidate is asked of the dear one
+    in the background; the same text agrees, an unrelated one does not (the encoder reads them)."""
+    import hashlib
+    import time
+
+    import httpx
+
+    admin, app = "sk-admin-routed", "sk-app-routed"
+    text = policy(*toy).replace(
+        "  echo: {type: scripted, echo: true}\n",
+        "  echo: {type: scripted, echo: true}\n"
+        '  says: {type: scripted, text: "The answer is forty-two."}\n'
+        '  top: {type: scripted, text: "The answer is forty-two.", '
+        'replies: [{contains: "30 plus", text: "Bananas grow in bunches on tall tropical plants."}]}\n',
+    )
+    text = text.replace("backend: echo, upstream: dear-400b", "backend: top, upstream: dear-400b")
+    text = text.replace("backend: echo, upstream: cheap-1b", "backend: says, upstream: cheap-1b")
+    text = text.replace(
+        "    candidates: [{model: cheap}, {model: dear}]\n",
+        "    candidates: [{model: cheap}, {model: dear}]\n    shadow: {sample: 1.0, budget_per_day: 1.0}\n",
+    )
+    sha = {k: hashlib.sha256(k.encode()).hexdigest() for k in (admin, app)}
+    text += "quality: {path: quality.sqlite3, check_every_s: 0.1}\n"
+    text += f'keys: [{{name: app, sha256: "{sha[app]}"}}]\naccess: {{admin_key: "{sha[admin]}"}}\n'
+    gw = gateway(text.replace("cheap: {backend: echo", "cheap: {backend: says"))
+    client = gw.client(app)
+    routed = {}
+    for prompt in (
+        "What is 17 plus 25?",
+        "What is 30 plus 12?",
+        "Prove that every Chern character admits a harmonic representative.",
+    ):
+        raw = client.chat.completions.with_raw_response.create(
+            model="pick", messages=[{"role": "user", "content": prompt}]
+        )
+        routed[prompt] = raw.headers["x-triage-model"]
+    assert list(routed.values()) == ["cheap", "cheap", "dear"], routed
+    deadline = time.monotonic() + 30
+    while True:
+        rep = httpx.get(f"{gw.base_url}/admin/quality", headers={"authorization": f"Bearer {admin}"}).json()
+        est = next((e for e in rep["estimates"] if e["model"] == "pick"), None)
+        if est is not None and est["pairs"] == 2 and est["records"] == 3:
+            break
+        assert time.monotonic() < deadline, rep
+        time.sleep(0.1)
+    assert est["agreement"] == 0.5 and est["by_tier"]["cheap"]["pairs"] == 2
+    assert est["by_tier"]["dear"]["top"] is True and est["top_share"] == pytest.approx(1 / 3)
+    assert rep["shadow"] == {"pick/agree": 1, "pick/disagree": 1}

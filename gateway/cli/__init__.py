@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from gateway.cli import cache, doctor, evaluate, keys, route, serve, train, validate
+from gateway.cli import cache, doctor, evaluate, keys, quality, route, serve, train, validate
 
 app = typer.Typer(
     name="triage",
@@ -20,6 +20,7 @@ app.command("train")(train.train)
 app.command("route")(route.route)
 app.command("eval")(evaluate.evaluate)
 app.command("calibrate")(evaluate.calibrate)
+app.command("quality")(quality.quality)
 app.add_typer(keys.app, name="keys")
 app.add_typer(cache.app, name="cache")
 

@@ -20,7 +20,7 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
 DEFAULT_URL = "http://127.0.0.1:8080"
 
 
-def _call(url: str, admin_key: str, method: str, path: str, body: Any = None, params: Any = None) -> Any:
+def admin_call(url: str, admin_key: str, method: str, path: str, body: Any = None, params: Any = None) -> Any:
     if not admin_key:
         typer.echo("error: no admin key: pass --admin-key or set TRIAGE_ADMIN_KEY", err=True)
         raise typer.Exit(2)
@@ -59,14 +59,14 @@ def create(
     """Make a key; its secret is printed once and kept nowhere."""
     limits = {"rpm": rpm, "tpm": tpm, "budget_per_day": budget_per_day, "budget_per_month": budget_per_month}
     body = {"name": name, "models": model or None, "limits": {k: v for k, v in limits.items() if v is not None}}
-    doc = _call(url, admin_key, "POST", "/admin/keys", body)
+    doc = admin_call(url, admin_key, "POST", "/admin/keys", body)
     typer.echo(json.dumps(doc, indent=2) if as_json else doc["key"])
 
 
 @app.command("list")
 def list_keys(url: Url = DEFAULT_URL, admin_key: AdminKey = "", as_json: AsJson = False) -> None:
     """Every key: the policy's and the admin API's, revoked ones too."""
-    doc = _call(url, admin_key, "GET", "/admin/keys")
+    doc = admin_call(url, admin_key, "GET", "/admin/keys")
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return
@@ -86,7 +86,7 @@ def revoke(
     admin_key: AdminKey = "",
 ) -> None:
     """Revoke a key: every gateway sharing the store refuses it within a second."""
-    _call(url, admin_key, "DELETE", f"/admin/keys/{name}")
+    admin_call(url, admin_key, "DELETE", f"/admin/keys/{name}")
     typer.echo(f"revoked {name}")
 
 
@@ -99,7 +99,7 @@ def rotate(
     as_json: AsJson = False,
 ) -> None:
     """A new secret for the key (same name, models and limits); the old one stops after --grace."""
-    doc = _call(url, admin_key, "POST", f"/admin/keys/{name}/rotate", {"grace_s": grace})
+    doc = admin_call(url, admin_key, "POST", f"/admin/keys/{name}/rotate", {"grace_s": grace})
     typer.echo(json.dumps(doc, indent=2) if as_json else doc["key"])
 
 
@@ -114,7 +114,7 @@ def spend(
 ) -> None:
     """Spend per key, day and model, at the policy's prices."""
     params = {k: v for k, v in {"key": key, "from": since, "to": until}.items() if v}
-    doc = _call(url, admin_key, "GET", "/admin/spend", params=params)
+    doc = admin_call(url, admin_key, "GET", "/admin/spend", params=params)
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return

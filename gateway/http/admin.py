@@ -202,3 +202,13 @@ async def _key_names(rt: Runtime) -> list[str]:
     names = {k.name for k in rt.policy.keys}
     names.update(keyring.as_key(raw)[0].name for raw, _ in await rt.store.key_all())
     return sorted(names)
+
+
+@router.get("/quality")
+async def quality(request: Request) -> Response:
+    """The live quality estimates (policy: ``quality``): per model and question type, the share of
+    the top's answers kept with its interval, agreement per tier, feedback, money saved, drift."""
+    rt = _admin(request)
+    if rt.watch is None:
+        raise NotFound("this policy keeps no quality records: set a `quality` section")
+    return _json({"object": "quality", **await rt.watch.report()})

@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Request, Response
+from pydantic import ValidationError
 from starlette.routing import Route as HTTPRoute
 
 from backends.base import Body
@@ -20,10 +21,13 @@ from gateway.http.doors import Call, door, error_response, gateway_state, json_r
 from gateway.http.exchange import Exchange
 from gateway.http.relay import Relay, events
 from gateway.service import decisions, embeddings, quotas
+from gateway.service.bodies import FeedbackRequest
+from gateway.service.runtime import Runtime
 from gateway.service.service import Outcome
+from gateway.service.watch import Watch
 from policies import spend
 from policies.cascade import CascadeExhausted, Decision
-from policies.errors import InvalidRequest, ModelNotFound, TriageError
+from policies.errors import InvalidRequest, ModelNotFound, NotFound, TriageError
 from policies.plans import public_models
 from policies.semantic import Route
 
@@ -169,6 +173,32 @@ async def decide_batch(call: Call) -> Response:
     return json_response(answers, headers={"x-request-id": ex.request_id, "x-triage-cost": f"{ex.cost or 0.0:.8f}"})
 
 
+def _watched(rt: Runtime) -> Watch:
+    if rt.watch is None:
+        raise NotFound("this policy keeps no quality records: feedback needs a `quality` section")
+    return rt.watch
+
+
+@door("feedback", served=_watched)
+async def feedback(call: Call) -> Response:
+    """``POST /v1/feedback``: a verdict on one of the caller's own requests (its ``x-request-id``),
+    kept beside its record and counted in the quality estimates; 404 for an unknown id or another
+    key's request."""
+    ex = call.ex
+    try:
+        req = FeedbackRequest.model_validate(call.body)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        param = ".".join(str(p) for p in err["loc"]) or None
+        raise InvalidRequest(f"Invalid value for '{param}': {err['msg']}", param=param) from None
+    owner = ex.key.name if ex.key is not None else None
+    if not await _watched(ex.rt).feedback(req.request_id, owner, req.verdict, req.score):
+        raise NotFound(f"no request '{req.request_id}' of this key is recorded", param="request_id")
+    return json_response(
+        {"object": "feedback", "request_id": req.request_id, "verdict": req.verdict, "score": req.score}
+    )
+
+
 @door("embeddings")
 async def embeddings_route(call: Call) -> Response:
     ex = call.ex
@@ -211,6 +241,7 @@ HOT_ROUTES = [
     HTTPRoute("/v1/decide", decide_one, methods=["POST"]),
     HTTPRoute("/v1/decide/batch", decide_batch, methods=["POST"]),
     HTTPRoute("/v1/embeddings", embeddings_route, methods=["POST"]),
+    HTTPRoute("/v1/feedback", feedback, methods=["POST"]),
     HTTPRoute("/v1/responses", create_response, methods=["POST"]),
     HTTPRoute("/v1/messages", create_message, methods=["POST"]),
     HTTPRoute("/v1/responses/{response_id}", get_response, methods=["GET"]),
@@ -262,6 +293,11 @@ async def ready(request: Request) -> Response:
     if rt.store_problem is not None and not await quotas.recovered(rt):  # serving, limited keys refused (503)
         body["state"] = {"store": rt.policy.state.store, "degraded": True}  # why: the log's state_store_down
         body["status"] = "degraded" if ok else body["status"]
+    if rt.watch is not None and (rt.watch.drift or rt.watch.store_problem):  # serving; the operator should look
+        body["quality"] = {
+            "drift": [f"{d.label}: {d.reason}" for d in rt.watch.drift],
+            **({"store": rt.watch.store_problem} if rt.watch.store_problem else {}),
+        }
     return json_response(body, 200 if ok else 503)
 
 

@@ -87,6 +87,7 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.triage = GatewayState(holder, metrics, batches=batches)
         metrics.watch_backends(lambda: holder.current.backends.items())
         metrics.watch_budget(lambda: holder.current.budget)
+        metrics.watch_quality(lambda: holder.current.watch)
         reloader = Reloader(settings.policy_path, holder, metrics, lambda p: per_process_problems(p, settings.workers))
         app.state.reloader = reloader
         sighup = settings.handle_sighup and reloader.install_sighup()

@@ -18,7 +18,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from gateway.http.anthropic_messages import MessagesRequest
 from gateway.http.responses import ResponsesRequest
-from gateway.service.bodies import BatchCreate, ChatRequest, CompletionRequest
+from gateway.service.bodies import BatchCreate, ChatRequest, CompletionRequest, FeedbackRequest
 from gateway.service.decisions import DecideRequest
 from gateway.service.embeddings import EmbeddingsRequest
 
@@ -194,6 +194,13 @@ class MessageObject(_Open):
     usage: dict[str, int]
 
 
+class FeedbackBody(_Open):
+    object: Literal["feedback"]
+    request_id: str
+    verdict: Literal["right", "wrong"] | None
+    score: float | None
+
+
 class Health(_Open):
     status: Literal["ok"]
 
@@ -227,6 +234,8 @@ OPERATIONS = (
        DecisionBody, (400, 401, 404, 413, 429)),
     Op("POST", "/v1/embeddings", "Embeddings from the policy's encoder", EmbeddingsRequest, EmbeddingList,
        (400, 401, 404, 413, 429)),
+    Op("POST", "/v1/feedback", "A verdict on one of the caller's requests (policy: quality)", FeedbackRequest,
+       FeedbackBody, (400, 401, 404, 413, 429, 503)),
     Op("POST", "/v1/responses", "A response (the Responses API, on the chat pipeline; SSE events with stream: true)",
        ResponsesRequest, ResponseObject, (400, 401, 404, 413, 429, 502, 504), sse=True),
     Op("POST", "/v1/messages", "Anthropic's Messages API, on the chat pipeline (errors in Anthropic's shape)",

@@ -131,6 +131,12 @@ class Metrics:
         else:
             self._samplers.append(_BudgetSampler(budget, self.registry).sample)
 
+    def watch_quality(self, watch: Callable[[], Any]) -> None:
+        """The quality watch's counters and estimates (policy: ``quality``), sampled: shadow checks
+        by result, their cost, feedback, and per model and slice the estimated share of the top's
+        answers kept with its interval and whether it drifts."""
+        self._samplers.append(_QualitySampler(watch, self.registry).sample)
+
     async def run(self, stop: asyncio.Event) -> None:
         """While the app serves: with workers, mark this one started and sample its live gauges
         every second until ``stop``. Nothing to do in one process."""
@@ -148,6 +154,7 @@ class Metrics:
 
     def render(self) -> bytes:
         if self.shared_dir is None:
+            self.sample()  # the sampled series (the quality watch's)
             return generate_latest(self.registry)
         self.sample()  # this worker's own gauges, fresh; the others' are at most a second old
         merged = CollectorRegistry()
@@ -266,3 +273,60 @@ class _BudgetSampler:
             if name not in self.gauges:
                 self.gauges[name] = Gauge(name, doc, registry=self.registry, multiprocess_mode="liveall")
             self.gauges[name].set(value)
+
+
+class _QualitySampler:
+    """The quality watch's counts as counters (counted up by what the watch saw since the last
+    sample, as the engines' restarts are) and its estimates as gauges, one series per worker."""
+
+    def __init__(self, watch: Callable[[], Any], registry: CollectorRegistry) -> None:
+        self.watch = watch
+        self.shadow = Counter("triage_shadow", "Shadow checks by result", ["model", "result"], registry=registry)
+        self.cost = Counter("triage_shadow_cost", "What shadow checks cost the operator", ["model"], registry=registry)
+        self.feedback = Counter("triage_feedback", "Feedback accepted, by verdict", ["verdict"], registry=registry)
+        labels = ["model", "slice", "bound"]
+        self.of_top = Gauge(
+            "triage_quality_of_top",
+            "Estimated share of the top tier's answers kept (bound: estimate, low, high)",
+            labels,
+            registry=registry,
+            multiprocess_mode="liveall",
+        )
+        self.drift = Gauge(
+            "triage_quality_drift",
+            "1 while a model's (or slice's) estimate is under the policy's target",
+            ["model", "slice"],
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.seen: dict[tuple[str, ...], float] = {}
+        self.flagged: set[tuple[str, str]] = set()
+
+    def _up(self, counter: Counter, labels: tuple[str, ...], total: float) -> None:
+        key = (str(id(counter)), *labels)
+        if total > self.seen.get(key, 0.0):
+            counter.labels(*labels).inc(total - self.seen.get(key, 0.0))
+            self.seen[key] = total
+
+    def sample(self) -> None:
+        w = self.watch()
+        if w is None:
+            return
+        for (model, result), n in list(w.results.items()):
+            self._up(self.shadow, (model, result), n)
+        for model, cost in list(w.shadow_cost.items()):
+            self._up(self.cost, (model,), cost)
+        for verdict, n in list(w.feedback_given.items()):
+            self._up(self.feedback, (verdict,), n)
+        for e in w.estimates:
+            if e.of_top is not None:
+                for bound, value in (
+                    ("estimate", e.of_top),
+                    ("low", e.of_top_interval[0]),
+                    ("high", e.of_top_interval[1]),
+                ):
+                    self.of_top.labels(e.model, e.slice, bound).set(value)
+        now = {(d.model, d.slice) for d in w.drift}
+        for labels in self.flagged | now:
+            self.drift.labels(*labels).set(1.0 if labels in now else 0.0)
+        self.flagged |= now

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
 from policies.errors import InvalidRequest, MalformedJSON
 
@@ -164,3 +164,18 @@ def check(model: type[M], body: dict[str, Any]) -> M:
         param = ".".join(str(p) for p in err["loc"]) or None
         more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
         raise InvalidRequest(f"Invalid value for '{param}': {err['msg']}{more}", param=param) from None
+
+
+class FeedbackRequest(BaseModel):
+    """A caller's verdict on one of its requests: right or wrong, or a score, or both."""
+
+    model_config = ConfigDict(extra="forbid")
+    request_id: str = Field(min_length=1, max_length=200, description="the request's x-request-id")
+    verdict: Literal["right", "wrong"] | None = None
+    score: float | None = Field(None, ge=-1e6, le=1e6, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _something(self) -> FeedbackRequest:
+        if self.verdict is None and self.score is None:
+            raise ValueError("give a verdict (right or wrong), a score, or both")
+        return self

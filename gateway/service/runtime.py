@@ -22,6 +22,8 @@ from backends.base import Backend
 from backends.secrets import MissingSecret, lookup
 from gateway.service.keyring import Keyring, as_key
 from gateway.service.semantic_cache import SemanticCache
+from gateway.service.watch import Watch
+from gateway.state.quality_store import open_quality
 from gateway.state.stores import MemoryStore, Store, StoreDown, open_store
 from policies import loader, plans
 from policies.budget import EscalationBudget
@@ -61,6 +63,7 @@ class Runtime:
     base_dir: Path = Path(".")  # the policy file's folder
     tokenizers: dict[str, Any] = field(default_factory=dict)  # model -> its tokenizer, once loaded (fitting)
     semantic: SemanticCache | None = None  # the response cache's similar-request index (policy: response_cache)
+    watch: Watch | None = None  # records, shadow checks, feedback (policy: quality)
     _reach: dict[tuple[str, ...], frozenset[str]] = field(default_factory=dict)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)  # work after an answer (cache writes)
 
@@ -204,6 +207,12 @@ async def build(
             if previous is None or store is not previous.store:
                 await store.close()
             raise
+    try:
+        watch = await _watch(policy, previous, base_dir, source)
+    except BaseException:
+        if previous is None or store is not previous.store:
+            await store.close()
+        raise
     encoding, quality = await _encoding(policy, previous, base_dir)
     backends: dict[str, Backend] = {}
     started: list[Backend] = []
@@ -227,6 +236,8 @@ async def build(
             await encoding.close()
         if previous is None or store is not previous.store:
             await store.close()
+        if watch is not None and (previous is None or watch is not previous.watch):
+            await watch.close()
         raise
     hashes = frozenset(digest for _, digest in keys)
     operators = frozenset(digest for name, digest in keys if name in policy.access.operator_keys)
@@ -248,7 +259,37 @@ async def build(
         fits=fits,
         base_dir=base_dir,
         semantic=_semantic(policy, encoding, version, store),
+        watch=watch,
     )
+
+
+async def _watch(policy: Policy, previous: Runtime | None, base_dir: Path, source: Path | None) -> Watch | None:
+    """The quality watch, where the policy has a `quality` section: the previous one while its
+    section and the state's database are unchanged (its store and counters live on), else a new one."""
+    spec = policy.quality
+    if spec is None:
+        return None
+    if (
+        previous is not None
+        and previous.watch is not None
+        and previous.policy.quality == spec
+        and previous.policy.state.database == policy.state.database
+    ):
+        return previous.watch
+    from policies.paths import cache_dir
+
+    if spec.path is not None:
+        path = (base_dir / spec.path).resolve()
+    else:
+        origin = str((source or base_dir).resolve()).encode()
+        path = cache_dir() / "quality" / f"{hashlib.sha1(origin).hexdigest()[:16]}.sqlite3"
+    try:
+        store = await open_quality(policy.state, path)
+    except StoreDown as exc:
+        raise PolicyInvalid([f"quality: {exc.message}"]) from None
+    watch = Watch(spec, store)
+    watch.start()
+    return watch
 
 
 def _semantic(policy: Policy, encoding: Encoding | None, version: str, store: Store) -> SemanticCache | None:
@@ -417,7 +458,7 @@ class RuntimeHolder:
     def __init__(self, runtime: Runtime) -> None:
         self.current = runtime
         self._retired: list[Runtime] = []
-        self._pending: dict[int, Backend | Encoding | Store] = {}  # by id: objects of retired runtimes
+        self._pending: dict[int, Backend | Encoding | Store | Watch] = {}  # by id: objects of retired runtimes
         self._later: set[asyncio.Task[None]] = set()  # work after an answer (spend records): awaited at close
 
     def later(self, work: Coroutine[Any, Any, None]) -> None:
@@ -440,7 +481,7 @@ class RuntimeHolder:
         old, self.current = self.current, new
         old.retired = True
         self._retired.append(old)
-        for obj in (*old.backends.values(), old.encoding, old.store):
+        for obj in (*old.backends.values(), old.encoding, old.store, old.watch):
             if obj is not None:
                 self._pending[id(obj)] = obj
         await self._collect()
@@ -454,13 +495,15 @@ class RuntimeHolder:
         if self.current.encoding is not None:
             await self.current.encoding.close()
         await self.current.store.close()
+        if self.current.watch is not None:
+            await self.current.watch.close()
 
     async def _collect(self) -> None:
         self._retired = [rt for rt in self._retired if rt.in_flight > 0]
         live = {
             id(obj)
             for rt in (self.current, *self._retired)
-            for obj in (*rt.backends.values(), rt.encoding, rt.store)
+            for obj in (*rt.backends.values(), rt.encoding, rt.store, rt.watch)
             if obj is not None
         }
         closing = [obj for key, obj in self._pending.items() if key not in live]

@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 
 from backends.base import Body, Kind
-from gateway.service import decisions, embeddings, pipeline, quotas, response_cache, semantic_cache, typed
+from gateway.service import decisions, embeddings, pipeline, quotas, response_cache, semantic_cache, shadow, typed
 from gateway.service.bodies import ChatRequest, CompletionRequest, check
 from gateway.service.context import Context
 from gateway.service.decisions import Overrides
@@ -31,6 +31,7 @@ from gateway.service.runtime import Runtime
 from policies.cascade import Decision, Question
 from policies.fit import Shape, shape_of
 from policies.plans import ChainPlan, EncoderPlan, TypedPlan, resolve
+from policies.schema import RoutedModel
 
 log = structlog.get_logger("triage.cache")
 
@@ -79,7 +80,12 @@ class Service:
                 cache.semantic.later(self._audit(cache, plan, kind, body, hit, ctx, shape))
             replay = response_cache.replayed(cache, hit, ctx.request_id, stream, body)
             return Outcome(served=replay, stream=stream, cache=cache.note)
+        routed = self.rt.watch is not None and isinstance(plan, EncoderPlan) and isinstance(plan.model, RoutedModel)
+        asked = dict(body) if routed else body  # as the caller sent it (a shadow call asks the same)
         served = await ctx.waited(pipeline.serve_plan(self.rt, plan, kind, body, ctx, shape))
+        if routed:
+            assert self.rt.watch is not None and isinstance(plan, EncoderPlan)
+            shadow.routed(self.rt, self.rt.watch, plan, kind, asked, served, ctx, shape)
         if served.completion is not None:
             served.completion.body["model"] = served.model
         if cache is not None and cache.write:
@@ -91,13 +97,21 @@ class Service:
 
     async def decide(self, q: Question, overrides: Overrides | None, ctx: Context) -> Decision:
         """The cascade's decision on one typed question."""
-        return await ctx.waited(decisions.make(self.rt, q, overrides, ctx, self.serve_tier))
+        d = await ctx.waited(decisions.make(self.rt, q, overrides, ctx, self.serve_tier))
+        if self.rt.watch is not None:
+            shadow.decided(self.rt, self.rt.watch, q, d, ctx, self.serve_tier)
+        return d
 
     async def decide_many(
         self, items: Sequence[tuple[Question, Overrides | None]], ctx: Context
     ) -> list[Decision | Exception]:
         """Several questions, answers in order (an item that fails is its error)."""
-        return await ctx.waited(decisions.make_many(self.rt, list(items), ctx, self.serve_tier))
+        out = await ctx.waited(decisions.make_many(self.rt, list(items), ctx, self.serve_tier))
+        if self.rt.watch is not None:
+            for i, d in enumerate(out):
+                if isinstance(d, Decision):
+                    shadow.decided(self.rt, self.rt.watch, items[i][0], d, ctx.item(i), self.serve_tier)
+        return out
 
     async def embed(self, body: dict[str, Any], ctx: Context) -> Outcome:
         """Embeddings of a request's body: the encoder's, or a policy model's engine's."""

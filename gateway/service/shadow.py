@@ -1,0 +1,114 @@
+"""What the quality watch records of an answered request, and how its shadow check asks the top.
+
+- A typed decision (``decided``): answered by a tier of the cascade; the top is the cascade's last
+  tier (a model tier), asked alone for the same question; the two agree when they give the same
+  option (or number).
+- An answer of a routed virtual model (``routed``): the top is its reference candidate (the
+  shadow spec's, else the dearest), asked the same body; the two agree when their texts are the
+  same, or the encoder reads them as the same (the semantic cache's rule: cosine at least 0.95).
+  A streamed answer is recorded but not checked (its text is not kept here).
+
+Either check runs off the request's path (:class:`gateway.service.watch.Watch`)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from backends.base import Body, Kind
+from gateway.service import decisions, pipeline, quotas, response_cache, semantic_cache, tier_answers, watch
+from gateway.service.context import Context
+from gateway.service.dispatch import Served
+from gateway.state.quality_store import Record
+from policies import spend
+from policies.cascade import Ask, Decision, Question, read
+from policies.fit import Shape
+from policies.plans import ChainPlan, EncoderPlan, resolve
+from policies.response_cache import last_user_text
+from policies.schema import RoutedModel
+from policies.tiers import ModelTier
+
+if TYPE_CHECKING:
+    from gateway.service.runtime import Runtime
+    from gateway.service.tier_answers import ServeChat
+
+CASCADE = "cascade"  # the model name typed decisions are recorded under (a policy has one cascade)
+ANSWER_CHARS = 2000  # what of an open answer is embedded to compare it
+
+
+def _owner(ctx: Context) -> str | None:
+    return ctx.key.name if ctx.key is not None else None
+
+
+def decided(rt: Runtime, w: watch.Watch, q: Question, d: Decision, ctx: Context, serve_chat: ServeChat) -> None:
+    """Record a typed decision; check it against the top tier when sampled."""
+    spec = rt.policy.cascade
+    assert spec is not None, "a decision was made: the policy has a cascade"
+    last = spec.tiers[-1]
+    top = d.tier == last.name
+    cost = sum(c for *_, c in spend.decision_charges(rt.policy.models, d))
+    shown = q.question if rt.policy.logging.log_prompts else None
+    record = Record(ctx.request_id, time.time(), _owner(ctx), CASCADE, "cascade", d.tier, top, q.type, cost, shown)
+    w.note(record)
+    if spec.shadow is None or top or d.cached or not isinstance(last, ModelTier):
+        return
+    chars = len(q.question) + len(q.context or "") + sum(len(o) for o in q.options) + 200  # the tier's wording
+    upper = watch.reserve(rt.policy.models.get(last.model), chars, last.numeric_max_tokens if q.numeric else 64)
+    gate = decisions.gates(spec, None, rt.judges)[-1]
+    tier = last
+
+    async def ask_top() -> tuple[str, float]:
+        answer = await tier_answers.answer(
+            rt, tier, Ask(tier.name, tier.type, q), watch.ctx_for(ctx.request_id), serve_chat
+        )
+        if answer.error is not None or answer.skipped:
+            raise RuntimeError(answer.error or "the top tier cannot take the question")
+        return read(q, gate, answer).answer, quotas.price(rt, answer.model, answer.usage)
+
+    async def same(a: str, b: str) -> bool:
+        return a == b
+
+    w.check(CASCADE, spec.shadow, upper, record, d.answer, ask_top, same)
+
+
+def routed(
+    rt: Runtime, w: watch.Watch, plan: EncoderPlan, kind: Kind, body: Body, served: Served, ctx: Context, shape: Shape
+) -> None:
+    """Record a routed model's answer; check it against the reference candidate when sampled."""
+    vm = plan.model
+    assert isinstance(vm, RoutedModel)
+    ref = vm.shadow.reference if vm.shadow is not None and vm.shadow.reference else None
+    ref = ref or watch.reference(rt.policy.models, vm.routes())
+    whole = served.completion.body if served.completion is not None else None
+    cost = quotas.price(rt, served.model, whole.get("usage")) if whole is not None else 0.0
+    shown = last_user_text(body) if rt.policy.logging.log_prompts else None
+    top = served.model == ref
+    record = Record(ctx.request_id, time.time(), _owner(ctx), plan.name, "routed", served.model, top, "", cost, shown)
+    w.note(record)
+    if vm.shadow is None or top or whole is None:
+        return
+    kept = response_cache.answer_text(whole)
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or vm.output_tokens * 4
+    upper = watch.reserve(rt.policy.models.get(ref), watch.body_chars(body), int(max_tokens))
+    asked = {**body, "model": ref, "stream": False}
+    encoding = rt.encoding
+    found = resolve(rt.policy, ref)
+    assert isinstance(found, ChainPlan), "validated: a routed model's candidates are models"
+    plan_top: ChainPlan = found
+
+    async def ask_top() -> tuple[str, float]:
+        fresh = await pipeline.serve_plan(rt, plan_top, kind, asked, watch.ctx_for(ctx.request_id), shape)
+        assert fresh.completion is not None, "asked whole"
+        return response_cache.answer_text(fresh.completion.body), quotas.price(
+            rt, fresh.model, fresh.completion.body.get("usage")
+        )
+
+    async def same(a: str, b: str) -> bool:
+        if a.strip() == b.strip():
+            return True
+        if encoding is None:
+            return False
+        (ea, _), (eb, _) = [await encoding.embedder.embed(t[:ANSWER_CHARS]) for t in (a, b)]
+        return semantic_cache.agree(ea, eb)
+
+    w.check(plan.name, vm.shadow, upper, record, kept, ask_top, same)
