@@ -21,9 +21,12 @@ the shadow calls, on the K kept requests, plus what the top's own answers cost) 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import Field
 
@@ -236,3 +239,47 @@ def quality_drift(found: Iterable[Estimate], target: float | None, min_pairs: in
         for e in found
         if e.pairs >= min_pairs and e.of_top is not None and e.of_top_interval[1] < target
     ]
+
+
+def question_doc(qtype: str, question: str, options: tuple[str, ...], context: str | None) -> str:
+    """A typed question as a record keeps it (where prompts may be logged): enough to ask it again."""
+    return json.dumps({"type": qtype, "question": question, "options": list(options), "context": context})
+
+
+def labeled_rows(exported: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Recorded typed decisions as rows of a labeled set (``triage eval --data``, ``triage
+    calibrate``): the label is the top's answer from the shadow check, or the kept answer where the
+    caller said it was right. Only records whose question was kept (``logging.log_prompts``) and
+    that have a label; the split is dev or test by the request id's hash (half each)."""
+    rows = []
+    for r in exported:
+        try:
+            doc = json.loads(r.get("prompt") or "")
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(doc, dict) or doc.get("type") not in ("choice", "yes_no", "score"):
+            continue
+        if r.get("verdict") == "right" and r.get("kept") is not None:
+            answer, label = r["kept"], "feedback"
+        elif r.get("top_answer") is not None:
+            answer, label = r["top_answer"], "top"
+        else:
+            continue
+        rid = str(r["request_id"])
+        split = "dev" if int(hashlib.sha256(rid.encode()).hexdigest()[:8], 16) % 2 == 0 else "test"
+        rows.append(
+            {
+                "id": f"traffic-{rid}",
+                "source": f"traffic:{r['model']}",
+                "type": doc["type"],
+                "question": doc["question"],
+                "context": doc.get("context"),
+                "options": doc.get("options") or [],
+                "answer": answer,
+                "category": None,
+                "split": split,
+                "label_from": label,
+                "answered_by": r.get("answered_by"),
+            }
+        )
+    return rows

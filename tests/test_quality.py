@@ -15,6 +15,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from eval.tier_outputs import typed_rows
 from gateway.cli import app as cli
 from gateway.service.watch import reference
 from policies import quality
@@ -35,6 +36,7 @@ def policy(
     shadow: str = "{sample: 1.0, budget_per_day: 10.0, concurrency: 64}",
     top: str = 'text: "A", replies: [{contains: "[hard]", text: "B"}]',
     quality_: str = "{path: quality.sqlite3, target: 0.8, min_pairs: 20, check_every_s: 0.1}",
+    log_prompts: bool = True,
 ) -> str:
     return f"""version: 1
 backends:
@@ -55,6 +57,7 @@ keys:
   - {{name: alice, sha256: "{sha(ALICE)}"}}
   - {{name: bob, sha256: "{sha(BOB)}"}}
 access: {{admin_key: "{sha(ADMIN)}"}}
+logging: {{log_prompts: {str(log_prompts).lower()}}}
 """
 
 
@@ -137,6 +140,13 @@ def test_the_estimate_covers_the_true_agreement_and_drift_is_flagged_after_the_c
     out = CliRunner().invoke(cli, ["quality", "--url", gw.base_url, "--admin-key", ADMIN, "--plot", str(png)])
     assert out.exit_code == 0, out.output
     assert "cascade" in out.output and "drift" in out.output and png.stat().st_size > 1000
+    # the recorded decisions as a labeled set triage eval reads: the top's answer is the label
+    labeled = tmp_path / "traffic.jsonl"
+    out = CliRunner().invoke(cli, ["quality", "--url", gw.base_url, "--admin-key", ADMIN, "--export", str(labeled)])
+    assert out.exit_code == 0, out.output
+    rows = typed_rows(labeled, "dev") + typed_rows(labeled, "test")
+    assert len(rows) == 100 + flagged_at and {r.source for r in rows} == {"traffic:cascade"}
+    assert all(r.answer == ("second" if "[hard]" in r.question.question else "first") for r in rows)
 
 
 def test_the_budget_is_never_exceeded_and_shadow_cost_never_reaches_the_callers_spend(
