@@ -281,3 +281,35 @@ def test_a_routed_models_top_is_its_dearest_candidate() -> None:
         "large": ModelSpec(backend="b", prices={"input_per_mtok": 3, "output_per_mtok": 15}),
     }
     assert reference(models, ["small", "large"]) == "large"
+
+
+def test_a_move_in_the_traffics_mix_of_question_types_is_drift_too(gateway: Callable[..., Gateway]) -> None:
+    text = policy(
+        quality_="{path: quality.sqlite3, check_every_s: 0.1, mix_recent_s: 1.5, mix_min_records: 20}",
+        shadow="{sample: 0.01, budget_per_day: 1.0}",
+    ).replace(
+        'cheap_b: {type: scripted, text: "A"}',
+        'cheap_b: {type: scripted, text: "A", replies: [{contains: "[yn]", text: "yes"}]}',
+    )
+    gw = gateway(text.replace("thresholds: {choice: 0.5}", "thresholds: {choice: 0.5, yes_no: 0.5}"))
+    with gw.http() as http:
+        for i in range(60):
+            decide(http, i, hard=False)
+        time.sleep(1.6)  # the choice questions are out of the recent part now
+        auth = {"authorization": f"Bearer {ALICE}"}
+        for i in range(30):
+            r = http.post("/v1/decide", json={"question": f"Is {i} even? [yn]", "type": "yes_no"}, headers=auth)
+            assert r.status_code == 200 and r.json()["tier"] == "small", r.text
+        deadline = time.monotonic() + 10
+        while not (drift := report(http)["drift"]):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    assert drift[0]["kind"] == "mix" and drift[0]["model"] == "cascade" and "yes_no 100%" in drift[0]["reason"]
+
+
+def test_the_mix_drift_compares_the_recent_traffic_with_what_came_before() -> None:
+    window = {"m": {"choice": 100, "yes_no": 60}}
+    assert [d.kind for d in quality.mix_drift(window, {"m": {"yes_no": 60}}, 0.3, 20)] == ["mix"]
+    assert quality.mix_drift(window, {"m": {"yes_no": 10}}, 0.3, 20) == []  # too few recent records
+    same = {"m": {"choice": 25, "yes_no": 15}}  # the same shares as before
+    assert quality.mix_drift(window, same, 0.3, 20) == []
