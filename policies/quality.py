@@ -21,9 +21,12 @@ the shadow calls, on the K kept requests, plus what the top's own answers cost) 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import Field
 
@@ -62,6 +65,13 @@ class QualitySpec(Strict):
     window_s: float = Field(7 * 86400.0, gt=0, description="the estimates are over the records of this long")
     check_every_s: float = Field(10.0, gt=0, description="how often the estimates are read from the store")
     retention_s: float = Field(30 * 86400.0, gt=0, description="records older than this are deleted")
+    mix_recent_s: float = Field(
+        3600.0, gt=0, description="the recent traffic whose mix of slices is compared with the window's"
+    )
+    mix_drift: float = Field(
+        0.3, gt=0, le=1, description="a recent mix this far from the window's (total variation) is drift too"
+    )
+    mix_min_records: int = Field(50, ge=1, description="recent records a model needs before its mix is judged")
 
 
 def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -215,6 +225,7 @@ class Drift:
     model: str
     slice: str
     reason: str
+    kind: str = "quality"  # quality: the estimate under the target; mix: the traffic moved
 
     @property
     def label(self) -> str:
@@ -236,3 +247,82 @@ def quality_drift(found: Iterable[Estimate], target: float | None, min_pairs: in
         for e in found
         if e.pairs >= min_pairs and e.of_top is not None and e.of_top_interval[1] < target
     ]
+
+
+def question_doc(qtype: str, question: str, options: tuple[str, ...], context: str | None) -> str:
+    """A typed question as a record keeps it (where prompts may be logged): enough to ask it again."""
+    return json.dumps({"type": qtype, "question": question, "options": list(options), "context": context})
+
+
+def labeled_rows(exported: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Recorded typed decisions as rows of a labeled set (``triage eval --data``, ``triage
+    calibrate``): the label is the top's answer from the shadow check, or the kept answer where the
+    caller said it was right. Only records whose question was kept (``logging.log_prompts``) and
+    that have a label; the split is dev or test by the request id's hash (half each)."""
+    rows = []
+    for r in exported:
+        try:
+            doc = json.loads(r.get("prompt") or "")
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(doc, dict) or doc.get("type") not in ("choice", "yes_no", "score"):
+            continue
+        if r.get("verdict") == "right" and r.get("kept") is not None:
+            answer, label = r["kept"], "feedback"
+        elif r.get("top_answer") is not None:
+            answer, label = r["top_answer"], "top"
+        else:
+            continue
+        rid = str(r["request_id"])
+        split = "dev" if int(hashlib.sha256(rid.encode()).hexdigest()[:8], 16) % 2 == 0 else "test"
+        rows.append(
+            {
+                "id": f"traffic-{rid}",
+                "source": f"traffic:{r['model']}",
+                "type": doc["type"],
+                "question": doc["question"],
+                "context": doc.get("context"),
+                "options": doc.get("options") or [],
+                "answer": answer,
+                "category": None,
+                "split": split,
+                "label_from": label,
+                "answered_by": r.get("answered_by"),
+            }
+        )
+    return rows
+
+
+def mix(rows: Iterable[Counts]) -> dict[str, dict[str, int]]:
+    """Per model, its records per slice."""
+    out: dict[str, dict[str, int]] = {}
+    for r in rows:
+        by = out.setdefault(r.model, {})
+        by[r.slice] = by.get(r.slice, 0) + r.records
+    return out
+
+
+def mix_drift(
+    window: dict[str, dict[str, int]], recent: dict[str, dict[str, int]], threshold: float, min_records: int
+) -> list[Drift]:
+    """Models whose recent traffic's mix of slices (question types) is at least ``threshold`` away
+    (total variation) from the whole window's, once the recent traffic has ``min_records``: the
+    traffic the thresholds were set on is not the traffic now."""
+    out = []
+    for model, now in sorted(recent.items()):
+        n, before = sum(now.values()), window.get(model, {})
+        total = sum(before.values())
+        if n < min_records or total <= n:
+            continue
+        # the window less the recent part: what the traffic was before
+        past = {s: before.get(s, 0) - now.get(s, 0) for s in {*before, *now}}
+        rest = sum(past.values())
+        if rest <= 0:
+            continue
+        tv = 0.5 * sum(abs(now.get(s, 0) / n - past.get(s, 0) / rest) for s in past)
+        if tv >= threshold:
+            shares = ", ".join(f"{s or 'all'} {now.get(s, 0) / n:.0%}" for s in sorted(past))
+            out.append(
+                Drift(model, "", f"the recent mix of question types ({shares}) moved {tv:.2f} from before", "mix")
+            )
+    return out

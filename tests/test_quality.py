@@ -15,6 +15,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from eval.tier_outputs import typed_rows
 from gateway.cli import app as cli
 from gateway.service.watch import reference
 from policies import quality
@@ -35,6 +36,7 @@ def policy(
     shadow: str = "{sample: 1.0, budget_per_day: 10.0, concurrency: 64}",
     top: str = 'text: "A", replies: [{contains: "[hard]", text: "B"}]',
     quality_: str = "{path: quality.sqlite3, target: 0.8, min_pairs: 20, check_every_s: 0.1}",
+    log_prompts: bool = True,
 ) -> str:
     return f"""version: 1
 backends:
@@ -55,6 +57,7 @@ keys:
   - {{name: alice, sha256: "{sha(ALICE)}"}}
   - {{name: bob, sha256: "{sha(BOB)}"}}
 access: {{admin_key: "{sha(ADMIN)}"}}
+logging: {{log_prompts: {str(log_prompts).lower()}}}
 """
 
 
@@ -137,6 +140,13 @@ def test_the_estimate_covers_the_true_agreement_and_drift_is_flagged_after_the_c
     out = CliRunner().invoke(cli, ["quality", "--url", gw.base_url, "--admin-key", ADMIN, "--plot", str(png)])
     assert out.exit_code == 0, out.output
     assert "cascade" in out.output and "drift" in out.output and png.stat().st_size > 1000
+    # the recorded decisions as a labeled set triage eval reads: the top's answer is the label
+    labeled = tmp_path / "traffic.jsonl"
+    out = CliRunner().invoke(cli, ["quality", "--url", gw.base_url, "--admin-key", ADMIN, "--export", str(labeled)])
+    assert out.exit_code == 0, out.output
+    rows = typed_rows(labeled, "dev") + typed_rows(labeled, "test")
+    assert len(rows) == 100 + flagged_at and {r.source for r in rows} == {"traffic:cascade"}
+    assert all(r.answer == ("second" if "[hard]" in r.question.question else "first") for r in rows)
 
 
 def test_the_budget_is_never_exceeded_and_shadow_cost_never_reaches_the_callers_spend(
@@ -271,3 +281,35 @@ def test_a_routed_models_top_is_its_dearest_candidate() -> None:
         "large": ModelSpec(backend="b", prices={"input_per_mtok": 3, "output_per_mtok": 15}),
     }
     assert reference(models, ["small", "large"]) == "large"
+
+
+def test_a_move_in_the_traffics_mix_of_question_types_is_drift_too(gateway: Callable[..., Gateway]) -> None:
+    text = policy(
+        quality_="{path: quality.sqlite3, check_every_s: 0.1, mix_recent_s: 1.5, mix_min_records: 20}",
+        shadow="{sample: 0.01, budget_per_day: 1.0}",
+    ).replace(
+        'cheap_b: {type: scripted, text: "A"}',
+        'cheap_b: {type: scripted, text: "A", replies: [{contains: "[yn]", text: "yes"}]}',
+    )
+    gw = gateway(text.replace("thresholds: {choice: 0.5}", "thresholds: {choice: 0.5, yes_no: 0.5}"))
+    with gw.http() as http:
+        for i in range(60):
+            decide(http, i, hard=False)
+        time.sleep(1.6)  # the choice questions are out of the recent part now
+        auth = {"authorization": f"Bearer {ALICE}"}
+        for i in range(30):
+            r = http.post("/v1/decide", json={"question": f"Is {i} even? [yn]", "type": "yes_no"}, headers=auth)
+            assert r.status_code == 200 and r.json()["tier"] == "small", r.text
+        deadline = time.monotonic() + 10
+        while not (drift := report(http)["drift"]):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    assert drift[0]["kind"] == "mix" and drift[0]["model"] == "cascade" and "yes_no 100%" in drift[0]["reason"]
+
+
+def test_the_mix_drift_compares_the_recent_traffic_with_what_came_before() -> None:
+    window = {"m": {"choice": 100, "yes_no": 60}}
+    assert [d.kind for d in quality.mix_drift(window, {"m": {"yes_no": 60}}, 0.3, 20)] == ["mix"]
+    assert quality.mix_drift(window, {"m": {"yes_no": 10}}, 0.3, 20) == []  # too few recent records
+    same = {"m": {"choice": 25, "yes_no": 15}}  # the same shares as before
+    assert quality.mix_drift(window, same, 0.3, 20) == []

@@ -20,7 +20,10 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
 DEFAULT_URL = "http://127.0.0.1:8080"
 
 
-def admin_call(url: str, admin_key: str, method: str, path: str, body: Any = None, params: Any = None) -> Any:
+def admin_call(
+    url: str, admin_key: str, method: str, path: str, body: Any = None, params: Any = None, text: bool = False
+) -> Any:
+    """The admin API's answer (its JSON, or with ``text`` its body); an error is printed and exits 1."""
     if not admin_key:
         typer.echo("error: no admin key: pass --admin-key or set TRIAGE_ADMIN_KEY", err=True)
         raise typer.Exit(2)
@@ -36,6 +39,8 @@ def admin_call(url: str, admin_key: str, method: str, path: str, body: Any = Non
     except httpx.HTTPError as exc:
         typer.echo(f"error: {url}: {exc}", err=True)
         raise typer.Exit(1) from None
+    if text and r.status_code < 400:
+        return r.text
     doc = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
     if r.status_code >= 400:
         message = (doc.get("error") or {}).get("message") if isinstance(doc, dict) else None

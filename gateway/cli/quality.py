@@ -89,10 +89,19 @@ def quality(
     url: Url = DEFAULT_URL,
     admin_key: AdminKey = "",
     plot_to: Annotated[Path | None, typer.Option("--plot", help="Also write a plot (PNG) here.")] = None,
+    export: Annotated[
+        Path | None,
+        typer.Option(help="Also write the recorded decisions with a label as a labeled set (triage eval --data)."),
+    ] = None,
     as_json: AsJson = False,
 ) -> None:
     """Live quality estimates from shadow checks and feedback: agreement with the top, money saved, drift."""
     doc = admin_call(url, admin_key, "GET", "/admin/quality")
+    if export is not None:
+        rows = admin_call(url, admin_key, "GET", "/admin/quality/traffic", text=True)
+        export.parent.mkdir(parents=True, exist_ok=True)
+        export.write_text(rows)
+        typer.echo(f"labeled set: {export} ({rows.count(chr(10))} rows)", err=True)
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
     else:

@@ -22,7 +22,7 @@ from gateway.http.doors import read_body
 from gateway.service import keyring
 from gateway.service.bodies import parse_json
 from gateway.service.runtime import Runtime
-from policies import spend
+from policies import quality, spend
 from policies.errors import Conflict, InvalidRequest, NotFound, Unauthorized
 from policies.plans import public_models
 from policies.schema import KeyLimits
@@ -205,10 +205,39 @@ async def _key_names(rt: Runtime) -> list[str]:
 
 
 @router.get("/quality")
-async def quality(request: Request) -> Response:
+async def quality_report(request: Request) -> Response:
     """The live quality estimates (policy: ``quality``): per model and question type, the share of
     the top's answers kept with its interval, agreement per tier, feedback, money saved, drift."""
     rt = _admin(request)
     if rt.watch is None:
         raise NotFound("this policy keeps no quality records: set a `quality` section")
     return _json({"object": "quality", **await rt.watch.report()})
+
+
+@router.get("/quality/traffic")
+async def quality_traffic(request: Request) -> Response:
+    """Recorded typed decisions with a label (the top's answer from a shadow check, or the kept
+    answer a caller said was right) as a labeled set, one JSON row a line (``triage eval --data``);
+    ``since_s`` (default: the policy's window) and ``limit`` (default 10,000)."""
+    rt = _admin(request)
+    if rt.watch is None:
+        raise NotFound("this policy keeps no quality records: set a `quality` section")
+    since_s = _number(request, "since_s", rt.watch.spec.window_s, 1.0, 10 * 365 * 86400.0)
+    limit = int(_number(request, "limit", 10_000, 1, 1_000_000))
+    await rt.watch.flush()
+    exported = await rt.watch.store.export(time.time() - since_s, limit)
+    body = b"".join(orjson.dumps(row) + b"\n" for row in quality.labeled_rows(exported))
+    return Response(body, media_type="application/jsonl")
+
+
+def _number(request: Request, name: str, default: float, low: float, high: float) -> float:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidRequest(f"'{name}' must be a number", param=name) from None
+    if not low <= value <= high:
+        raise InvalidRequest(f"'{name}' must be within {low:g} and {high:g}", param=name)
+    return value

@@ -20,7 +20,7 @@ from gateway.service import decisions, pipeline, quotas, response_cache, semanti
 from gateway.service.context import Context
 from gateway.service.dispatch import Served
 from gateway.state.quality_store import Record
-from policies import spend
+from policies import quality, spend
 from policies.cascade import Ask, Decision, Question, read
 from policies.fit import Shape
 from policies.plans import ChainPlan, EncoderPlan, resolve
@@ -47,7 +47,7 @@ def decided(rt: Runtime, w: watch.Watch, q: Question, d: Decision, ctx: Context,
     last = spec.tiers[-1]
     top = d.tier == last.name
     cost = sum(c for *_, c in spend.decision_charges(rt.policy.models, d))
-    shown = q.question if rt.policy.logging.log_prompts else None
+    shown = quality.question_doc(q.type, q.question, q.options, q.context) if rt.policy.logging.log_prompts else None
     record = Record(ctx.request_id, time.time(), _owner(ctx), CASCADE, "cascade", d.tier, top, q.type, cost, shown)
     w.note(record)
     if spec.shadow is None or top or d.cached or not isinstance(last, ModelTier):

@@ -185,27 +185,36 @@ class Watch:
             "window_s": self.spec.window_s,
             "target": self.spec.target,
             "estimates": [e.as_dict() for e in found],
-            "drift": [{"model": d.model, "slice": d.slice or None, "reason": d.reason} for d in self.drift],
+            "drift": [
+                {"model": d.model, "slice": d.slice or None, "kind": d.kind, "reason": d.reason} for d in self.drift
+            ],
             "shadow": {f"{m}/{r}": n for (m, r), n in sorted(self.results.items())},
             "shadow_cost_today": {m: round(self.spent_today(m), 6) for m in sorted(self._spent)},
         }
 
     async def _estimate(self) -> list[quality.Estimate]:
-        rows = await self.store.counts(self.now() - self.spec.window_s)
-        found = quality.estimates(quality.Counts(**dataclasses.asdict(r)) for r in rows)
+        now = self.now()
+        rows = [quality.Counts(**dataclasses.asdict(r)) for r in await self.store.counts(now - self.spec.window_s)]
+        recent = [
+            quality.Counts(**dataclasses.asdict(r)) for r in await self.store.counts(now - self.spec.mix_recent_s)
+        ]
+        found = quality.estimates(rows)
         self.estimates = found
-        self._judge(found)
+        moved = quality.mix_drift(
+            quality.mix(rows), quality.mix(recent), self.spec.mix_drift, self.spec.mix_min_records
+        )
+        self._judge(found, moved)
         return found
 
-    def _judge(self, found: list[quality.Estimate]) -> None:
-        drifting = quality.quality_drift(found, self.spec.target, self.spec.min_pairs)
-        was = {d.label for d in self.drift}
-        now = {d.label for d in drifting}
+    def _judge(self, found: list[quality.Estimate], moved: list[quality.Drift]) -> None:
+        drifting = quality.quality_drift(found, self.spec.target, self.spec.min_pairs) + moved
+        was = {(d.label, d.kind) for d in self.drift}
+        now = {(d.label, d.kind) for d in drifting}
         for d in drifting:
-            if d.label not in was:
-                log.warning("quality_drift", model=d.model, slice=d.slice or None, reason=d.reason)
-        for label in was - now:
-            log.info("quality_drift_over", slice=label)
+            if (d.label, d.kind) not in was:
+                log.warning("quality_drift", model=d.model, slice=d.slice or None, kind=d.kind, reason=d.reason)
+        for label, kind in was - now:
+            log.info("quality_drift_over", slice=label, kind=kind)
         self.drift = drifting
 
     async def _run(self) -> None:
