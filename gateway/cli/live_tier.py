@@ -40,4 +40,6 @@ class Live:
             self._loop.run_until_complete(backend.close())
         if self._rt.encoding is not None:
             self._loop.run_until_complete(self._rt.encoding.close())
+        if self._rt.watch is not None:  # a policy with a quality section: its writer's loop
+            self._loop.run_until_complete(self._rt.watch.close())
         self._loop.close()

@@ -54,10 +54,10 @@ def decided(rt: Runtime, w: watch.Watch, q: Question, d: Decision, ctx: Context,
         return
     chars = len(q.question) + len(q.context or "") + sum(len(o) for o in q.options) + 200  # the tier's wording
     upper = watch.reserve(rt.policy.models.get(last.model), chars, last.numeric_max_tokens if q.numeric else 64)
-    gate = decisions.gates(spec, None, rt.judges)[-1]
     tier = last
 
     async def ask_top() -> tuple[str, float]:
+        gate = decisions.gates(spec, None, rt.judges)[-1]  # how the top's answer is read
         answer = await tier_answers.answer(
             rt, tier, Ask(tier.name, tier.type, q), watch.ctx_for(ctx.request_id), serve_chat
         )

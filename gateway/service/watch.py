@@ -95,24 +95,25 @@ class Watch:
 
     # -- shadow checks -----------------------------------------------------------------------
 
-    def admit(self, model: str, spec: ShadowSpec, reserve: float) -> bool:
+    def admit(self, model: str, spec: ShadowSpec, reserve: float) -> float | None:
         """Whether to check this request: sampled, then within the day's budget and the cap on
-        calls in flight (a reservation of ``reserve`` is taken: :meth:`settle` gives it back)."""
+        calls in flight. Admitted: the reservation taken (``reserve``, or the dearest check seen if
+        more), which the check's end gives back against its real cost; else None."""
         if random.random() >= spec.sample:
-            return False
+            return None
         if self._in_flight[model] >= spec.concurrency:
             self.results[(model, "paused_concurrency")] += 1
-            return False
+            return None
         reserve = max(reserve, self._dearest.get(model, 0.0))
         day = spend.day(self.now())
         seen_day, spent = self._spent.get(model, (day, 0.0))
         spent = spent if seen_day == day else 0.0
         if spent + reserve > spec.budget_per_day:
             self.results[(model, "paused_budget")] += 1
-            return False
+            return None
         self._spent[model] = (day, spent + reserve)
         self._in_flight[model] += 1
-        return True
+        return reserve
 
     def spent_today(self, model: str) -> float:
         day, spent = self._spent.get(model, ("", 0.0))
@@ -130,9 +131,10 @@ class Watch:
     ) -> None:
         """A shadow check of ``record`` (kept answer ``kept``) in the background, if admitted:
         ``top()`` asks the top and gives its answer and cost; ``same`` says whether two agree."""
-        if not self.admit(model, spec, reserve):
+        held = self.admit(model, spec, reserve)
+        if held is None:
             return
-        self.later(self._check(model, spec, reserve, record, kept, top, same))
+        self.later(self._check(model, spec, held, record, kept, top, same))
 
     async def _check(
         self,
