@@ -1,5 +1,6 @@
 """The API's routes: chat and text completions, the Responses API and Anthropic's Messages (one
-handler, a surface adapter each), decisions, embeddings, stored responses, models, health, metrics.
+handler, a surface adapter each), decisions, embeddings, feedback, stored responses, models, health,
+metrics.
 
 Every route that serves goes through :func:`gateway.http.doors.door` (the key, the body, the slot,
 the key's limits, the bookkeeping, the error's shape) and asks :class:`gateway.service.service.Service`.
