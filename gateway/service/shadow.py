@@ -53,7 +53,9 @@ def decided(rt: Runtime, w: watch.Watch, q: Question, d: Decision, ctx: Context,
     if spec.shadow is None or top or d.cached or not isinstance(last, ModelTier):
         return
     chars = len(q.question) + len(q.context or "") + sum(len(o) for o in q.options) + 200  # the tier's wording
-    upper = watch.reserve(rt.policy.models.get(last.model), chars, last.numeric_max_tokens if q.numeric else 64)
+    upper = watch.reserve(
+        rt.policy.models.get(last.model), chars, last.numeric_max_tokens if q.numeric else max(last.max_tokens, 64)
+    )
     tier = last
 
     async def ask_top() -> tuple[str, float]:
