@@ -81,6 +81,24 @@ def response_cache(
     run(rounds=rounds, requests=requests, warmup=warmup, semantic=semantic, out=out)
 
 
+@app.command("hidden-probe")
+def hidden_probe(
+    per_set: Annotated[int, typer.Option(help="Dev rows and test rows per set (each, seeded by id).")] = 100,
+    sets: Annotated[
+        list[str] | None,
+        typer.Option("--sets", help="Typed sets (repeatable; default: six choice and yes/no sets)."),
+    ] = None,
+    threads: Annotated[int, typer.Option(help="llama.cpp threads.")] = 2,
+    data: Annotated[Path, typer.Option(help="The shared labeled sets.")] = Path("../shared/data"),
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-hidden-probe.json"),
+) -> None:
+    """Issue 31: a linear probe on the scorer's hidden state at the answer position against its own
+    confidence, as a predictor of its right answers (AUROC on test rows, fits on dev rows)."""
+    from benchmarks.hidden_probe import SETS, run
+
+    run(per_set, tuple(sets or SETS), threads, data, out)
+
+
 @app.command("quality")
 def quality_watch(
     rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 10,
