@@ -91,12 +91,20 @@ def hidden_probe(
     threads: Annotated[int, typer.Option(help="llama.cpp threads.")] = 2,
     data: Annotated[Path, typer.Option(help="The shared labeled sets.")] = Path("../shared/data"),
     out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-hidden-probe.json"),
+    layers: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--layers",
+            help="Also probe the residual stream after these transformer layers (repeatable; default: "
+            "the final layer only).",
+        ),
+    ] = None,
 ) -> None:
     """Issue 31: a linear probe on the scorer's hidden state at the answer position against its own
     confidence, as a predictor of its right answers (AUROC on test rows, fits on dev rows)."""
     from benchmarks.hidden_probe import SETS, run
 
-    run(per_set, tuple(sets or SETS), threads, data, out)
+    run(per_set, tuple(sets or SETS), threads, data, out, tuple(dict.fromkeys(layers or ())))
 
 
 @app.command("quality")

@@ -25,6 +25,14 @@ context are skipped and counted. Fits on the pooled dev rows only, figures on th
 - (c) the same with the top probability and the top-two margin added as features;
 - (set) the row's set's dev accuracy alone: how much of a pooled AUROC knowing the set gives.
 
+With ``--layers`` (issue 31's follow-up: the literature reads middle layers, which llama.cpp does
+not return), the context is built again with llama.cpp's graph-evaluation callback (``cb_eval``),
+which copies the last position's column of each requested ``l_out-<il>`` tensor (the residual
+stream after transformer layer ``il``) out of the same decode; a row already in the cache is scored
+once more, as the gateway does (embedding mode off), for those states only, its answer checked
+against the cached one. Fits (dev rows) and figures (test rows) as for (b), per layer, and one on
+the requested layers' states concatenated with the top probability and margin.
+
 AUROC of P(right) pooled and per set, 95% intervals of the pooled ones (and of the differences
 against (a)) from 1,000 bootstrap resamples of the test rows, ECE of (c)'s probability (10 bins).
 The project's learned gate (0.774 in docs/benchmarks.md) was measured in another run on other
@@ -35,8 +43,10 @@ beside the report, so an interrupted run resumes.
 from __future__ import annotations
 
 import base64
+import ctypes
 import json
 import logging
+import os
 import platform
 import time
 from dataclasses import dataclass
@@ -91,12 +101,75 @@ class Outcome:
         return cls(**doc, hidden=hidden)
 
 
+class LayerTap:
+    """llama.cpp's graph-evaluation callback (``cb_eval``): keeps the last column (the last token of
+    the decode) of each wanted layer's residual stream, the tensors named ``l_out-<il>`` in
+    llama.cpp's graph (the output of transformer layer ``il``, before any later norm). Read through
+    libggml-base's accessors (name, type, rows, ``ggml_backend_tensor_get``), not a copy of the
+    tensor struct's layout."""
+
+    def __init__(self, layers: tuple[int, ...]) -> None:
+        import llama_cpp
+
+        lib_dir = Path(llama_cpp.__file__).parent / "lib"
+        found = sorted(lib_dir.glob("libggml-base.*"))
+        if not found:
+            raise SystemExit(f"no libggml-base under {lib_dir}: cannot read llama.cpp's tensors")
+        g = ctypes.CDLL(str(found[0]))
+        g.ggml_get_name.restype, g.ggml_get_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+        g.ggml_nelements.restype, g.ggml_nelements.argtypes = ctypes.c_int64, [ctypes.c_void_p]
+        g.ggml_nrows.restype, g.ggml_nrows.argtypes = ctypes.c_int64, [ctypes.c_void_p]
+        g.ggml_is_contiguous.restype, g.ggml_is_contiguous.argtypes = ctypes.c_bool, [ctypes.c_void_p]
+        g.ggml_backend_tensor_get.restype = None
+        g.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+        self._g = g
+        self._f32 = llama_cpp.GGML_TYPE_F32
+        self.wanted = {f"l_out-{il}".encode(): il for il in layers}
+        self.got: dict[int, np.ndarray] = {}
+        self.error: str | None = None
+        # Referenced for the context's life: llama.cpp holds only the C pointer.
+        self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._eval)
+
+    def _eval(self, t: int | None, ask: bool, _user: int | None) -> bool:
+        try:
+            il = self.wanted.get(self._g.ggml_get_name(t))
+            if ask or il is None:
+                return il is not None  # ask: observe only the wanted tensors; others: carry on
+            kind = ctypes.c_int.from_address(t).value  # enum ggml_type, the struct's first member
+            if kind != self._f32 or not self._g.ggml_is_contiguous(t):
+                self.error = f"l_out-{il}: type {kind}, contiguous {self._g.ggml_is_contiguous(t)}"
+                return True
+            rows = int(self._g.ggml_nrows(t))
+            width = int(self._g.ggml_nelements(t)) // rows
+            col = np.empty(width, dtype=np.float32)
+            self._g.ggml_backend_tensor_get(t, col.ctypes.data, (rows - 1) * width * 4, width * 4)
+            self.got[il] = col
+        except Exception as exc:  # an exception cannot cross into C: kept, and raised after the decode
+            self.error = repr(exc)
+        return True
+
+
 class ProbedScorer(ChatScorer):
     """The gateway's lettered scorer, whose context can also return the last position's hidden
-    state from the same decode (embedding mode, no pooling)."""
+    state from the same decode (embedding mode, no pooling) and, with ``layers``, the residual
+    stream after those layers at the last position (:class:`LayerTap` on a context built again
+    with llama.cpp's ``cb_eval``)."""
 
-    def __init__(self, path: Path, n_ctx: int, n_threads: int, n_batch: int) -> None:
+    def __init__(self, path: Path, n_ctx: int, n_threads: int, n_batch: int, layers: tuple[int, ...] = ()) -> None:
         super().__init__(path, n_ctx, n_threads, n_batch)
+        self.n_layer = int(self._lib.llama_model_n_layer(self._model.model))
+        bad = [il for il in layers if not 0 <= il < self.n_layer]
+        if bad:
+            raise SystemExit(f"--layers {bad}: the model has layers 0-{self.n_layer - 1}")
+        self.tap = LayerTap(layers) if layers else None
+        if self.tap is not None:  # the same parameters as the gateway's context, plus the callback
+            from llama_cpp import _internals as internals
+
+            params = self._ctx.params
+            self._ctx.close()
+            params.cb_eval = self.tap.callback
+            params.cb_eval_user_data = None
+            self._ctx = internals.LlamaContext(model=self._model, params=params, verbose=False)
         # With no pooling llama.cpp outputs every token of a decode in embedding mode, and says so
         # on each decode (as an error-level line): the cost is in the timings, the line is muted.
         logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL)
@@ -113,6 +186,16 @@ class ProbedScorer(ChatScorer):
         if not ptr:
             raise RuntimeError("no hidden state: embedding mode was off")
         return np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).astype(np.float32)
+
+    def layer_states(self) -> dict[int, np.ndarray]:
+        """The wanted layers' states at the last position of the last decode; empties the tap."""
+        assert self.tap is not None
+        got, error = self.tap.got, self.tap.error
+        self.tap.got, self.tap.error = {}, None
+        if error or len(got) != len(self.tap.wanted) or any(v.size != self.n_embd for v in got.values()):
+            shapes = {il: v.size for il, v in got.items()}
+            raise RuntimeError(f"layer capture failed: {error or shapes} (n_embd {self.n_embd})")
+        return got
 
     def forget_after(self, n: int) -> None:
         """Evaluate everything after the first ``n`` cached tokens again at the next prefill."""
@@ -233,6 +316,61 @@ def _bootstrap(scores: dict[str, np.ndarray], right: np.ndarray, base: str) -> d
     return out
 
 
+def _b64(v: np.ndarray) -> str:
+    return base64.b64encode(v.astype(np.float32).tobytes()).decode()
+
+
+def _unb64(text: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(text), dtype=np.float32).copy()
+
+
+@dataclass
+class LayerStates:
+    """One row's residual-stream states after the requested layers at the answer position, and
+    how its pass compared with the row's cached answer."""
+
+    states: dict[int, np.ndarray]
+    seconds: float  # the lettered scoring with the tap on (embedding mode off unless the row was new)
+    same_answer: bool
+    max_abs_prob_diff: float  # against the cached probabilities (0 when from the same decode)
+
+
+def _load_layers(path: Path, key: str) -> dict[str, LayerStates]:
+    done: dict[str, LayerStates] = {}
+    if not path.is_file():
+        return done
+    for line in path.read_text().splitlines():
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if doc.get("key") != key:
+            continue
+        k = f"{doc['split']}:{doc['id']}"
+        states = {int(il): _unb64(v) for il, v in doc["layers"].items()}
+        if k in done:  # a later pass with other layers: merged
+            states = {**done[k].states, **states}
+        done[k] = LayerStates(states, doc["seconds"], doc["same_answer"], doc["max_abs_prob_diff"])
+    return done
+
+
+def layer_row(scorer: ProbedScorer, row: Row, cached: Outcome) -> LayerStates:
+    """A row already scored: the same lettered scoring again as the gateway runs it (embedding
+    mode off), for the tap's states; the answer is checked against the cached one."""
+    scorer.embedding_mode(False)
+    t0 = time.perf_counter()
+    got = scorer.score_question(row.question)
+    states = scorer.layer_states()
+    seconds = time.perf_counter() - t0
+    probs = _probs(got.logprobs)
+    return LayerStates(
+        states,
+        seconds,
+        int(np.argmax(probs)) == int(np.argmax(cached.probs)),
+        float(np.max(np.abs(np.array(probs) - np.array(cached.probs)))),
+    )
+
+
 def _load_cache(path: Path, key: str) -> dict[str, Outcome]:
     done: dict[str, Outcome] = {}
     if not path.is_file():
@@ -248,7 +386,9 @@ def _load_cache(path: Path, key: str) -> dict[str, Outcome]:
     return done
 
 
-def run(per_set: int, sets: tuple[str, ...], threads: int, data: Path, out: Path) -> dict[str, Any]:
+def run(
+    per_set: int, sets: tuple[str, ...], threads: int, data: Path, out: Path, layers: tuple[int, ...] = ()
+) -> dict[str, Any]:
     console = Console()
     spec = load(POLICY).backends["scorer"]
     assert isinstance(spec, GGUFScorerBackendSpec), "the default policy's scorer is a gguf_scorer"
@@ -272,25 +412,54 @@ def run(per_set: int, sets: tuple[str, ...], threads: int, data: Path, out: Path
     cache = out.with_suffix(".rows.jsonl")
     cache.parent.mkdir(parents=True, exist_ok=True)
     done = _load_cache(cache, key)
-    todo = [r for r in rows if f"{r.split}:{r.id}" not in done]
-    console.print(f"{len(rows)} rows ({len(done)} from {cache}), model {path.name}, {threads} thread(s)")
+    layer_cache = out.with_suffix(".layers.jsonl")
+    lay = _load_layers(layer_cache, key) if layers else {}
+
+    def missing(r: Row) -> bool:
+        k = f"{r.split}:{r.id}"
+        return k not in done or (
+            bool(layers) and not set(layers) <= set(lay.get(k, LayerStates({}, 0, True, 0)).states)
+        )
+
+    todo = [r for r in rows if missing(r)]
+    console.print(
+        f"{len(rows)} rows ({len(done)} from {cache}"
+        + (f"; layers {list(layers)}: {len(rows) - len(todo)} rows complete in {layer_cache}" if layers else "")
+        + f"), model {path.name}, {threads} thread(s)"
+    )
     skipped: dict[str, str] = {}
+    n_layer: int | None = None
     t_start = time.perf_counter()
     if todo:
-        scorer = ProbedScorer(path, n_ctx, threads, n_batch)
-        scorer.embedding_mode(True)
+        scorer = ProbedScorer(path, n_ctx, threads, n_batch, layers)
+        n_layer = scorer.n_layer
+        if layers:
+            console.print(f"the model has {scorer.n_layer} layers; tapping l_out-{', l_out-'.join(map(str, layers))}")
         try:
-            with cache.open("a") as f:
+            with cache.open("a") as f, layer_cache.open("a") if layers else open(os.devnull, "w") as fl:
                 for i, row in enumerate(todo, 1):
+                    k = f"{row.split}:{row.id}"
                     try:
-                        o = score_row(scorer, row, check=i % CHECK_EVERY == 1)
+                        if k in done:  # only the layers' states are new
+                            ls = layer_row(scorer, row, done[k])
+                        else:
+                            scorer.embedding_mode(True)
+                            o = score_row(scorer, row, check=i % CHECK_EVERY == 1)
+                            done[k] = o
+                            f.write(json.dumps({"key": key, **o.to_json()}) + "\n")
+                            f.flush()
+                            ls = LayerStates(scorer.layer_states(), o.seconds, True, 0.0) if layers else None
                     except (PromptTooLong, LetteredInputError) as exc:
-                        skipped[f"{row.split}:{row.id}"] = type(exc).__name__
-                        scorer.embedding_mode(True)
+                        skipped[k] = type(exc).__name__
+                        if scorer.tap is not None:
+                            scorer.tap.got, scorer.tap.error = {}, None
                         continue
-                    done[f"{row.split}:{row.id}"] = o
-                    f.write(json.dumps({"key": key, **o.to_json()}) + "\n")
-                    f.flush()
+                    if ls is not None:
+                        lay[k] = ls
+                        doc = {"key": key, "split": row.split, "id": row.id, **ls.__dict__}
+                        doc["layers"] = {str(il): _b64(v) for il, v in doc.pop("states").items()}
+                        fl.write(json.dumps(doc) + "\n")
+                        fl.flush()
                     if i % 50 == 0 or i == len(todo):
                         el = time.perf_counter() - t_start
                         console.print(f"  {i}/{len(todo)} rows, {el / i:.2f} s a row, {el / 60:.1f} min")
@@ -301,6 +470,10 @@ def run(per_set: int, sets: tuple[str, ...], threads: int, data: Path, out: Path
         counts[set_of[k]][k.split(":", 1)[0]]["too_long" if why == "PromptTooLong" else "input_error"] += 1
 
     outcomes = [done[f"{r.split}:{r.id}"] for r in rows if f"{r.split}:{r.id}" in done]
+    if layers:  # every figure on the rows with every requested layer's state: the same rows for all
+        outcomes = [
+            o for o in outcomes if set(layers) <= set(lay.get(f"{o.split}:{o.id}", LayerStates({}, 0, True, 0)).states)
+        ]
     dev = [o for o in outcomes if o.split == "dev"]
     test = [o for o in outcomes if o.split == "test"]
     y_dev = np.array([o.right for o in dev], dtype=int)
@@ -320,6 +493,28 @@ def run(per_set: int, sets: tuple[str, ...], threads: int, data: Path, out: Path
         "c_probe_plus_conf": probe_c.predict_proba(_features(test, True))[:, 1],
         "set_dev_accuracy": np.array([dev_acc[set_of[f"{o.split}:{o.id}"]] for o in test]),
     }
+    fits: dict[str, Any] = {
+        "b_hidden_probe": {"C": c_b, "cv_auroc": cv_b},
+        "c_probe_plus_conf": {"C": c_c, "cv_auroc": cv_c},
+    }
+    if layers:
+        t_fit = time.perf_counter()
+
+        def states(part: list[Outcome], il: int) -> np.ndarray:
+            return np.stack([lay[f"{o.split}:{o.id}"].states[il] for o in part]).astype(np.float64)
+
+        def concat(part: list[Outcome]) -> np.ndarray:
+            conf = np.array([[max(o.probs), _margin(o.probs)] for o in part])
+            return np.hstack([states(part, il) for il in layers] + [conf])
+
+        for il in layers:
+            probe, c, cv = fit_probe(states(dev, il), y_dev)
+            scores[f"layer_{il}_probe"] = probe.predict_proba(states(test, il))[:, 1]
+            fits[f"layer_{il}_probe"] = {"C": c, "cv_auroc": cv}
+        probe, c, cv = fit_probe(concat(dev), y_dev)
+        scores["layers_concat_plus_conf"] = probe.predict_proba(concat(test))[:, 1]
+        fits["layers_concat_plus_conf"] = {"C": c, "cv_auroc": cv}
+        fit_s += time.perf_counter() - t_fit
     pooled = {k: _auroc(s, y_test) for k, s in scores.items()}
     intervals = _bootstrap(scores, y_test, "a_top_prob")
     by_set: dict[str, Any] = {}
@@ -354,6 +549,8 @@ def run(per_set: int, sets: tuple[str, ...], threads: int, data: Path, out: Path
             "folds": FOLDS,
             "bootstrap": BOOTSTRAP,
             "check_every": CHECK_EVERY,
+            "layers": list(layers),
+            "n_layer": n_layer,
         },
         "rows": {
             "counts": counts,
@@ -378,10 +575,8 @@ def run(per_set: int, sets: tuple[str, ...], threads: int, data: Path, out: Path
             "seconds_plain_mean": float(np.mean([c["seconds_plain"] for c in checks])) if checks else None,
             "seconds_embedding_mean": float(np.mean([o.seconds for o in outcomes if o.check])) if checks else None,
         },
-        "fits": {
-            "b_hidden_probe": {"C": c_b, "cv_auroc": cv_b},
-            "c_probe_plus_conf": {"C": c_c, "cv_auroc": cv_c},
-        },
+        "layer_pass": _layer_pass([lay[f"{o.split}:{o.id}"] for o in outcomes]) if layers else None,
+        "fits": fits,
         "test": {
             "pooled_auroc": pooled,
             "pooled_interval_95": intervals,
@@ -398,11 +593,28 @@ def run(per_set: int, sets: tuple[str, ...], threads: int, data: Path, out: Path
             "that knowing the set alone gives",
             "hidden state: the final layer after the output norm, at the answer position, from the same "
             "decode as the answer's logits",
+            "layer_<il>_probe: the same probe as (b) on the residual stream after transformer layer il "
+            "(llama.cpp's l_out-<il>, before any norm) at the answer position, read by llama.cpp's "
+            "graph-evaluation callback; for rows already cached, from a second pass with embedding mode off "
+            "whose answer is checked against the cached one (layer_pass)",
+            "layers_concat_plus_conf: the requested layers' states concatenated, with the top probability and "
+            "the top-two margin",
         ],
     }
     _print(console, result)
     save(console, out, result)
     return result
+
+
+def _layer_pass(got: list[LayerStates]) -> dict[str, Any]:
+    secs = np.array([g.seconds for g in got]) if got else np.zeros(1)
+    return {
+        "rows": len(got),
+        "same_answer": float(np.mean([g.same_answer for g in got])) if got else None,
+        "max_abs_prob_diff": float(max(g.max_abs_prob_diff for g in got)) if got else None,
+        "seconds_per_row_mean": float(secs.mean()),
+        "seconds_per_row_p50": float(np.median(secs)),
+    }
 
 
 def _versions() -> dict[str, str]:
@@ -475,7 +687,37 @@ def _print(console: Console, res: dict[str, Any]) -> None:
             f"largest probability difference {ck['max_abs_prob_diff']:.2e}, {ck['seconds_plain_mean']:.2f} s "
             f"off vs {ck['seconds_embedding_mean']:.2f} s on"
         )
+    if res["settings"]["layers"]:
+        _print_layers(console, res)
     console.print(
         f"the learned gate's {GATE_AUROC} (docs/benchmarks.md; goal >= {GOAL}) is from another run on other "
         "rows: not comparable row for row"
     )
+
+
+def _print_layers(console: Console, res: dict[str, Any]) -> None:
+    t, fits = res["test"], res["fits"]
+    iv, pooled = t["pooled_interval_95"], t["pooled_auroc"]
+    keys = ["a_top_prob", "b_hidden_probe"]
+    keys += [f"layer_{il}_probe" for il in res["settings"]["layers"]] + ["layers_concat_plus_conf"]
+    table = Table(title="Probes by layer: right/wrong AUROC on the test rows (fits on dev rows)")
+    for col in ("score", "pooled [95%]", "- top prob [95%]", "C", *t["per_set"]):
+        table.add_column(col, justify="left" if col == "score" else "right")
+    for k in keys:
+        d = iv[k]
+        diff = "" if k == "a_top_prob" else f"{d['diff_vs_a_top_prob']:+.3f} [{d['diff_lo']:+.3f}, {d['diff_hi']:+.3f}]"
+        table.add_row(
+            k,
+            f"{_f(pooled[k])} [{d['lo']:.3f}, {d['hi']:.3f}]",
+            diff,
+            str(fits[k]["C"]) if k in fits else "",
+            *(_f(s["auroc"][k]) for s in t["per_set"].values()),
+        )
+    console.print(table)
+    lp = res["layer_pass"]
+    if lp and lp["rows"]:
+        console.print(
+            f"layer pass, {lp['rows']} rows: same answer as cached {lp['same_answer']:.3f}, largest probability "
+            f"difference {lp['max_abs_prob_diff']:.2e}, {lp['seconds_per_row_mean']:.2f} s a row "
+            f"(p50 {lp['seconds_per_row_p50']:.2f})"
+        )
