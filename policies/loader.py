@@ -21,7 +21,8 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
 from policies.errors import PolicyInvalid
-from policies.schema import GGUFScorerBackendSpec, LlamaCppBackendSpec, Loc, Policy, RoutedModel, reference_problems
+from policies.references import reference_problems
+from policies.schema import GGUFScorerBackendSpec, LlamaCppBackendSpec, Loc, Policy, RoutedModel
 
 
 @dataclass(frozen=True)
