@@ -31,7 +31,6 @@ import itertools
 import shutil
 import statistics
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.load import Sample, Target, sequential
+from benchmarks.load import Target, interleaved
 from benchmarks.meters import cpu_kind
 from benchmarks.overhead import machine
 from benchmarks.procs import Fleet, Proc, StartFailed, free_port
@@ -169,17 +168,8 @@ async def _main(
                 await t.open(4)
                 targets.append(t)
             try:
-                console.print(f"[bold]warm-up[/]: {warmup} requests per row")
-                deadline = time.monotonic() + 3600
-                for t in targets:
-                    await sequential(t, warmup, deadline)
-                per_round = max(1, requests // rounds)
-                console.print(f"[bold]latency[/]: {rounds} rounds x {per_round} sequential requests per row")
-                lat = {t.name: Sample() for t in targets}
-                for r in range(rounds):
-                    k = r % len(targets)
-                    for t in targets[k:] + targets[:k]:
-                        lat[t.name].extend(await sequential(t, per_round, deadline))
+                console.print(f"[bold]latency[/]: {warmup} warm-up, {rounds} rounds of {requests} requests a row")
+                lat = await interleaved(targets, rounds, requests, warmup)
             finally:
                 for t in targets:
                     await t.close()

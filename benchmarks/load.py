@@ -157,3 +157,18 @@ async def closed_loop(target: Target, concurrency: int, duration_s: float, max_r
 async def _quiet(target: Target) -> None:
     with contextlib.suppress(*_ERRORS):
         await target.once()
+
+
+async def interleaved(targets: list[Target], rounds: int, requests: int, warmup: int) -> dict[str, Sample]:
+    """Each target warmed up, then ``requests`` sequential requests each in ``rounds`` rounds whose
+    order rotates (the machine's noise falls on every target alike); their latencies by name."""
+    deadline = time.monotonic() + 3600
+    for t in targets:
+        await sequential(t, warmup, deadline)
+    per_round = max(1, requests // rounds)
+    lat = {t.name: Sample() for t in targets}
+    for r in range(rounds):
+        k = r % len(targets)
+        for t in targets[k:] + targets[:k]:
+            lat[t.name].extend(await sequential(t, per_round, deadline))
+    return lat
