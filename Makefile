@@ -44,13 +44,16 @@ serve: $(VENV)/.doctor
 	$(BIN)/triage serve
 
 # the servers the tests start themselves, from Debian's packages: Redis for tests/test_quotas.py, PostgreSQL
-# for tests/test_fleet_batches.py (Debian puts its initdb and postgres in /usr/lib/postgresql/N/bin, off PATH)
+# for tests/test_fleet_batches.py (Debian puts its initdb and postgres in /usr/lib/postgresql/N/bin, off PATH),
+# and the browser tests/test_console.py drives (headless chromium, through playwright's driver)
 services:
 	command -v redis-server >/dev/null 2>&1 || { DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; }
 	{ command -v initdb && command -v postgres; } >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
 		{ DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; }
+	{ command -v chromium >/dev/null 2>&1; } || { DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 
 # The test lanes (tests/lanes.py): a test that starts an engine, loads a model or starts the fleet's
 # servers (Redis, PostgreSQL, gateway processes) is marked `engine`, `model` or `fleet` by the

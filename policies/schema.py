@@ -648,6 +648,18 @@ class TracingSpec(Strict):
         return v
 
 
+class ConsoleSpec(Strict):
+    """The operator's console (``/console``, behind ``access.admin_key``): live traffic, decisions,
+    one request's trace, keys and spend, batches and eval reports."""
+
+    enabled: bool = Field(True, description="serve /console and keep its ring of recent requests")
+    recent: int = Field(2000, ge=100, le=100_000, description="requests kept in memory (per process) for its pages")
+    reports: str | None = Field(
+        None, description="a folder of `triage eval` reports and plots to list, relative to the policy file"
+    )
+    session_s: float = Field(8 * 3600.0, ge=60, le=7 * 86400, description="how long a login lasts")
+
+
 class Policy(Strict):
     version: Literal[1]
     backends: dict[str, Backend] = Field(min_length=1)
@@ -667,6 +679,7 @@ class Policy(Strict):
     quality: QualitySpec | None = Field(
         None, description="records of cascade and routed answers, shadow checks and feedback (off: unset)"
     )
+    console: ConsoleSpec = ConsoleSpec()
 
     def upstream_name(self, model: str) -> str:
         spec = self.models[model]

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from policies.cascade import Decision, Step
-from policies.schema import ModelSpec, Prices
+from policies.schema import ModelSpec, Policy, Prices
 
 
 def cost(prices: Prices, usage: Mapping[str, Any] | None) -> float:
@@ -75,3 +75,38 @@ def trace_charges(
         for s in trace
         if s.model is not None and s.model in models and s.outcome != "exhausted"  # exhausted: a repeat
     ]
+
+
+def dearest(models: Mapping[str, ModelSpec], candidates: Sequence[str]) -> str:
+    """A routed model's top: the candidate whose prices are the highest."""
+
+    def dear(name: str) -> float:
+        p = models[name].prices
+        return p.input_per_mtok + p.output_per_mtok + p.per_call * 1e6
+
+    return max(candidates, key=dear)
+
+
+def always_top(policy: Policy, asked: str | None, d: Decision | None, usage: Mapping[str, Any] | None) -> float | None:
+    """What the request would have cost had its top answered it, at the policy's prices, with the
+    tokens it used: a typed decision's top is the cascade's last tier (its own charge where it was
+    asked; else its prices on the prompt tokens of the model tiers asked; a local top is free), a
+    routed model's the dearest candidate. None where there is no top to compare with (a model asked
+    by name), or no tokens to price it by (only the encoder answered, and the top is a model)."""
+    if d is not None:
+        top = policy.cascade.tiers[-1] if policy.cascade is not None else None
+        model = getattr(top, "model", None)
+        if top is None or model is None or model not in policy.models:
+            return 0.0 if top is not None else None
+        asked_top = [s for s in d.trace if s.model == model and s.outcome != "exhausted"]
+        if asked_top:
+            return sum(cost(policy.models[model].prices, s.usage) for s in asked_top)
+        prompts = [_count(s.usage, "prompt_tokens") for s in d.trace if s.usage]
+        if not prompts:
+            return None
+        return cost(policy.models[model].prices, {"prompt_tokens": max(prompts), "completion_tokens": 1})
+    vm = policy.virtual_models.get(asked or "")
+    if vm is None or vm.type != "routed":
+        return None
+    top_model = dearest(policy.models, [c.model for c in vm.candidates])
+    return cost(policy.models[top_model].prices, usage)

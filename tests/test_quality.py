@@ -17,11 +17,11 @@ from typer.testing import CliRunner
 
 from eval.tier_outputs import typed_rows
 from gateway.cli import app as cli
-from gateway.service.watch import reference
 from policies import quality
 from policies.errors import PolicyInvalid
 from policies.loader import parse as load_text
 from policies.schema import ModelSpec
+from policies.spend import dearest as reference
 from tests.conftest import Gateway
 
 ADMIN = "sk-admin-quality"

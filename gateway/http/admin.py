@@ -7,9 +7,7 @@ Errors are raised: the app's one ``TriageError`` handler turns them into OpenAI-
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import secrets
 import time
 from typing import Any
 
@@ -19,12 +17,11 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.http.doors import read_body
-from gateway.service import keyring
+from gateway.service import key_admin
 from gateway.service.bodies import parse_json
 from gateway.service.runtime import Runtime
-from policies import quality, spend
-from policies.errors import Conflict, InvalidRequest, NotFound, Unauthorized
-from policies.plans import public_models
+from policies import quality
+from policies.errors import InvalidRequest, NotFound, Unauthorized
 from policies.schema import KeyLimits
 
 router = APIRouter(prefix="/admin")
@@ -73,105 +70,28 @@ async def _body(request: Request, model: type[BaseModel], empty_ok: bool = False
         raise InvalidRequest(f"Invalid value for '{param}': {err['msg']}", param=param) from None
 
 
-def _new_secret() -> tuple[str, str]:
-    key = "sk-triage-" + secrets.token_urlsafe(32)
-    return key, hashlib.sha256(key.encode()).hexdigest()
-
-
-def _check_name_free(rt: Runtime, name: str) -> None:
-    if any(k.name == name for k in rt.policy.keys):
-        raise Conflict(f"'{name}' is a key of the policy: change it in the policy file", param="name")
-
-
 @router.post("/keys")
 async def create_key(request: Request) -> Response:
     rt = _admin(request)
     req: KeyCreate = await _body(request, KeyCreate)
-    _check_name_free(rt, req.name)
-    unknown = sorted(set(req.models or ()) - set(public_models(rt.policy)))
-    if unknown:
-        raise InvalidRequest(f"no model named {', '.join(unknown)} in the policy", param="models")
-    secret, digest = _new_secret()
-    now = time.time()
-    if not await rt.store.key_create(req.name, digest, keyring.record(req.name, digest, req.models, req.limits, now)):
-        raise Conflict(f"the key '{req.name}' exists: revoke or rotate it", param="name")
-    log.info("key_created", key=req.name)
-    body = {"object": "api_key", "name": req.name, "key": secret, "sha256": digest, "created_at": round(now, 3)}
-    return _json({**body, "models": req.models, "limits": req.limits.model_dump(exclude_none=True)}, 201)
+    return _json(await key_admin.create(rt, req.name, req.models, req.limits), 201)
 
 
 @router.get("/keys")
 async def list_keys(request: Request) -> Response:
-    rt = _admin(request)
-    now = time.time()
-    rows: list[dict[str, Any]] = []
-    for digest, key in rt.keyring.policy_keys.items() if rt.keyring is not None else ():
-        rows.append(_row(key.name, digest, "policy", key.models, key.limits, None, None, now))
-    for raw, revoked_at in await rt.store.key_all():
-        key, doc = keyring.as_key(raw)
-        rows.append(_row(key.name, key.sha256, "admin", key.models, key.limits, doc["created_at"], revoked_at, now))
-    rows.sort(key=lambda r: (r["name"], r["created_at"] or 0))
-    return _json({"object": "list", "data": rows})
-
-
-def _row(
-    name: str,
-    digest: str,
-    source: str,
-    models: list[str] | None,
-    limits: KeyLimits,
-    created_at: float | None,
-    revoked_at: float | None,
-    now: float,
-) -> dict[str, Any]:
-    return {
-        "object": "api_key",
-        "name": name,
-        "sha256_prefix": digest[:12],
-        "source": source,
-        "models": models,
-        "limits": limits.model_dump(exclude_none=True),
-        "created_at": created_at,
-        "revoked_at": revoked_at,
-        "active": revoked_at is None or revoked_at > now,
-    }
+    return _json({"object": "list", "data": await key_admin.rows(_admin(request))})
 
 
 @router.delete("/keys/{name}")
 async def revoke_key(request: Request, name: str) -> Response:
-    rt = _admin(request)
-    _check_name_free(rt, name)
-    now = time.time()
-    old = await rt.store.key_revoke(name, now)
-    if old is None:
-        raise NotFound(f"no live key named '{name}'", param="name")
-    if rt.keyring is not None:
-        rt.keyring.forget(old)
-    log.info("key_revoked", key=name)
-    return _json({"object": "api_key", "name": name, "revoked": True, "revoked_at": round(now, 3)})
+    return _json(await key_admin.revoke(_admin(request), name))
 
 
 @router.post("/keys/{name}/rotate")
 async def rotate_key(request: Request, name: str) -> Response:
     rt = _admin(request)
     req: KeyRotate = await _body(request, KeyRotate, empty_ok=True)
-    _check_name_free(rt, name)
-    live = [key for raw, at in await rt.store.key_all() if at is None and (key := keyring.as_key(raw)[0]).name == name]
-    if not live:
-        raise NotFound(f"no live key named '{name}'", param="name")
-    old = live[0]
-    secret, digest = _new_secret()
-    now = time.time()
-    revoke_at = now + req.grace_s
-    kept = keyring.record(name, digest, old.models, old.limits, now)
-    if await rt.store.key_rotate(name, digest, kept, revoke_at) is None:
-        raise NotFound(f"no live key named '{name}' (revoked meanwhile)", param="name")
-    if rt.keyring is not None:
-        rt.keyring.forget(old.sha256)
-    log.info("key_rotated", key=name, grace_s=req.grace_s)
-    body = {"object": "api_key", "name": name, "key": secret, "sha256": digest, "created_at": round(now, 3)}
-    limits = old.limits.model_dump(exclude_none=True)
-    return _json({**body, "models": old.models, "limits": limits, "previous_revoked_at": round(revoke_at, 3)})
+    return _json(await key_admin.rotate(rt, name, req.grace_s))
 
 
 @router.get("/spend")
@@ -180,28 +100,7 @@ async def read_spend(request: Request) -> Response:
     (``YYYY-MM-DD``; default: this month up to today)."""
     rt = _admin(request)
     q = request.query_params
-    today = spend.day(time.time())
-    first, last = q.get("from") or today[:8] + "01", q.get("to") or today
-    try:
-        days = spend.days_between(first, last)
-    except ValueError as exc:
-        raise InvalidRequest(f"from/to: {exc}", param="from") from None
-    names = [q["key"]] if q.get("key") else await _key_names(rt)
-    keys, total = [], 0.0
-    for name in names:
-        by_day = await rt.store.spend(name, days)
-        costs = [(d, m, c) for d in days for m, c in sorted(by_day.get(d, {}).items())]
-        rows = [{"day": d, "model": m, "cost": round(c, 8)} for d, m, c in costs]
-        keys.append({"key": name, "total": round(sum(c for *_, c in costs), 8), "days": rows})
-        total += sum(c for *_, c in costs)
-    total = round(total, 8)
-    return _json({"object": "spend", "from": first, "to": last, "total": total, "keys": keys})
-
-
-async def _key_names(rt: Runtime) -> list[str]:
-    names = {k.name for k in rt.policy.keys}
-    names.update(keyring.as_key(raw)[0].name for raw, _ in await rt.store.key_all())
-    return sorted(names)
+    return _json(await key_admin.spend_report(rt, q.get("key"), q.get("from"), q.get("to")))
 
 
 @router.get("/quality")

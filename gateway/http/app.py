@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.http import admin, batch_api
+from gateway.http import admin, batch_api, console
 from gateway.http.api import HOT_ROUTES, router
 from gateway.http.app_state import GatewayState
 from gateway.http.doors import error_response
@@ -137,6 +137,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(router)
     app.include_router(batch_api.router)
     app.include_router(admin.router)
+    app.include_router(console.router)
 
     @app.exception_handler(TriageError)
     async def _triage_error(request: Request, exc: TriageError) -> Response:

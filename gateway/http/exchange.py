@@ -9,6 +9,7 @@ answer was a JSON body or a stream.
 from __future__ import annotations
 
 import itertools
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -19,6 +20,7 @@ import structlog
 from backends.base import Attempt, Stopwatch
 from gateway.obs import tracing
 from gateway.obs.metrics import Metrics
+from gateway.obs.recent import Seen
 from gateway.service import quotas, response_cache
 from gateway.service.context import Context, Wait
 from gateway.service.runtime import Runtime, RuntimeHolder
@@ -212,8 +214,40 @@ class Exchange:
             event["error"] = {"type": error.type, "code": error.code, "message": error.message}
         if self.prompt is not None and self.rt.policy.logging.log_prompts:
             event["prompt"] = self.prompt
+        self._remember(status, latency, error)
         tracing.annotate(event)  # on the request's span, when traced
         (log.warning if status >= 500 else log.info)("request", **event)
+
+    def _remember(self, status: int, latency_s: float, error: TriageError | None) -> None:
+        """The request in the console's ring (policy: ``console``)."""
+        console = self.rt.policy.console
+        if not console.enabled:
+            return
+        recent = self.metrics.recent
+        recent.size = console.recent
+        show = self.rt.policy.logging.log_prompts
+        recent.add(
+            Seen(
+                self.request_id,
+                time.time(),
+                self.endpoint,
+                self.model,
+                self.served,
+                status,
+                latency_s * 1000,
+                self.stream,
+                self.key.name if self.key is not None else None,
+                self.cost,
+                spend.always_top(self.rt.policy, self.model, self.decision, self.usage) if status < 400 else None,
+                self.usage,
+                error.type if error is not None else None,
+                self.decision,
+                self.route,
+                self.attempts,
+                self.prompt if show else None,
+                show,
+            )
+        )
 
     def _decision_event(self, d: Decision) -> dict[str, Any]:
         """The cascade's decision for the log: answers (user text) only when prompts are logged."""

@@ -28,6 +28,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from backends.base import Attempt
+from gateway.obs.recent import Recent
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client reads it when imported; set by gateway.http.workers
 SAMPLE_EVERY_S = 1.0
@@ -55,6 +56,7 @@ class Metrics:
         # the folder several worker processes share (set by `triage serve --workers N`), or None
         self.shared_dir: str | None = os.environ.get(MULTIPROC_ENV) or None
         self._samplers: list[Callable[[], None]] = []
+        self.recent = Recent()  # the console's ring of recent requests (this process's)
         r = self.registry
         self.requests = Counter("triage_requests", "Requests answered", ["endpoint", "model", "status"], registry=r)
         self.errors = Counter("triage_errors", "Error answers by OpenAI error type", ["type", "status"], registry=r)

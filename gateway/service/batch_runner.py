@@ -208,7 +208,12 @@ class BatchRunner:
             claim_max=settings.claim_max_requests,
         )
         counts = {"total": len(rows), "completed": 0, "failed": len(rows) - len(runnable)}
-        fields = {"status": "in_progress", "in_progress_at": int(time.time()), "request_counts": counts}
+        fields = {
+            "status": "in_progress",
+            "in_progress_at": int(time.time()),
+            "request_counts": counts,
+            "prefix_groups": groups,  # triage's own field: the groups its requests were claimed in (the console)
+        }
         if await self.store.start_batch(batch_id, self.owner, planned, groups, fields):
             log.info("batch_planned", batch_id=batch_id, requests=len(runnable), groups=groups)
         else:

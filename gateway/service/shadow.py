@@ -80,7 +80,7 @@ def routed(
     vm = plan.model
     assert isinstance(vm, RoutedModel)
     ref = vm.shadow.reference if vm.shadow is not None and vm.shadow.reference else None
-    ref = ref or watch.reference(rt.policy.models, vm.routes())
+    ref = ref or spend.dearest(rt.policy.models, vm.routes())
     whole = served.completion.body if served.completion is not None else None
     cost = quotas.price(rt, served.model, whole.get("usage")) if whole is not None else 0.0
     shown = last_user_text(body) if rt.policy.logging.log_prompts else None

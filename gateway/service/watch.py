@@ -277,16 +277,6 @@ def body_chars(body: Body) -> int:
     return total
 
 
-def reference(models: Mapping[str, ModelSpec], candidates: list[str]) -> str:
-    """A routed model's top: the candidate whose prices are the highest."""
-
-    def dear(name: str) -> float:
-        p = models[name].prices
-        return p.input_per_mtok + p.output_per_mtok + p.per_call * 1e6
-
-    return max(candidates, key=dear)
-
-
 def ctx_for(request_id: str) -> Context:
     """The context of a shadow call: its own id (the request's, marked), no key (the operator pays)."""
     return Context(f"{request_id}-shadow", surface=SHADOW)

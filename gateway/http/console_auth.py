@@ -1,0 +1,99 @@
+"""The console's login: a session cookie signed by the gateway, and the checks on every write.
+
+A login with the admin key (``access.admin_key``) gets a cookie ``<expiry>.<nonce>.<signature>``:
+HMAC-SHA256 under the console's secret over the admin key's sha256, the expiry and the nonce. It is
+``HttpOnly`` (no script reads it), ``SameSite=Strict`` (no other site's page sends it), ``Path=/console``
+and ``Secure`` on HTTPS. Nothing is kept on the server: every gateway process that shares the secret
+accepts it, and a new admin key in the policy ends every session (the digest is signed). A cookie
+forged, altered or past its expiry is no session. The key itself is never in the cookie or a URL.
+
+Writes (a login, a key made, revoked or rotated) also need the request's ``Origin`` (else its
+``Referer``) to be this gateway's own host, and, once logged in, the session's CSRF token in the
+form: a cross-site request is refused even from a browser that ignores SameSite.
+
+The secret: ``TRIAGE_CONSOLE_SECRET`` where set (a fleet behind one load balancer sets the same),
+else 32 random bytes made once in the triage cache folder (mode 0600), shared by the workers of one
+machine.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import hmac
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from policies.paths import cache_dir
+
+COOKIE = "triage_console"
+SECRET_ENV = "TRIAGE_CONSOLE_SECRET"
+
+
+@functools.cache
+def secret() -> bytes:
+    """The key sessions are signed with (see the module's doc)."""
+    if env := os.environ.get(SECRET_ENV):
+        return hashlib.sha256(env.encode()).digest()
+    path = cache_dir() / "console-secret"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        data = path.read_bytes()
+        if len(data) >= 32:
+            return data[:32]
+        path.unlink()  # a torn write of an earlier start: made again
+        return secret.__wrapped__()
+    with os.fdopen(fd, "wb") as f:
+        data = secrets.token_bytes(32)
+        f.write(data)
+    return data
+
+
+@dataclass(frozen=True)
+class Session:
+    nonce: str
+    expires: float
+
+    def csrf(self, key: bytes) -> str:
+        """The token the session's forms carry."""
+        return hmac.new(key, f"csrf|{self.nonce}".encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def _sign(key: bytes, admin_digest: str, expires: int, nonce: str) -> str:
+    return hmac.new(key, f"{admin_digest}|{expires}|{nonce}".encode(), hashlib.sha256).hexdigest()
+
+
+def issue(key: bytes, admin_digest: str, ttl_s: float, now: float | None = None) -> tuple[str, Session]:
+    """A new session: the cookie's value, and the session it stands for."""
+    expires = int((time.time() if now is None else now) + ttl_s)
+    nonce = secrets.token_urlsafe(16)
+    return f"{expires}.{nonce}.{_sign(key, admin_digest, expires, nonce)}", Session(nonce, float(expires))
+
+
+def check(key: bytes, admin_digest: str, value: str | None, now: float | None = None) -> Session | None:
+    """The session a cookie stands for; None when it is missing, forged, altered or expired."""
+    if not value or len(value) > 256:
+        return None
+    parts = value.split(".")
+    if len(parts) != 3 or not parts[0].isascii() or not parts[0].isdigit():
+        return None
+    expires, nonce, sig = int(parts[0]), parts[1], parts[2]
+    if not hmac.compare_digest(sig, _sign(key, admin_digest, expires, nonce)):
+        return None
+    if expires <= (time.time() if now is None else now):
+        return None
+    return Session(nonce, float(expires))
+
+
+def same_origin(origin: str | None, referer: str | None, host: str | None) -> bool:
+    """Whether a write comes from a page of this gateway: its ``Origin`` (else its ``Referer``) names
+    the host the request was sent to. Neither: refused (every browser sends one on a form's POST)."""
+    source = origin if origin and origin != "null" else referer
+    if not source or not host:
+        return False
+    return urlsplit(source).netloc.lower() == host.lower()
