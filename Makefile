@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test test-fast lint format fuzz bench-overhead models vllm services doctor clean
+.PHONY: serve test test-fast lint format fuzz bench-overhead models vllm services doctor clean console-shots
 
 # llama-cpp-python compiles llama.cpp with the machine's own instruction sets (-march=native), but
 # without AMX: llama.cpp's AMX kernels fault on the first token on Intel Xeons with AMX (SIGSEGV in
@@ -91,6 +91,10 @@ test: $(FAST_STAMP) services $(STAMP) vllm
 FUZZ_EXAMPLES ?= 5000
 fuzz: $(STAMP)
 	HF_HUB_OFFLINE=1 FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest tests/test_fuzz.py -q -p no:cacheprovider
+
+# the console's screenshots in docs/console.md, made in Debian's headless chromium as its tests drive it
+console-shots: $(FAST_STAMP) services
+	HF_HUB_OFFLINE=1 $(FAST_VENV)/bin/python -m tests.console_shots docs/console
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .

@@ -36,7 +36,7 @@ def sha(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def policy(log_prompts: bool = False, admin: bool = True, extra: str = "") -> str:
+def policy(log_prompts: bool = False, admin: bool = True, extra: str = "", threshold: float = 0.9) -> str:
     return f"""version: 1
 backends:
   cheap_b: {{type: scripted, text: "A"}}
@@ -48,7 +48,7 @@ virtual_models:
   auto: {{type: cascade, open: cheap}}
 cascade:
   tiers:
-    - {{name: small, type: model, model: cheap, logprobs: false, assumed_confidence: 0.3, thresholds: {{choice: 0.9}}}}
+    - {{name: small, type: model, model: cheap, logprobs: false, assumed_confidence: 0.3, thresholds: {{choice: {threshold}}}}}
     - {{name: big, type: model, model: top, logprobs: false}}
 keys:
   - {{name: app, sha256: "{sha(APP)}"}}

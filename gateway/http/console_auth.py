@@ -40,18 +40,20 @@ def secret() -> bytes:
         return hashlib.sha256(env.encode()).digest()
     path = cache_dir() / "console-secret"
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        data = path.read_bytes()
-        if len(data) >= 32:
-            return data[:32]
-        path.unlink()  # a torn write of an earlier start: made again
-        return secret.__wrapped__()
-    with os.fdopen(fd, "wb") as f:
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            data = path.read_bytes()
+            if len(data) >= 32:
+                return data[:32]
+            path.unlink(missing_ok=True)  # torn by a start that died while writing it: made again
+            continue
         data = secrets.token_bytes(32)
-        f.write(data)
-    return data
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return data
+    raise OSError(f"could not make the console's secret in {path}")
 
 
 @dataclass(frozen=True)

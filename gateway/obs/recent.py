@@ -235,7 +235,7 @@ def decisions(recent: Recent) -> dict[str, Any]:
     costs: dict[str, list[Seen]] = defaultdict(list)
     for s in rows:
         if s.status < 400:
-            costs[s.model or "-"].append(s)
+            costs[s.model or ("cascade (/v1/decide)" if s.decision is not None else "-")].append(s)
     return {
         "requests": len(rows),
         "tiers": [
