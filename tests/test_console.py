@@ -48,7 +48,8 @@ virtual_models:
   auto: {{type: cascade, open: cheap}}
 cascade:
   tiers:
-    - {{name: small, type: model, model: cheap, logprobs: false, assumed_confidence: 0.3, thresholds: {{choice: {threshold}}}}}
+    - {{name: small, type: model, model: cheap, logprobs: false, assumed_confidence: 0.3,
+       thresholds: {{choice: {threshold}}}}}
     - {{name: big, type: model, model: top, logprobs: false}}
 keys:
   - {{name: app, sha256: "{sha(APP)}"}}
