@@ -370,3 +370,30 @@ def test_in_a_browser_every_page_is_labelled_and_fits_a_phone(
         page.keyboard.press("Tab")  # the first stop is the skip link
         assert page.evaluate("() => document.activeElement.textContent") == "Skip to content"
         page.close()
+
+
+def test_the_decisions_page_shows_the_quality_watch_where_there_is_one(gateway: Callable[..., Gateway]) -> None:
+    gw = gateway(policy(extra="quality: {path: quality.sqlite3, target: 0.8, min_pairs: 1, check_every_s: 0.1}\n"))
+    for i in range(3):
+        decide(gw, f"rq-q{i}")
+    with logged_in(gw) as http:
+        page = http.get("/console/decisions").text
+    table = page.split('id="quality-table"', 1)[1].split("</table>", 1)[0]
+    assert "<td>cascade</td>" in table and "<td>3</td>" in table  # three records of the cascade
+
+
+def test_the_ring_keeps_the_last_requests_and_reads_a_window() -> None:
+    from gateway.obs.recent import Recent, Seen, percentile, traffic
+
+    clock = [1000.0]
+    ring = Recent(size=100, now=lambda: clock[0])
+    for i in range(150):
+        clock[0] = 1000.0 + i
+        ring.add(Seen(f"r{i}", clock[0], "chat", "m", "m", 500 if i % 10 == 0 else 200, float(i % 7)))
+    assert ring.find("r49") is None and ring.find("r50") is not None and ring.total == 150
+    t = traffic(ring, window_s=60)
+    assert t["all"]["requests"] == 60 and t["all"]["server_errors"] == 6  # r90..r149
+    assert sum(t["per_second"]) == 60 and t["latest"][0]["request_id"] == "r149"
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0 and percentile([], 0.5) is None
+    ring.add(Seen("r60", 2000.0, "chat", "m", "m", 200, 1.0))  # an id sent again: the last one is kept
+    assert ring.find("r60").at == 2000.0 and ring.latest(1)[0].request_id == "r60"

@@ -132,10 +132,10 @@ class Recent:
         return out
 
     def since(self, t: float) -> list[Seen]:
-        """Those that finished at ``t`` or later, oldest first."""
+        """Those that finished after ``t``, oldest first."""
         out: list[Seen] = []
         for seen in reversed(self._by_id.values()):
-            if seen.at < t:
+            if seen.at <= t:
                 break
             out.append(seen)
         out.reverse()
