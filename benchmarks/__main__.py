@@ -41,6 +41,9 @@ def overhead(
     profile: Annotated[bool, typer.Option(help="Then profile triage (py-spy, or cProfile).")] = False,
     profile_duration: Annotated[float, typer.Option(help="Seconds of the profile.")] = 10.0,
     out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-overhead.json"),
+    plot: Annotated[
+        Path | None, typer.Option(help="Also a PNG: added latency and throughput against concurrency, every row.")
+    ] = None,
 ) -> None:
     """Added latency and throughput: direct vs triage vs LiteLLM proxy, one fast upstream."""
     from benchmarks.overhead import run
@@ -64,6 +67,7 @@ def overhead(
         profile=profile,
         profile_duration=profile_duration,
         out=out,
+        plot=plot,
     )
 
 

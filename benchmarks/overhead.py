@@ -67,6 +67,7 @@ class Options:
     profile: bool = False
     profile_duration: float = 10.0
     out: Path = Path("out/bench-overhead.json")
+    plot: Path | None = None  # also a PNG of added latency and throughput against concurrency
 
     def levels(self) -> list[int]:
         out, c = [], 1
@@ -89,6 +90,10 @@ def run(**kwargs: Any) -> dict[str, Any]:
         result = _run_loop(_main(opts, console, Path(tmp)))
     render(console, result)
     report.save(console, opts.out, result)
+    if opts.plot is not None:
+        from benchmarks.overhead_plot import draw
+
+        console.print(f"plot: {draw(result, opts.plot)}")
     return result
 
 
@@ -318,6 +323,11 @@ async def _workers_pair(
             done[t.name] += len(s.latencies)
             rps[t.name].append(s.summary()["rps"] if not s.errors else 0.0)
     medians = {name: statistics.median(xs) if xs else 0.0 for name, xs in rps.items()}
+    # requests per second of gateway CPU: the same for N workers as for one when each added core
+    # serves as much as the first (the load generator and the upstream share the machine, so the
+    # cores a row gets are measured, not assumed)
+    per_core = {name: done[name] / cpu[name] if cpu[name] > 0 else None for name in cpu}
+    a, b = per_core[one.name], per_core[many.name]
     return {
         "concurrency": c,
         "duration_s": d,
@@ -329,6 +339,9 @@ async def _workers_pair(
         "gateway_cpu_ms_per_req": {
             name: round(cpu[name] / done[name] * 1000, 4) if done[name] else None for name in cpu
         },
+        "gateway_cores": {name: round(cpu[name] / (d * max(1, len(xs))), 3) for name, xs in rps.items()},
+        "rps_per_core": {name: round(x, 1) if x is not None else None for name, x in per_core.items()},
+        "core_efficiency": round(b / a, 3) if a and b else None,
     }
 
 

@@ -19,6 +19,7 @@ ADDED_P50_MAX_RATIO = 0.3
 THROUGHPUT_MIN_RATIO = 30.0
 # issue 18: `triage serve --workers 2` against one worker, on two cores (the best rate of the sweep)
 WORKERS_MIN_RATIO = 1.7
+CORE_EFFICIENCY_MIN = 0.9  # issue 35: throughput per worker-core, N workers against one
 
 
 def save(console: Console, out: Path, result: dict[str, Any]) -> None:
@@ -113,6 +114,16 @@ def _workers_goals(res: dict[str, Any]) -> list[dict[str, Any]]:
                 "pass": None,
             }
         )
+        eff = pair.get("core_efficiency")
+        rows.append(
+            {
+                "goal": f"requests per gateway CPU-second, --workers {n} / one worker >= {CORE_EFFICIENCY_MIN} "
+                "(scaling efficiency per added core)",
+                "value": eff,
+                "unit": "x",
+                "pass": None if eff is None else eff >= CORE_EFFICIENCY_MIN,
+            }
+        )
     rows.append(
         {
             "goal": f"(info) --workers {n} / one worker, throughput at the fixed concurrency",
@@ -178,6 +189,15 @@ def _pair_table(res: dict[str, Any]) -> Table:
     )
     cpu = p["gateway_cpu_ms_per_req"]
     t.add_row("gateway CPU ms/req", _ms(cpu.get(one)), _ms(cpu.get(many)), "")
+    if "rps_per_core" in p:
+        cores, per_core, eff = p["gateway_cores"], p["rps_per_core"], p.get("core_efficiency")
+        t.add_row("gateway cores busy", _ms(cores.get(one)), _ms(cores.get(many)), "")
+        t.add_row(
+            "req/s per gateway core",
+            _ms(per_core.get(one)),
+            _ms(per_core.get(many)),
+            "-" if eff is None else f"[bold]{eff:.3f}[/]",
+        )
     return t
 
 
