@@ -9,6 +9,7 @@ answer was a JSON body or a stream.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 import uuid
 from collections.abc import Mapping
@@ -18,7 +19,7 @@ from typing import Any
 import structlog
 
 from backends.base import Attempt, Stopwatch
-from gateway.obs import tracing
+from gateway.obs import logs, tracing
 from gateway.obs.metrics import Metrics
 from gateway.obs.recent import Seen
 from gateway.service import quotas, response_cache
@@ -175,6 +176,19 @@ class Exchange:
         self.metrics.observe(self.endpoint, model, status, latency, self.attempts, self.usage)
         if error is not None:
             self.metrics.errors.labels(error.type, str(status)).inc()
+        if self.cache is not None:
+            self.metrics.cache.labels(self.cache.result).inc()
+            if self.cache.result == "hit" and self.cache.price > self.cache.charged:
+                self.metrics.cache_saved.inc(self.cache.price - self.cache.charged)
+        if self.decision is not None:
+            self.metrics.decisions.labels(self.decision.tier, self.decision.qtype).inc()
+        if self.cost:
+            who = self.key.name if self.key is not None else "-"
+            for charged, cost in [(m, c) for m, _, c in self.charges] or [(model, self.cost)]:
+                self.metrics.spend.labels(who, charged).inc(cost)
+        self._remember(status, latency, error)
+        if status < 500 and not logs.emits(logging.INFO) and not tracing.recording():
+            return  # nobody reads the event: not built
         event: dict[str, Any] = {
             "request_id": self.request_id,
             "endpoint": self.endpoint,
@@ -194,19 +208,12 @@ class Exchange:
             event["route"] = asdict(self.route)
         if self.cache is not None:
             event["cache"] = self.cache.event()
-            self.metrics.cache.labels(self.cache.result).inc()
-            if self.cache.result == "hit" and self.cache.price > self.cache.charged:
-                self.metrics.cache_saved.inc(self.cache.price - self.cache.charged)
         if self.decision is not None:
             event["decision"] = self._decision_event(self.decision)
-            self.metrics.decisions.labels(self.decision.tier, self.decision.qtype).inc()
         if self.key is not None:
             event["key"] = self.key.name
         if self.cost:
             event["cost"] = round(self.cost, 8)
-            who = self.key.name if self.key is not None else "-"
-            for charged, cost in [(m, c) for m, _, c in self.charges] or [(model, self.cost)]:
-                self.metrics.spend.labels(who, charged).inc(cost)
         if self.usage:
             event["prompt_tokens"] = self.usage.get("prompt_tokens")
             event["completion_tokens"] = self.usage.get("completion_tokens")
@@ -214,7 +221,6 @@ class Exchange:
             event["error"] = {"type": error.type, "code": error.code, "message": error.message}
         if self.prompt is not None and self.rt.policy.logging.log_prompts:
             event["prompt"] = self.prompt
-        self._remember(status, latency, error)
         tracing.annotate(event)  # on the request's span, when traced
         (log.warning if status >= 500 else log.info)("request", **event)
 

@@ -11,9 +11,17 @@ import structlog
 from policies.schema import Logging
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+_level: int | None = None  # the configured level; None: structlog's defaults (everything is written)
+
+
+def emits(level: int) -> bool:
+    """Whether an event at ``level`` is written: a caller that would build a large event skips it."""
+    return _level is None or level >= _level
 
 
 def configure(cfg: Logging) -> None:
+    global _level
+    _level = _LEVELS[cfg.level]
     renderer: structlog.typing.Processor
     if cfg.format == "json":
         renderer = structlog.processors.JSONRenderer(serializer=orjson.dumps)

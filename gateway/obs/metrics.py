@@ -57,6 +57,7 @@ class Metrics:
         self.shared_dir: str | None = os.environ.get(MULTIPROC_ENV) or None
         self._samplers: list[Callable[[], None]] = []
         self.recent = Recent()  # the console's ring of recent requests (this process's)
+        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         r = self.registry
         self.requests = Counter("triage_requests", "Requests answered", ["endpoint", "model", "status"], registry=r)
         self.errors = Counter("triage_errors", "Error answers by OpenAI error type", ["type", "status"], registry=r)
@@ -106,14 +107,21 @@ class Metrics:
     def observe(
         self, endpoint: str, model: str, status: int, latency_s: float, attempts: list[Attempt], usage: dict | None
     ) -> None:
-        self.requests.labels(endpoint, model, str(status)).inc()
-        self.latency.labels(endpoint, model).observe(latency_s)
+        # each request's series, found once per label set (prometheus-client's labels() checks and
+        # locks on every call); the label sets are bounded by the policy's names and the statuses
+        children = self._children.get((endpoint, model, status))
+        if children is None:
+            children = (self.requests.labels(endpoint, model, str(status)), self.latency.labels(endpoint, model))
+            self._children[(endpoint, model, status)] = children
+        children[0].inc()
+        children[1].observe(latency_s)
         for a in attempts:
             self.attempts.labels(a.backend, a.replica, a.outcome).inc()
-        for kind in ("prompt", "completion"):
-            count = (usage or {}).get(f"{kind}_tokens")
-            if isinstance(count, int) and count >= 0:
-                self.tokens.labels(model, kind).inc(count)
+        if usage:
+            for kind in ("prompt", "completion"):
+                count = usage.get(f"{kind}_tokens")
+                if isinstance(count, int) and count >= 0:
+                    self.tokens.labels(model, kind).inc(count)
 
     def watch_backends(self, backends: Callable[[], Iterable[tuple[str, Any]]]) -> None:
         """Gauges of the current backends: each admission waiting room's queue and its requests in

@@ -210,6 +210,11 @@ def _route(scope: Scope) -> str | None:
     return None
 
 
+def recording() -> bool:
+    """Whether this request has a span to annotate."""
+    return _REQUEST.get() is not None
+
+
 def annotate(event: Mapping[str, Any]) -> None:
     """The request's bookkeeping (the exchange's log event) on its server span: the key's name,
     the models, tokens, cost, the decision; never the prompt or a key."""
