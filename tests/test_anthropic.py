@@ -103,6 +103,21 @@ def test_the_request_reaches_the_engine_as_chat(gateway: Callable[..., Gateway])
     assert sent["reasoning_effort"] == "minimal"
 
 
+def test_text_blocks_reach_the_engine_as_a_string_and_a_stream_counts_the_input(
+    gateway: Callable[..., Gateway],
+) -> None:
+    gw = gateway(SCRIPTED)
+    blocks = [{"type": "text", "text": "how are"}, {"type": "text", "text": "you"}]
+    out = client(gw).messages.create(model="echo", max_tokens=5, messages=[{"role": "user", "content": blocks}])
+    # one string, not a list of parts: many engines' chat templates (llama.cpp's) take no list
+    assert json.loads(out.content[0].text)["messages"] == [{"role": "user", "content": "how are\nyou"}]  # type: ignore[union-attr]
+    with client(gw).messages.stream(
+        model="cheap", max_tokens=5, messages=[{"role": "user", "content": blocks}]
+    ) as stream:
+        final = stream.get_final_message()
+    assert final.usage.input_tokens == 3 and final.usage.output_tokens == 2  # message_delta's counts
+
+
 CASCADE = (
     SCRIPTED
     + """virtual_models:

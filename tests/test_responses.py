@@ -137,6 +137,7 @@ def test_the_request_reaches_the_engine_as_chat(gateway: Callable[..., Gateway])
     )
     sent = json.loads(out.output_text)
     assert [m["role"] for m in sent["messages"]] == ["system", "user", "assistant", "tool"]
+    assert sent["messages"][1] == {"role": "user", "content": "Look it up."}  # text parts: a string, for any template
     assert sent["messages"][2]["tool_calls"][0]["function"]["name"] == "lookup"
     assert sent["messages"][3] == {"role": "tool", "tool_call_id": "c1", "content": "42"}
     assert sent["tools"][0] == {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}

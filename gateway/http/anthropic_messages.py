@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from gateway.service.bodies import check
+from gateway.service.bodies import chat_content, check
 from policies.errors import InvalidRequest, TriageError
 
 Body = dict[str, Any]
@@ -130,7 +130,7 @@ def _turn(message: Body, where: str) -> list[Body]:
             raise _bad(f"a {kind!r} block is not supported here", f"{at}.type")
     out: list[Body] = [*results]
     if parts or calls:
-        turn: Body = {"role": role, "content": parts or None}
+        turn: Body = {"role": role, "content": chat_content(parts) if parts else None}
         if calls:
             turn["tool_calls"] = calls
         out.append(turn)
@@ -335,13 +335,11 @@ class StreamTranslator:
     def finish(self) -> bytes:
         reason = _STOP.get(self.finish_reason or "stop", "end_turn")
         usage = _usage(self.usage)
+        # cumulative, as Anthropic's: the input's count too, known only now (message_start said 0)
+        counts = usage if self.usage else {"output_tokens": usage["output_tokens"]}
         return (
             self._close()
-            + _event(
-                "message_delta",
-                delta={"stop_reason": reason, "stop_sequence": None},
-                usage={"output_tokens": usage["output_tokens"]},
-            )
+            + _event("message_delta", delta={"stop_reason": reason, "stop_sequence": None}, usage=counts)
             + _event("message_stop")
         )
 

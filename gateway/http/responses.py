@@ -31,6 +31,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
+from gateway.service.bodies import chat_content
 from policies.errors import InvalidRequest, NotFound, TriageError
 
 Body = dict[str, Any]
@@ -159,7 +160,7 @@ def _content(parts: Any, where: str) -> str | list[Body]:
             raise _bad(
                 f"content part {i} ({kind!r}) is not supported here (input_text, output_text, input_image)", where
             )
-    return out
+    return chat_content(out)
 
 
 def _messages(items: Any) -> list[Body]:

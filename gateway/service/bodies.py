@@ -155,6 +155,15 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def chat_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """A translated message's content parts as chat content: text alone as one string (parts joined
+    by newlines), since many engines' chat templates (llama.cpp's among them) concatenate a
+    message's content as a string and fail on a list; parts with an image stay a list."""
+    if parts and all(p["type"] == "text" for p in parts):
+        return "\n".join(p["text"] for p in parts)
+    return parts
+
+
 def check(model: type[M], body: dict[str, Any]) -> M:
     """Validate ``body``; the first problem becomes a 400 naming the field."""
     try:
