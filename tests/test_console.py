@@ -320,6 +320,8 @@ def test_in_a_browser_a_key_made_works_and_once_revoked_is_refused(
     page.get_by_role("link", name="Keys and spend").click()
     page.get_by_label("Name", exact=True).fill("made-in-browser")
     page.get_by_label("Models (comma-separated; empty: all)").fill("auto")
+    page.get_by_label("Requests per minute").fill("600")
+    page.get_by_label("Budget per UTC day").fill("2.5")
     page.get_by_role("button", name="Make the key").click()
     secret = page.get_by_label("Key", exact=True).input_value()
     assert secret.startswith("sk-triage-")
@@ -327,6 +329,8 @@ def test_in_a_browser_a_key_made_works_and_once_revoked_is_refused(
     assert made.chat.completions.create(model="auto", messages=[{"role": "user", "content": "hi"}]).choices
     page.get_by_role("link", name="Keys and spend").click()
     assert secret not in page.content()  # shown once, at creation
+    row = page.locator('tr[data-key="made-in-browser"]').inner_text()
+    assert "rpm 600" in row and "budget_per_day 2.5" in row and "auto" in row
     page.get_by_role("button", name="Revoke made-in-browser").click()
     page.locator('tr[data-key="made-in-browser"]').filter(has_text="revoked").wait_for()
     deadline = time.monotonic() + 5
@@ -397,3 +401,23 @@ def test_the_ring_keeps_the_last_requests_and_reads_a_window() -> None:
     assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0 and percentile([], 0.5) is None
     ring.add(Seen("r60", 2000.0, "chat", "m", "m", 200, 1.0))  # an id sent again: the last one is kept
     assert ring.find("r60").at == 2000.0 and ring.latest(1)[0].request_id == "r60"
+
+
+def test_bad_key_forms_get_an_error_on_the_page_and_make_nothing(gateway: Callable[..., Gateway]) -> None:
+    gw = gateway(policy())
+    with logged_in(gw) as http:
+        token = csrf(http)
+        for form, status, says in [
+            ({"name": "bad name!"}, 400, "a name is 1 to 64"),
+            ({"name": "ok1", "rpm": "lots"}, 400, "limits:"),
+            ({"name": "ok2", "rpm": "0"}, 400, "limits:"),
+            ({"name": "ok3", "models": "no-such-model"}, 400, "no model named no-such-model"),
+            ({"name": "app"}, 409, "is a key of the policy"),
+        ]:
+            r = http.post("/console/keys", data={**form, "csrf": token}, headers=origin(gw))
+            assert r.status_code == status and says in r.text, (form, r.status_code)
+        r = http.post("/console/keys/nobody/revoke", data={"csrf": token}, headers=origin(gw))
+        assert r.status_code == 404 and "no live key named" in r.text
+        r = http.post("/console/keys/nobody/rotate", data={"csrf": token, "grace_s": "-1"}, headers=origin(gw))
+        assert r.status_code == 400
+    assert [k["name"] for k in admin_keys(gw)] == ["app"]

@@ -284,7 +284,11 @@ async def create_key(request: Request, rt: Runtime, session: console_auth.Sessio
     name = fields.get("name", "").strip()
     models = [m.strip() for m in fields.get("models", "").split(",") if m.strip()] or None
     try:
-        limits = KeyLimits.model_validate({k: float(v) for k in ("rpm", "tpm") if (v := fields.get(k, "").strip())})
+        numbers: dict[str, float | int] = {}
+        for k, kind in (("rpm", int), ("tpm", int), ("budget_per_day", float), ("budget_per_month", float)):
+            if v := fields.get(k, "").strip():
+                numbers[k] = kind(v)
+        limits = KeyLimits.model_validate(numbers)
         if not name or len(name) > 64 or not all(c.isalnum() or c in "_.@-" for c in name) or not name.isascii():
             raise InvalidRequest("a name is 1 to 64 letters, digits or _ . @ -", param="name")
         made = await key_admin.create(rt, name, models, limits)
