@@ -19,13 +19,15 @@ from policies.errors import UpstreamError, UpstreamRejected, UpstreamTimeout
 
 
 def _litellm() -> Any:
-    # heavy, with import-time side effects: imported only when a policy asks for it, and told
-    # to use its bundled cost map instead of fetching one over the network
+    # heavy, with import-time side effects: imported only when a policy asks for it, and told to
+    # use what it bundles (its cost map, Anthropic's beta headers, tokenizers) instead of fetching
+    # them over the network at run time
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    os.environ.setdefault("LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS", "True")
     import litellm
 
     litellm.suppress_debug_info = True
-    litellm.telemetry = False
+    litellm.telemetry = False  # older releases only (1.110 has no telemetry to turn off)
     return litellm
 
 
