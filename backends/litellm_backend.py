@@ -20,7 +20,7 @@ from policies.errors import UpstreamError, UpstreamRejected, UpstreamTimeout
 
 def _litellm() -> Any:
     # heavy, with import-time side effects: imported only when a policy asks for it, and told to
-    # use what it bundles (its cost map, Anthropic's beta headers, tokenizers) instead of fetching
+    # use what it bundles (its cost map, Anthropic's beta headers) instead of fetching
     # them over the network at run time
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     os.environ.setdefault("LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS", "True")
