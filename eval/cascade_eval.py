@@ -23,6 +23,7 @@ import numpy as np
 from classifiers.calibration import auroc, ece, fit_temperature
 from classifiers.confidence import ConfidenceModel
 from classifiers.training.confidence_training import fit_confidence
+from eval import guarantee
 from eval.sweep import Curve, curve
 from eval.tier_outputs import Row
 from policies.answers import same_number
@@ -271,6 +272,41 @@ def fit_for_share_of_top(tiers: Sequence[TierSpec], dev: Sequence[Row], share: f
     _set_all(tiers, dev, best[2] if best is not None else 1.0)
 
 
+def fit_with_guarantee(
+    tiers: Sequence[TierSpec], dev: Sequence[Row], target: tuple[str, float], delta: float
+) -> guarantee.Certified:
+    """``--target KIND=X --guarantee DELTA``: one threshold for every tier but the last (and every
+    task), certified by Learn-then-Test (:mod:`eval.guarantee`) so that the target holds on new
+    traffic like ``dev`` with probability at least ``1 - DELTA``; the lowest certified for
+    ``of_top`` (the fewest escalations), the highest for ``escalation`` and ``cost`` (the best
+    accuracy within them). Refused (knob None: the thresholds are left at 1.0, everything to the
+    top) when not even the safest threshold is certified."""
+    kind, x = target
+
+    def at(t: float) -> list[tuple[bool, bool, float, bool]]:
+        _set_all(tiers, dev, t)
+        return row_outcomes(tiers, dev)
+
+    if kind == "of_top":
+        knobs, lo, hi = sorted(GRID, reverse=True), -1.0, x  # 1.0: every question to the top
+
+        def losses(t: float) -> list[float]:
+            rows = at(t)
+            return guarantee.share_of_top_losses([o[0] for o in rows], [o[3] for o in rows], x)
+
+        cert = guarantee.fixed_sequence(knobs, losses, 0.0, lo, hi, delta)
+    elif kind == "escalation":  # 0.0: the first tier keeps all it can
+        cert = guarantee.fixed_sequence(sorted(GRID), lambda t: [float(o[1]) for o in at(t)], x, 0.0, 1.0, delta)
+    elif kind == "cost":
+        _set_all(tiers, dev, 1.0)
+        dearest = max((o[2] for o in row_outcomes(tiers, dev)), default=0.0) or 1.0
+        cert = guarantee.fixed_sequence(sorted(GRID), lambda t: [o[2] for o in at(t)], x, 0.0, dearest, delta)
+    else:
+        raise ValueError(f"--guarantee holds of_top, escalation or cost targets, not {kind}")
+    _set_all(tiers, dev, cert.knob if cert.knob is not None else 1.0)
+    return cert
+
+
 def _lowest_at_least(points: list[tuple[float, bool, bool]], accuracy: float, min_kept: int = 10) -> float:
     for t in GRID:
         kept = [m for c, m, _ in points if c >= t]
@@ -335,25 +371,16 @@ def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[
         _measure_tier(report, t, rows)
         _measure_gate(report, tiers, i, rows)
     gates = [t.gate() for t in tiers]
-    by_name = {t.name: t for t in tiers}
     wins, failed, cost = 0, 0, 0.0
     answered_by: defaultdict[str, int] = defaultdict(int)
     categories: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
-    for r in rows:
-        asked: list[str] = []
-
-        def answer_for(ask: Ask, r: Row = r, asked: list[str] = asked) -> TierAnswer:
-            asked.append(ask.tier)
-            return by_name[ask.tier].outputs[r.id]
-
-        try:
-            d = drive(steps(r.question, gates, embedding=r.embedding), answer_for)
-            ok, past = right(r, d.answer), d.tier != tiers[0].name
-            wins += ok
-            answered_by[d.tier] += 1
-        except CascadeExhausted:  # counted as a miss, never as a guess
-            failed, ok, past = failed + 1, False, True
-        cost += sum(by_name[t].cost(by_name[t].outputs[r.id]) for t in asked)
+    for r, (ok, past, paid, tier) in zip(rows, _drive(tiers, rows), strict=True):
+        wins += ok
+        if tier is None:  # exhausted: counted as a miss, never as a guess
+            failed += 1
+        else:
+            answered_by[tier] += 1
+        cost += paid
         categories[r.category or "-"].append((ok, past))
     n = len(rows)
     if n:
@@ -373,6 +400,47 @@ def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[
     if curves:
         report.curve = curve(gates, [t.outputs for t in tiers], rows, right)
     return report
+
+
+def _drive(tiers: Sequence[TierSpec], rows: Sequence[Row]) -> list[tuple[bool, bool, float, str | None]]:
+    """Each row through the cascade at the tiers' present thresholds: (right, past the first tier,
+    what the tiers asked cost, the tier that answered or None when none accepted)."""
+    gates = [t.gate() for t in tiers]
+    by_name = {t.name: t for t in tiers}
+    out: list[tuple[bool, bool, float, str | None]] = []
+    for r in rows:
+        asked: list[str] = []
+
+        def answer_for(ask: Ask, r: Row = r, asked: list[str] = asked) -> TierAnswer:
+            asked.append(ask.tier)
+            return by_name[ask.tier].outputs[r.id]
+
+        try:
+            d = drive(steps(r.question, gates, embedding=r.embedding), answer_for)
+            ok, past, tier = right(r, d.answer), d.tier != tiers[0].name, d.tier
+        except CascadeExhausted:
+            ok, past, tier = False, True, None
+        out.append((ok, past, sum(by_name[t].cost(by_name[t].outputs[r.id]) for t in asked), tier))
+    return out
+
+
+def row_outcomes(tiers: Sequence[TierSpec], rows: Sequence[Row]) -> list[tuple[bool, bool, float, bool]]:
+    """Per row, set by set as :func:`evaluate` groups them (a recorded tier covers some sets only):
+    (the cascade is right, it went past the first tier, its cost, the last tier alone is right)."""
+    groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
+    for r in rows:
+        groups[(r.source, r.question.type)].append(r)
+    out: list[tuple[bool, bool, float, bool]] = []
+    for _, group in sorted(groups.items()):
+        present = [t for t in tiers if any(r.id in t.outputs for r in group)]
+        usable = [r for r in group if all(r.id in t.outputs for t in present)]
+        if not present or not usable:
+            continue
+        top = present[-1]
+        for r, (ok, past, paid, _) in zip(usable, _drive(present, usable), strict=True):
+            top_ok = right(r, read(r.question, top.gate(), top.outputs[r.id]).answer)
+            out.append((ok, past, paid, top_ok))
+    return out
 
 
 def _brier(readings: Sequence[Any], rows: Sequence[Row]) -> float:

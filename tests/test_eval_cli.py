@@ -114,6 +114,15 @@ cascade:
     )
     assert targeted.returncode == 0, targeted.stdout + targeted.stderr
     assert "target accuracy 0.6: dev" in targeted.stdout and "cascade:" in (out / "calibrated.yaml").read_text()
+    calibrate = [sys.executable, "-m", "gateway.cli", "calibrate", "--policy", str(policy), "--data", str(data)]
+    few = subprocess.run(
+        [*calibrate, "--patch", str(out / "certified.yaml"), "--target", "of_top=0.99", "--guarantee", "0.1"],
+        capture_output=True,
+        text=True,
+    )  # 30 dev rows cannot certify anything: refused, no patch
+    assert few.returncode == 1 and "refused" in few.stderr and not (out / "certified.yaml").exists(), few.stderr
+    bad = subprocess.run([*calibrate, "--target", "accuracy=0.6", "--guarantee", "0.1"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--guarantee needs --target of_top=X" in bad.stderr
     bad = subprocess.run([*cmd, "--target", "speed=3"], capture_output=True, text=True)
     assert bad.returncode == 2 and "expected accuracy=X, escalation=X, cost=X or of_top=X" in bad.stderr
     bad = subprocess.run([*cmd, "--fail-under", "speed=3"], capture_output=True, text=True)

@@ -84,6 +84,7 @@ def evaluate(
     ] = "row",
     tiers: _Tiers = None,
     task: _Tasks = None,
+    guarantee: _Guarantee = None,
 ) -> None:
     """Fit temperatures and thresholds on dev rows, then report each tier and the cascade on test rows.
     With --router: the learned router of a routed model against every single model, random mixtures,
@@ -102,16 +103,42 @@ def evaluate(
     limits = _parsed(lambda: gates.parse(fail_under or ""), "--fail-under")
     goal = _parsed(lambda: _target(target), "--target")
     run = _Run.prepare(console, policy, data, out, (top or [], top_price), dev_cap, test_cap, _names(tiers), task or [])
+    if guarantee is not None and (goal is None or goal[0] not in ("of_top", "escalation", "cost")):
+        typer.echo("--guarantee needs --target of_top=X, escalation=X or cost=X", err=True)
+        raise typer.Exit(2)
+    run.guarantee = guarantee
     reports = run.fit_and_report(slack, goal)
+    if run.certified is not None and run.certified.refused:
+        c = run.certified
+        typer.echo(
+            f"--guarantee {c.delta:g}: refused. Not even the safest threshold is certified on {c.rows} dev rows "
+            f"(p-value {c.p_values[0][1]:.3g} > {c.delta:g}): give more dev rows (--dev-cap, more data) or a looser "
+            "target. No patch written.",
+            err=True,
+        )
+        raise typer.Exit(1)
     run.write(reports, plots)
     if patch is not None:
-        patch.write_text(policy_patch(policy, run.specs, reports, len(run.dev)))
+        line = _certified_line(goal, run.certified) if goal is not None and run.certified is not None else None
+        patch.write_text(policy_patch(policy, run.specs, reports, len(run.dev), line))
         console.print(f"wrote {patch} (review it, then merge it into {policy} yourself)")
     missed = gates.failures(reports, limits)
     for line in missed:
         console.print(f"[red]fail-under[/red]: {line}")
     if missed:
         raise typer.Exit(1)
+
+
+_Guarantee = Annotated[
+    float | None,
+    typer.Option(
+        help="With --target of_top=X, escalation=X or cost=X: certify the threshold by Learn-then-Test so that "
+        "the target holds on new traffic like the dev rows with probability at least 1 - DELTA (refused when "
+        "the rows are too few)",
+        min=0.001,
+        max=0.5,
+    ),
+]
 
 
 def calibrate(
@@ -124,9 +151,12 @@ def calibrate(
     dev_cap: _DevCap = 300,
     test_cap: _TestCap = 300,
     router: _Router = None,
+    guarantee: _Guarantee = None,
 ) -> None:
     """Fit each tier's temperatures and thresholds on dev rows, check them on test rows, and write a
-    reviewable YAML patch (the policy file is never edited). With --router: the routed model's knob."""
+    reviewable YAML patch (the policy file is never edited). With --router: the routed model's knob.
+    With --guarantee DELTA: the threshold is certified to meet --target on new traffic with
+    probability at least 1 - DELTA (docs/eval.md)."""
     if router is not None:
         from gateway.cli.router import calibrate_router
 
@@ -134,7 +164,24 @@ def calibrate(
             typer.echo("--router needs --target strong_share=X, cost=X or quality=X", err=True)
             raise typer.Exit(2)
         return calibrate_router(policy, router, target, patch)
-    evaluate(policy, data, patch.parent, top, top_price, dev_cap, test_cap, 0.0, target, patch, None, False)
+    if guarantee is not None and (target is None or target.split("=")[0] not in ("of_top", "escalation", "cost")):
+        typer.echo("--guarantee needs --target of_top=X, escalation=X or cost=X", err=True)
+        raise typer.Exit(2)
+    evaluate(
+        policy,
+        data,
+        patch.parent,
+        top,
+        top_price,
+        dev_cap,
+        test_cap,
+        0.0,
+        target,
+        patch,
+        None,
+        False,
+        guarantee=guarantee,
+    )
 
 
 def fit_gates(console: Console, policy: Path, data: list[Path], dev_cap: int, out: Path) -> list[Path]:
@@ -240,6 +287,8 @@ class _Run:
     problems: list[str]
     specs: list = field(default_factory=list)
     only: list[str] | None = None  # the policy's tiers to run (None: all)
+    guarantee: float | None = None  # --guarantee DELTA
+    certified: Any = None  # eval.guarantee.Certified, with --guarantee
 
     @classmethod
     def prepare(
@@ -368,7 +417,10 @@ class _Run:
             if spec.kind != "recorded":  # a recorded answer carries no probabilities to calibrate
                 cascade_eval.fit_temperatures(spec, self.dev)
         cascade_eval.fit_judges(self.specs, self.dev)
-        if goal is not None and goal[0] == "cost":
+        if goal is not None and self.guarantee is not None:
+            self.certified = cascade_eval.fit_with_guarantee(self.specs, self.dev, goal, self.guarantee)
+            self.console.print(_certified_line(goal, self.certified))
+        elif goal is not None and goal[0] == "cost":
             cascade_eval.fit_for_cost(self.specs, self.dev, goal[1])
         elif goal is not None and goal[0] == "of_top":
             cascade_eval.fit_for_share_of_top(self.specs, self.dev, goal[1])
@@ -399,6 +451,7 @@ class _Run:
                 "dev_cap": self.caps[0],
                 "test_cap": self.caps[1],
                 "skipped_lines": self.problems,
+                **({"guarantee": _certified_doc(self.certified)} if self.certified is not None else {}),
                 "tiers": [
                     {
                         "name": s.name,
@@ -458,12 +511,37 @@ def _check_target(goal: tuple[str, float], dev: list, test: list) -> str:
     return f"target {goal[0]} {goal[1]}: dev {on_dev:.3f}, test {on_test:.3f}: {verdict}"
 
 
-def policy_patch(policy: Path, specs: list, reports: list, dev_rows: int) -> str:
+def _certified_line(goal: tuple[str, float], c: Any) -> str:
+    """What --guarantee certified, in a sentence (the console, the patch and the report say it)."""
+    kind, x = goal
+    if c.knob is None:
+        return f"guarantee: refused ({c.rows} dev rows; the safest threshold's p-value {c.p_values[0][1]:.3g})"
+    return (
+        f"guarantee: {kind} {'>=' if kind == 'of_top' else '<='} {x:g} on new traffic like the {c.rows} dev rows, "
+        f"with probability >= {1 - c.delta:g} (Learn-then-Test, fixed sequence, betting p-values): threshold "
+        f"{c.knob:g} for every tier but the last, {c.tested} thresholds tested"
+    )
+
+
+def _certified_doc(c: Any) -> dict[str, Any]:
+    return {
+        "delta": c.delta,
+        "dev_rows": c.rows,
+        "threshold": c.knob,
+        "refused": c.refused,
+        "tested": [{"threshold": t, "p_value": p} for t, p in c.p_values],
+        "dev_mean_loss": c.observed,
+        "method": "Learn-then-Test: fixed-sequence testing, Waudby-Smith-Ramdas betting p-values",
+    }
+
+
+def policy_patch(policy: Path, specs: list, reports: list, dev_rows: int, certified: str | None = None) -> str:
     """The fitted temperatures and thresholds of the policy's own tiers, as a YAML fragment with
     what they achieved on the test rows as comments. The policy file itself is never edited."""
     lines = [
         f"# triage eval --patch: fitted on {dev_rows} dev rows of the data given; merge into {policy.name}",
         "# by hand (tiers are matched by name). Test rows, per set: cascade accuracy, share past the first tier",
+        *([f"# {certified}"] if certified else []),
     ]
     lines += [
         f"#   {r.source} ({r.qtype}, n={r.n}): accuracy {r.cascade:.3f}, past first {r.past_first:.0%}" for r in reports
