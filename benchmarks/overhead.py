@@ -139,6 +139,7 @@ async def _main(opts: Options, console: Console, workdir: Path) -> dict[str, Any
             **asdict(opts),
             "out": str(opts.out),
             "baseline": str(opts.baseline or ""),
+            "plot": str(opts.plot or ""),
             "levels": opts.levels(),
         },
         "targets": {},
