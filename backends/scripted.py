@@ -1,7 +1,8 @@
 """The ``scripted`` backend: real code paths, behaviour fixed by typed policy fields.
 
-Used by tests and demos: fixed text (or a reply chosen by what the last message contains),
-latency before the first byte, the first N calls failing, a stream that dies after N chunks.
+Used by tests and demos: fixed text (or a reply chosen by what the last message contains), a tool
+call (its arguments as given, JSON or not) to a request that carries tools, latency before the
+first byte, the first N calls failing, a stream that dies after N chunks.
 Token counts are whitespace words (it has no tokenizer).
 """
 
@@ -81,10 +82,26 @@ class ScriptedBackend:
         await asyncio.sleep(self.spec.latency_s)
         return watch
 
+    def _tool_call(self, call: Call) -> Body | None:
+        """The scripted tool call, when the request carries tools (chat only)."""
+        spec = self.spec.tool_call
+        if spec is None or call.kind != "chat" or not call.body.get("tools"):
+            return None
+        return {
+            "id": f"call_{self.calls}",
+            "type": "function",
+            "function": {"name": spec.name, "arguments": spec.arguments},
+        }
+
     async def complete(self, call: Call) -> Completion:
         watch = await self._begin(call)
         n = int(call.body.get("n") or 1)
-        body = shapes.response(call.kind, call.body["model"], [self._text(call)] * n, "stop", self._usage(call))
+        tool = self._tool_call(call)
+        finish = "stop" if tool is None else "tool_calls"
+        body = shapes.response(call.kind, call.body["model"], [self._text(call)] * n, finish, self._usage(call))
+        if tool is not None:
+            for choice in body["choices"]:
+                choice["message"].update(content=None, tool_calls=[tool])
         call.attempts.append(Attempt(self.name, "scripted", "ok", watch.elapsed()))
         return Completion(body, "scripted")
 
@@ -97,14 +114,27 @@ class ScriptedBackend:
 
     async def _chunks(self, call: Call) -> AsyncIterator[Body]:
         cid, model = shapes.new_id(call.kind), call.body["model"]
-        pieces = self._pieces(call)
+        tool = self._tool_call(call)
+        pieces = self._pieces(call) if tool is None else _split(tool["function"]["arguments"], self.spec.chunks)
+        finish = "stop" if tool is None else "tool_calls"
         for i, piece in enumerate(pieces):
             if self.spec.die_after_chunks is not None and i >= self.spec.die_after_chunks:
                 raise UpstreamError(f"scripted stream died after {i} chunks", retryable=False)
             if i and self.spec.chunk_delay_s:
                 await asyncio.sleep(self.spec.chunk_delay_s)
             last = i == len(pieces) - 1
-            yield shapes.chunk(call.kind, cid, model, piece, "stop" if last else None, first=i == 0)
+            if tool is None:
+                yield shapes.chunk(call.kind, cid, model, piece, finish if last else None, first=i == 0)
+                continue
+            # the call's id and name in its first delta, its arguments piece by piece (as engines send them)
+            delta = {"index": 0, "function": {"arguments": piece}}
+            if i == 0:
+                delta.update(
+                    id=tool["id"], type="function", function={"name": tool["function"]["name"], "arguments": piece}
+                )
+            out = shapes.chunk(call.kind, cid, model, None, finish if last else None, first=i == 0)
+            out["choices"][0]["delta"]["tool_calls"] = [delta]
+            yield out
         options = call.body.get("stream_options") or {}
         if options.get("include_usage"):
             yield shapes.usage_chunk(call.kind, cid, model, self._usage(call))
@@ -113,6 +143,12 @@ class ScriptedBackend:
 @register("scripted")
 def _build(name: str, spec: Any) -> ScriptedBackend:
     return ScriptedBackend(name, spec)
+
+
+def _split(text: str, n: int) -> list[str]:
+    """``text`` in ``n`` pieces at most (one empty piece for no text)."""
+    size = max(1, -(-len(text) // n))
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
 
 
 def _last_text(body: Body) -> str:

@@ -169,6 +169,11 @@ class ScriptedReply(Strict):
     text: str
 
 
+class ScriptedToolCall(Strict):
+    name: str = Field(min_length=1)
+    arguments: str = Field(description="sent as given: valid JSON or not (what a weak engine may emit)")
+
+
 class ScriptedBackendSpec(Strict):
     """A real backend with scripted behaviour, for tests and demos."""
 
@@ -184,6 +189,9 @@ class ScriptedBackendSpec(Strict):
         default_factory=list, description="the first whose `contains` is in the last message answers its text"
     )
     echo: bool = Field(False, description="answer with the JSON of the request body received instead of text")
+    tool_call: ScriptedToolCall | None = Field(
+        None, description="a chat request that carries tools is answered with this call instead of text"
+    )
     context_length: int | None = Field(None, ge=1, description="the context it says it has (None: it says nothing)")
     timeouts: Timeouts = Timeouts()
 

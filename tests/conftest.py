@@ -104,7 +104,7 @@ class VllmServer(LlamaServer):
         return vllm_engine.counters(httpx.get(self.root + "/metrics", timeout=10).text, (name,))[name]
 
 
-def start_vllm_server(log_dir: Path, cpu: int | None = None) -> VllmServer:
+def start_vllm_server(log_dir: Path, cpu: int | None = None, extra: tuple[str, ...] = ()) -> VllmServer:
     """vLLM's CPU build serving SmolLM2-135M (``make vllm`` builds it; ``make test`` does): where it is
     missing the tests that need it skip and say how to build it, and in CI they fail."""
     if (reason := vllm_engine.missing()) is not None:
@@ -115,7 +115,7 @@ def start_vllm_server(log_dir: Path, cpu: int | None = None) -> VllmServer:
     log_path = log_dir / f"vllm-{port}.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            vllm_engine.argv(port),
+            vllm_engine.argv(port, extra=extra),
             env=vllm_engine.env(dict(os.environ), cpu),
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -135,8 +135,9 @@ def start_vllm_server(log_dir: Path, cpu: int | None = None) -> VllmServer:
 @pytest.fixture(scope="session")
 @lanes.engine
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    """One real vLLM engine (CPU build, SmolLM2-135M) for the whole run, on core 0."""
-    server = start_vllm_server(tmp_path_factory.mktemp("vllm"), cpu=0)
+    """One real vLLM engine (CPU build, SmolLM2-135M) for the whole run, on core 0, with its tool-call
+    parser (tests/test_tool_calls.py)."""
+    server = start_vllm_server(tmp_path_factory.mktemp("vllm"), cpu=0, extra=vllm_engine.TOOL_ARGS)
     yield server
     server.kill()
 
@@ -159,7 +160,10 @@ def spare_vllm(tmp_path: Path) -> Iterator[VllmServer]:
     server.kill()
 
 
-def start_llama_server(log_dir: Path, extra: list[str] | None = None) -> LlamaServer:
+def start_llama_server(
+    log_dir: Path, extra: list[str] | None = None, model: Path | None = None, alias: str = "smollm2"
+) -> LlamaServer:
+    """``python -m llama_cpp.server`` on ``model`` (SmolLM2-135M by default), served as ``alias``."""
     port = free_port()
     with open(log_dir / f"llama-server-{port}.log", "wb") as log:
         proc = subprocess.Popen(
@@ -168,9 +172,9 @@ def start_llama_server(log_dir: Path, extra: list[str] | None = None) -> LlamaSe
                 "-m",
                 "llama_cpp.server",
                 "--model",
-                str(smollm2_path()),
+                str(model or smollm2_path()),
                 "--model_alias",
-                "smollm2",
+                alias,
                 "--host",
                 "127.0.0.1",
                 "--port",

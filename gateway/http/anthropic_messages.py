@@ -15,6 +15,11 @@ schema is a typed decision, and the answer carries it in ``triage``), ``metadata
 (``user``). ``top_k`` is passed as the vendor field it is for the engines that take it (vLLM,
 SGLang, llama.cpp); the current SDK no longer sends ``temperature``, ``top_p`` or ``top_k``, older
 ones do.
+
+A tool call's ``input`` is the engine's arguments parsed; arguments that are no JSON object are
+kept as ``{"_raw": "<the string>"}`` and flagged (:mod:`gateway.http.tool_arguments`). Streamed,
+a call's arguments go out in one ``input_json_delta`` when the call is complete, so that what a
+client parses is always JSON (the SDK's stream accumulator raises on a delta that is not).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
+from gateway.http.tool_arguments import as_input, parse
 from gateway.service.bodies import chat_content, check
 from policies.errors import InvalidRequest, TriageError
 
@@ -145,6 +151,8 @@ def _tools(tools: list[Body]) -> list[Body]:
         function = {"name": tool["name"], "parameters": tool.get("input_schema") or {"type": "object"}}
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
+        if isinstance(tool.get("strict"), bool):  # arguments to the schema exactly (vLLM: under a grammar)
+            function["strict"] = tool["strict"]
         out.append({"type": "function", "function": function})
     return out
 
@@ -217,13 +225,6 @@ def _usage(usage: Any) -> Body:
     return {"input_tokens": int(u.get("prompt_tokens") or 0), "output_tokens": int(u.get("completion_tokens") or 0)}
 
 
-def _input(arguments: str) -> Any:
-    try:
-        return json.loads(arguments) if arguments else {}
-    except json.JSONDecodeError:
-        return {"_raw": arguments}  # the engine's arguments were not JSON: kept, not lost
-
-
 def new_id() -> str:
     return f"msg_{secrets.token_hex(12)}"
 
@@ -241,10 +242,10 @@ def from_chat(completion: Body) -> Body:
                 "type": "tool_use",
                 "id": call.get("id") or f"toolu_{secrets.token_hex(8)}",
                 "name": fn.get("name", ""),
-                "input": _input(fn.get("arguments", "")),
+                "input": as_input(fn.get("arguments") or ""),
             }
         )
-    reason = _STOP.get(choice.get("finish_reason") or "stop", "end_turn")
+    reason = _stop_reason(choice.get("finish_reason"), bool(message.get("tool_calls")))
     extension = {"triage": completion["triage"]} if "triage" in completion else {}  # a typed decision's
     return {
         **extension,
@@ -259,6 +260,13 @@ def from_chat(completion: Body) -> Body:
     }
 
 
+def _stop_reason(finish_reason: str | None, called: bool) -> str:
+    """Anthropic's ``stop_reason``: ``tool_use`` whenever the answer calls a tool (an engine under a
+    named ``tool_choice``, vLLM and OpenAI both, says ``stop`` then)."""
+    reason = _STOP.get(finish_reason or "stop", "end_turn")
+    return "tool_use" if called and reason == "end_turn" else reason
+
+
 def _event(kind: str, **fields: Any) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **fields}) + b"\n\n"
 
@@ -271,6 +279,8 @@ class StreamTranslator:
     message_id: str = field(default_factory=new_id)
     block: int = -1  # the open content block's index
     open_kind: str | None = None  # "text" or a tool call's index as a string
+    arguments: str = ""  # the open tool call's arguments so far (sent whole when it closes)
+    called: bool = False  # a tool_use block was sent
     usage: Any = None
     finish_reason: str | None = None
 
@@ -296,8 +306,15 @@ class StreamTranslator:
     def _close(self) -> bytes:
         if self.open_kind is None:
             return b""
-        self.open_kind = None
-        return _event("content_block_stop", index=self.block)
+        out = b""
+        if self.open_kind != "text" and self.arguments:
+            raw = self.arguments
+            whole = raw if parse(raw) is not None else orjson.dumps(as_input(raw)).decode()
+            out = _event(
+                "content_block_delta", index=self.block, delta={"type": "input_json_delta", "partial_json": whole}
+            )
+        self.open_kind, self.arguments = None, ""
+        return out + _event("content_block_stop", index=self.block)
 
     def feed(self, chunk: Body) -> bytes:
         out = b""
@@ -322,18 +339,15 @@ class StreamTranslator:
                         "input": {},
                     }
                     out += self._open(key, block)
-                if fn.get("arguments"):
-                    out += _event(
-                        "content_block_delta",
-                        index=self.block,
-                        delta={"type": "input_json_delta", "partial_json": fn["arguments"]},
-                    )
+                    self.called = True
+                if isinstance(fn.get("arguments"), str):
+                    self.arguments += fn["arguments"]
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
         return out
 
     def finish(self) -> bytes:
-        reason = _STOP.get(self.finish_reason or "stop", "end_turn")
+        reason = _stop_reason(self.finish_reason, self.called)
         usage = _usage(self.usage)
         # cumulative, as Anthropic's: the input's count too, known only now (message_start said 0)
         counts = usage if self.usage else {"output_tokens": usage["output_tokens"]}

@@ -21,6 +21,7 @@ from gateway.http import surfaces
 from gateway.http.doors import Call, door, error_response, gateway_state, json_response
 from gateway.http.exchange import Exchange
 from gateway.http.relay import Relay, events
+from gateway.http.tool_arguments import Calls
 from gateway.service import decisions, embeddings, quotas
 from gateway.service.bodies import FeedbackRequest
 from gateway.service.runtime import Runtime
@@ -98,6 +99,8 @@ async def _generate(call: Call, surface: surfaces.Surface) -> Response:
     ex.record(out)
     headers = answer_headers(ex, out)
     if (whole := out.whole) is not None:
+        if out.served is not None:
+            Calls().whole(whole).flag(ex.request_id, out.served.model, out.served.backend)
         return (
             events(surface.whole_events(whole), headers)
             if out.stream

@@ -13,6 +13,7 @@ from fastapi.responses import StreamingResponse
 
 from backends.base import Body
 from gateway.http.exchange import Exchange
+from gateway.http.tool_arguments import Calls
 from gateway.service.dispatch import Served
 from policies.errors import TriageError
 
@@ -47,18 +48,21 @@ def translated(ex: Exchange, served: Served, translator: Translator) -> AsyncGen
 async def _relay(ex: Exchange, served: Served, translator: Translator | None) -> AsyncGenerator[bytes, None]:
     assert served.stream is not None
     status, error = 499, None  # until the upstream finishes, a stop is the client going away
+    calls = Calls()
     try:
         if translator is not None:
             yield translator.start()
         async for chunk in served.stream:
             if chunk.get("usage"):
                 ex.usage = chunk["usage"]
+            calls.feed(chunk)
             if translator is None:
                 chunk["model"] = served.model
                 yield b"data: " + orjson.dumps(chunk) + b"\n\n"
             elif data := translator.feed(chunk):
                 yield data
         status = 200
+        calls.flag(ex.request_id, served.model, served.backend)
         if translator is not None:
             yield translator.end()
     except TriageError as exc:

@@ -11,7 +11,9 @@ and ``tool_choice``, ``text.format`` (``json_schema``, ``json_object``: to a cas
 one-property enum/boolean/bounded-number schema is a typed decision), ``reasoning.effort``
 (``reasoning_effort``, which the reasoning adapter maps per engine family), ``stream``, ``user``,
 ``metadata``. Other tool types (web search, file search, computer use ...), ``background`` and
-``conversation`` are refused with a 400 naming the field.
+``conversation`` are refused with a 400 naming the field. A function call's ``arguments`` are the
+engine's string as it gave it, JSON or not (one that is not is flagged:
+:mod:`gateway.http.tool_arguments`).
 
 Stored responses (``store``, the default, as OpenAI's) are kept in this process for an hour (the
 10,000 newest at most: :class:`ResponseStore`) and answer ``GET`` / ``DELETE /v1/responses/{id}``

@@ -22,7 +22,17 @@ from typing import Any
 import structlog
 
 from backends.base import Body, Kind
-from gateway.service import decisions, embeddings, pipeline, quotas, response_cache, semantic_cache, shadow, typed
+from gateway.service import (
+    decisions,
+    embeddings,
+    messages,
+    pipeline,
+    quotas,
+    response_cache,
+    semantic_cache,
+    shadow,
+    typed,
+)
 from gateway.service.bodies import ChatRequest, CompletionRequest, check
 from gateway.service.context import Context
 from gateway.service.decisions import Overrides
@@ -63,6 +73,8 @@ class Service:
         """Check ``body``, resolve its model once, and serve the plan."""
         request = check(ChatRequest if kind == "chat" else CompletionRequest, body)
         body["stream"] = stream = request.stream  # the validated value, not a truthy string
+        if kind == "chat":
+            body["messages"] = messages.for_engines(body["messages"])
         requested = body["model"]
         plan = resolve(self.rt.policy, body["model"])
         if isinstance(plan, TypedPlan):
