@@ -21,9 +21,7 @@ from tests.conftest import Gateway, LlamaServer
 from tests.test_openai_surface import pool_policy
 
 litellm.suppress_debug_info = True
-# litellm's own: pydantic's notes on TypedDicts of litellm's GitHub Copilot login, which every sync
-# call imports
-pytestmark = pytest.mark.filterwarnings("ignore:Items? .* using the `ReadOnly` qualifier:UserWarning")
+# pydantic's notes on litellm's own TypedDicts are ignored for every test (pyproject.toml)
 
 KEY = "sk-litellm-client"
 COUNT = [{"role": "user", "content": "Count from one to twenty."}]
