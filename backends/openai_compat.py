@@ -1,5 +1,6 @@
 """The ``openai`` backend: any OpenAI-compatible engine (vLLM, SGLang, llama.cpp server),
-called over one pooled aiohttp session. The lean path: no SDK in between, JSON by orjson.
+called over one pool of kept-alive HTTP/1.1 connections (backends.http1). The lean path: no SDK
+in between, JSON by orjson.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from contextvars import ContextVar
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
 import orjson
 
 from backends.base import Body, Call
+from backends.http1 import Pool, Response
 from backends.registry import register
 from backends.remote import RemoteBackend, upstream_failure
 from backends.replicas import ReplicaState
@@ -28,22 +29,17 @@ TRACE_HEADERS: ContextVar[dict[str, str] | None] = ContextVar("triage_trace_head
 class OpenAICompatBackend(RemoteBackend):
     def __init__(self, name: str, spec: Any) -> None:
         super().__init__(name, spec)
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: Pool | None = None
         self._listing: asyncio.Future[dict[str, int]] | None = None  # a GET /models in flight (context_length)
 
     async def start(self) -> None:
-        t = self.spec.timeouts
-        self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s),
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
-            json_serialize=lambda o: orjson.dumps(o).decode(),
-        )
+        self._pool = Pool(connect_s=self.spec.timeouts.connect_s)
         await super().start()
 
     async def close(self) -> None:
         await super().close()
-        if self._session is not None:
-            await self._session.close()
+        if self._pool is not None:
+            await self._pool.close()
 
     def _headers(self, replica: ReplicaState) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
@@ -53,16 +49,16 @@ class OpenAICompatBackend(RemoteBackend):
             headers.update(trace)
         return headers
 
-    async def _post(self, replica: ReplicaState, call: Call) -> aiohttp.ClientResponse:
-        assert self._session is not None, "backend not started"
+    async def _post(self, replica: ReplicaState, call: Call) -> Response:
+        assert self._pool is not None, "backend not started"
         url = replica.api_base + _PATHS[call.kind]
         try:
             data = orjson.dumps(call.body)
         except orjson.JSONEncodeError as exc:  # the edge bounds nesting; this is the backstop
             raise InvalidRequest(f"The request cannot be sent on: {exc}", code="nested_too_deep") from None
         try:
-            resp = await self._session.post(url, data=data, headers=self._headers(replica))
-        except aiohttp.ClientError as exc:
+            resp = await self._pool.request("POST", url, self._headers(replica), data)
+        except ConnectionError as exc:
             raise UpstreamError(f"cannot reach upstream {self.name}", detail=str(exc)) from None
         if resp.status >= 400:
             raw = await _read(resp, self.name)
@@ -100,15 +96,18 @@ class OpenAICompatBackend(RemoteBackend):
 
     async def _models(self) -> dict[str, int]:
         """Each listed model's ``max_model_len``, where the engine says it."""
-        assert self._session is not None, "backend not started"
+        assert self._pool is not None, "backend not started"
         replica = self.replicas.replicas[0]
         try:
             async with asyncio.timeout(self.spec.timeouts.connect_s + 5):
-                async with self._session.get(replica.api_base + "/models", headers=self._headers(replica)) as resp:
+                resp = await self._pool.request("GET", replica.api_base + "/models", self._headers(replica))
+                try:
                     if resp.status >= 400:
                         return {}
                     listed = orjson.loads(await resp.read())
-        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+                finally:
+                    resp.release()
+        except (ConnectionError, TimeoutError, orjson.JSONDecodeError):
             return {}
         cards = listed.get("data") if isinstance(listed, dict) else None
         return {
@@ -121,14 +120,18 @@ class OpenAICompatBackend(RemoteBackend):
         }
 
     async def _probe(self, replica: ReplicaState) -> bool:
-        assert self._session is not None
+        assert self._pool is not None
         health = self.spec.health
         url = (server_root(replica.api_base) if health.base == "server" else replica.api_base) + health.path
         try:
-            async with self._session.get(url, headers=self._headers(replica)) as resp:
-                return resp.status < 400
-        except aiohttp.ClientError:
+            resp = await self._pool.request("GET", url, self._headers(replica))
+            try:
+                await resp.read()
+            finally:
+                resp.release()
+        except ConnectionError:
             return False
+        return resp.status < 400
 
 
 def server_root(api_base: str) -> str:
@@ -137,10 +140,10 @@ def server_root(api_base: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-async def _read(resp: aiohttp.ClientResponse, name: str) -> bytes:
+async def _read(resp: Response, name: str) -> bytes:
     try:
         return await resp.read()
-    except aiohttp.ClientError as exc:
+    except ConnectionError as exc:
         raise UpstreamError(f"upstream {name}'s connection broke", detail=str(exc)) from None
 
 
@@ -155,12 +158,12 @@ def _error_of(raw: bytes, status: int) -> tuple[str, str | None]:
     return str(inner), None
 
 
-async def _sse_events(resp: aiohttp.ClientResponse, name: str) -> AsyncIterator[Body]:
+async def _sse_events(resp: Response, name: str) -> AsyncIterator[Body]:
     """Parse an OpenAI SSE stream into chunk bodies; a stream that ends early is an error."""
     buf = b""
     finished = False
     try:
-        async for block in resp.content.iter_any():
+        async for block in resp.iter_chunks():
             buf += block
             while True:
                 nl = buf.find(b"\n")
@@ -183,7 +186,7 @@ async def _sse_events(resp: aiohttp.ClientResponse, name: str) -> AsyncIterator[
                     raise UpstreamError(f"upstream {name} failed mid-stream", retryable=False, detail=message)
                 finished = finished or any(c.get("finish_reason") for c in chunk.get("choices") or ())
                 yield chunk
-    except aiohttp.ClientError as exc:
+    except ConnectionError as exc:
         raise UpstreamError(f"upstream {name}'s stream broke", retryable=False, detail=str(exc)) from None
     finally:
         resp.release()

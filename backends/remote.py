@@ -1,5 +1,5 @@
 """Shared logic of the remote backends: replica choice, retries with backoff, timeouts,
-passive ejection and active health checks. Transports (aiohttp for OpenAI-compatible engines,
+passive ejection and active health checks. Transports (backends.http1 for OpenAI-compatible engines,
 litellm for providers) implement two primitives: one call, and one opened stream.
 """
 
