@@ -261,7 +261,8 @@ class Pool:
 
     async def request(self, method: str, url: str, headers: dict[str, str], body: bytes | None = None) -> Response:
         """Send one request and wait for the answer's head. A kept-alive connection that the
-        engine closed before answering (its idle timeout) is retried once on a new connection."""
+        engine closed before answering (its idle timeout, or a restart) is retried once, on a new
+        connection; the origin's other idle connections are dropped with it, as likely dead."""
         target = self.target(url)
         lines = [f"{method} {target.path} HTTP/1.1\r\nHost: {target.origin.authority}\r\n"]
         for k, v in headers.items():
@@ -272,14 +273,15 @@ class Pool:
             lines.append(f"Content-Length: {len(body or b'')}\r\n")
         lines.append("\r\n")
         data = ["".join(lines).encode("latin-1")] + ([body] if body else [])
-        for _ in range(2):
-            conn, reused = await self._acquire(target.origin)
+        for attempt in range(2):
+            conn, reused = await self._acquire(target.origin, fresh=attempt > 0)
             conn.send(data)
             try:
                 await conn.head()
             except Broken:
                 conn.close()
                 if reused and not conn.got_bytes:
+                    self._drop_idle(target.origin)
                     continue
                 raise
             except BaseException:  # cancelled or timed out while waiting: the connection is in an unknown state
@@ -288,10 +290,10 @@ class Pool:
             return Response(conn.status, conn.headers, conn, self)
         raise AssertionError("unreachable")  # the second try raises or returns
 
-    async def _acquire(self, origin: Origin) -> tuple[_Connection, bool]:
+    async def _acquire(self, origin: Origin, *, fresh: bool = False) -> tuple[_Connection, bool]:
         if self._closed:
             raise Broken("the client is closed")
-        idle = self._idle.get(origin)
+        idle = None if fresh else self._idle.get(origin)
         now = time.monotonic()
         while idle:
             conn = idle.pop()
@@ -316,6 +318,10 @@ class Pool:
         if self._tls is None:
             self._tls = ssl.create_default_context()
         return self._tls
+
+    def _drop_idle(self, origin: Origin) -> None:
+        for conn in self._idle.pop(origin, ()):
+            conn.close()
 
     def put_back(self, conn: _Connection) -> None:
         if self._closed or conn.origin is None or not conn.reusable():

@@ -177,6 +177,25 @@ def test_a_connection_the_server_closed_while_idle_is_replaced_unseen(run: Run) 
     run(main())
 
 
+def test_when_every_idle_connection_is_dead_the_retry_opens_a_new_one(run: Run) -> None:
+    async def main() -> None:
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await read_request(reader)
+            writer.write(OK)
+            await writer.drain()
+            await read_request(reader)  # a restarted engine: the next request is read, never answered
+
+        async with Server(handler) as server:
+            pool = Pool(connect_s=2)
+            answers = await asyncio.gather(*(post(pool, server.url()) for _ in range(3)))
+            assert answers == [(200, b'{"ok":true}')] * 3 and server.connections == 3
+            assert await post(pool, server.url()) == (200, b'{"ok":true}')
+            assert server.connections == 4  # one dead idle connection tried, then a new one
+            await pool.close()
+
+    run(main())
+
+
 def test_a_refused_connection_is_broken(run: Run) -> None:
     async def main() -> None:
         async with keep_alive(OK) as server:
