@@ -8,8 +8,9 @@ expected cost (its prices times the request's tokens). Two rules:
 - ``margin``: the cheapest candidate whose predicted quality is within ``margin`` of the best one's.
 
 The knob (``lam`` or ``margin``) is set by a target, fitted on dev rows (:func:`fit_knob`): a share
-of calls to the strongest candidate (RouteLLM's measure), a mean cost per request, or a quality
-floor (accuracy on the dev rows, where labels say which answers were right).
+of calls to the strongest candidate (RouteLLM's measure), a mean cost per request, a quality
+floor (accuracy on the dev rows, where labels say which answers were right), or a share of the
+strongest candidate's own accuracy (``of_strong=0.95``: RouteLLM's "95% of GPT-4").
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 from policies.schema import Policy, RoutedModel
 
 Rule = Literal["utility", "margin"]
-TargetKind = Literal["strong_share", "cost", "quality"]
+TargetKind = Literal["strong_share", "cost", "quality", "of_strong"]
 MAX_KNOB = 1e12
 
 
@@ -34,10 +35,10 @@ class Target:
 
     @classmethod
     def parse(cls, text: str) -> Target:
-        """``strong_share=0.3``, ``cost=0.002`` or ``quality=0.6``."""
+        """``strong_share=0.3``, ``cost=0.002``, ``quality=0.6`` or ``of_strong=0.95``."""
         kind, sep, value = text.partition("=")
-        if not sep or kind not in ("strong_share", "cost", "quality"):
-            raise ValueError(f"a router target is strong_share=X, cost=X or quality=X, not {text!r}")
+        if not sep or kind not in ("strong_share", "cost", "quality", "of_strong"):
+            raise ValueError(f"a router target is strong_share=X, cost=X, quality=X or of_strong=X, not {text!r}")
         try:
             number = float(value)
         except ValueError:
@@ -133,8 +134,12 @@ def fit_knob(
     """The knob that meets ``target`` on these rows at the least cost (``quality``: the best accuracy
     under the cost; ``cost`` and ``strong_share``: the best accuracy, or the best predicted quality
     without labels, within the budget). Raises ValueError when no knob meets it."""
-    if target.kind == "quality" and correct is None:
-        raise ValueError("a quality target needs labelled rows")
+    if target.kind in ("quality", "of_strong") and correct is None:
+        raise ValueError(f"a {target.kind} target needs labelled rows")
+    if target.kind == "of_strong":  # the strongest candidate's accuracy on these rows (no answer: wrong), scaled
+        assert correct is not None
+        strong = float(np.nan_to_num(np.asarray(correct, dtype=np.float64)[:, strongest], nan=0.0).mean())
+        target = Target("quality", target.value * strong)
     best: Outcome | None = None
     best_key: tuple[float, float] = (-np.inf, -np.inf)
     q = np.atleast_2d(quality)

@@ -360,7 +360,7 @@ def _all_learners() -> list[Learner]:
 class RoutedModel(Strict):
     """A virtual model routed by predicted quality and cost (the learned router): per request, the
     quality heads predict P(right) for every candidate, and ``rule`` picks one with ``knob``
-    (``triage calibrate --target strong_share=X | cost=X | quality=X`` fits it)."""
+    (``triage calibrate --target strong_share=X | cost=X | quality=X | of_strong=X`` fits it)."""
 
     type: Literal["routed"]
     labels: str = Field(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -394,3 +395,20 @@ def test_a_routed_models_answers_are_shadow_checked_against_its_dearest_candidat
     assert est["agreement"] == 0.5 and est["by_tier"]["cheap"]["pairs"] == 2
     assert est["by_tier"]["dear"]["top"] is True and est["top_share"] == pytest.approx(1 / 3)
     assert rep["shadow"] == {"pick/agree": 1, "pick/disagree": 1}
+
+
+def test_calibrate_with_a_guarantee_certifies_the_knob_or_refuses(toy: tuple[Path, Path], tmp_path: Path) -> None:
+    data, heads = toy
+    path = tmp_path / "routed.yaml"
+    path.write_text(policy(data, heads))
+    patch = tmp_path / "patch.yaml"
+    args = ["calibrate", "--policy", str(path), "--router", "pick", "--patch", str(patch), "--guarantee", "0.1"]
+    out = CliRunner().invoke(cli, [*args, "--target", "of_strong=0.85"])
+    assert out.exit_code == 0, out.output
+    assert "guarantee: of_strong=0.85 on new traffic like the 240 dev rows with probability >= 0.9" in patch.read_text()
+    assert "target of_strong >= 0.85: test" in out.output and "held" in out.output
+    strong_share = float(re.search(r"test: knob .*?strong\s+share ([\d.]+)", out.output, re.S)[1])  # type: ignore[index]
+    assert strong_share < 0.8, out.output  # the easy half goes to the cheap model
+    # 95% of a 0.95 model on 240 rows, within noise of the dear model itself: not certified
+    refused = CliRunner().invoke(cli, [*args, "--target", "of_strong=0.999", "--patch", str(tmp_path / "no.yaml")])
+    assert refused.exit_code == 1 and "refused" in refused.output and not (tmp_path / "no.yaml").exists()

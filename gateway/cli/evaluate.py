@@ -51,7 +51,8 @@ _Target = Annotated[
         help="accuracy=X (kept answers right X of the time), escalation=X (at most X past the first tier) or "
         "cost=X (best accuracy at a mean cost per question of at most X), of_top=X (the fewest escalated while "
         "keeping X of each set's last tier's accuracy, pooled); default: a cheaper tier keeps "
-        "what it answers as well as the last tier. With --router: strong_share=X, cost=X or quality=X"
+        "what it answers as well as the last tier. With --router: strong_share=X, cost=X, quality=X or "
+        "of_strong=X (a share of the strongest candidate's accuracy)"
     ),
 ]
 
@@ -132,9 +133,9 @@ def evaluate(
 _Guarantee = Annotated[
     float | None,
     typer.Option(
-        help="With --target of_top=X, escalation=X or cost=X: certify the threshold by Learn-then-Test so that "
-        "the target holds on new traffic like the dev rows with probability at least 1 - DELTA (refused when "
-        "the rows are too few)",
+        help="With --target of_top=X, escalation=X or cost=X (with --router: any of its targets): certify the "
+        "threshold (the knob) by Learn-then-Test so that the target holds on new traffic like the dev rows with "
+        "probability at least 1 - DELTA (refused when the rows are too few)",
         min=0.001,
         max=0.5,
     ),
@@ -161,9 +162,9 @@ def calibrate(
         from gateway.cli.router import calibrate_router
 
         if target is None:
-            typer.echo("--router needs --target strong_share=X, cost=X or quality=X", err=True)
+            typer.echo("--router needs --target strong_share=X, cost=X, quality=X or of_strong=X", err=True)
             raise typer.Exit(2)
-        return calibrate_router(policy, router, target, patch)
+        return calibrate_router(policy, router, target, patch, guarantee)
     if guarantee is not None and (target is None or target.split("=")[0] not in ("of_top", "escalation", "cost")):
         typer.echo("--guarantee needs --target of_top=X, escalation=X or cost=X", err=True)
         raise typer.Exit(2)

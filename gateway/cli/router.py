@@ -19,6 +19,7 @@ from policies.schema import Policy, RoutedModel
 if TYPE_CHECKING:
     from classifiers.training.train_all import EmbeddingCache
     from eval.router_run import RouterRun
+    from policies.routed import Outcome, Target
 
 
 def _routed(policy: Path, name: str) -> tuple[Policy, RoutedModel]:
@@ -127,8 +128,9 @@ def _print(console: Console, result: RouterRun) -> None:
         )
 
 
-def calibrate_router(policy: Path, name: str, target: str, patch: Path) -> None:
-    """Fit the knob on out-of-fold predictions of dev rows, check it on test rows, write the patch."""
+def calibrate_router(policy: Path, name: str, target: str, patch: Path, guarantee: float | None = None) -> None:
+    """Fit the knob on out-of-fold predictions of dev rows, check it on test rows, write the patch.
+    With ``guarantee`` (DELTA): the knob is certified by Learn-then-Test (:mod:`eval.router_guarantee`)."""
     from classifiers.service import data_dir
     from classifiers.training.model_labels import folds
     from classifiers.training.router_training import fit_router, labels_for
@@ -163,11 +165,32 @@ def calibrate_router(policy: Path, name: str, target: str, patch: Path) -> None:
     # out of fold: the knob is fitted on predictions of rows their head never saw
     _, q_dev, _ = out_of_fold(name, vm, dev, x_dev, c_dev, folds(dev.ids, FOLDS), chosen)
     strongest = int(np.nanmean(dev.correct, axis=0).argmax())
-    try:
-        fitted = fit_knob(q_dev, c_dev, vm.rule, goal, strongest, dev.correct)
-    except ValueError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(1) from None
+    certified = ""
+    if guarantee is not None:
+        from eval.router_guarantee import certify_knob
+
+        cert = certify_knob(q_dev, c_dev, vm.rule, goal, strongest, dev.correct, guarantee)
+        if cert.knob is None:
+            typer.echo(
+                f"--guarantee {guarantee:g}: refused. Not even the safest knob is certified on {cert.rows} dev rows "
+                f"(p-value {cert.p_values[0][1]:.3g} > {guarantee:g}): more dev rows, or a looser target. "
+                "No patch written.",
+                err=True,
+            )
+            raise typer.Exit(1)
+        fitted = outcome(q_dev, c_dev, vm.rule, cert.knob, strongest, dev.correct)
+        certified = (
+            f"# guarantee: {target} on new traffic like the {cert.rows} dev rows with probability >= "
+            f"{1 - guarantee:g} (Learn-then-Test, fixed sequence, betting p-values, {cert.tested} knobs tested; "
+            "out-of-fold predictions, docs/router.md)\n"
+        )
+        console.print(certified[2:].rstrip())
+    else:
+        try:
+            fitted = fit_knob(q_dev, c_dev, vm.rule, goal, strongest, dev.correct)
+        except ValueError as exc:
+            typer.echo(str(exc), err=True)
+            raise typer.Exit(1) from None
     q_test = prune(whole.head.proba(x_test), c_test, whole.head.dev_accuracy if vm.prune_dominated else None)
     checked = outcome(q_test, c_test, vm.rule, fitted.knob, strongest, test.correct)
     for side, o in (("dev (out of fold)", fitted), ("test", checked)):
@@ -175,11 +198,26 @@ def calibrate_router(policy: Path, name: str, target: str, patch: Path) -> None:
             f"{side:>18}: knob {o.knob:.6g}, accuracy {o.accuracy:.4f}, mean cost {o.mean_cost:.6f}, "
             f"strong share {o.strong_share:.3f}"
         )
+    console.print(_held(goal, checked, test.correct[:, strongest]))
     patch.parent.mkdir(parents=True, exist_ok=True)
     patch.write_text(
         f"# triage calibrate --router {name} --target {target}: fitted on {len(dev)} dev rows "
         f"(out of fold), checked on {len(test)} test rows: accuracy {checked.accuracy:.4f}, "
         f"mean cost {checked.mean_cost:.6g}, strong share {checked.strong_share:.3f}\n"
+        f"{certified}"
         f"virtual_models:\n  {name}:\n    knob: {fitted.knob:.6g}\n"
     )
     console.print(f"wrote {patch} (review it, then merge it into {policy} yourself)")
+
+
+def _held(goal: Target, o: Outcome, strong_right: np.ndarray) -> str:
+    """Whether the target holds on the test rows."""
+    if goal.kind == "of_strong":
+        strong = float(np.nan_to_num(strong_right, nan=0.0).mean())
+        value = o.accuracy / strong if strong > 0 else float("nan")
+    else:
+        value = {"quality": o.accuracy, "strong_share": o.strong_share, "cost": o.mean_cost}[goal.kind]
+    at_least = goal.kind in ("quality", "of_strong")
+    held = value >= goal.value if at_least else value <= goal.value
+    sign = ">=" if at_least else "<="
+    return f"target {goal.kind} {sign} {goal.value:g}: test {value:.4g}, {'held' if held else 'missed'}"
