@@ -111,6 +111,29 @@ def hidden_probe(
     run(per_set, tuple(sets or SETS), threads, data, out, tuple(dict.fromkeys(layers or ())))
 
 
+@app.command("router-probe")
+def router_probe(
+    policy: Annotated[Path, typer.Option(help="A policy with a routed model.")] = Path("policies/examples/router.yaml"),
+    router: Annotated[str, typer.Option(help="The routed model.")] = "gpt4-or-mixtral",
+    model: Annotated[
+        Path | None, typer.Option(help="The probe's GGUF file (default: SmolLM2-135M from its PyPI package).")
+    ] = None,
+    dev: Annotated[int, typer.Option(help="Dev rows (a seeded sample by id).")] = 2000,
+    test: Annotated[int, typer.Option(help="Test rows (a seeded sample by id).")] = 2000,
+    threads: Annotated[int, typer.Option(help="Threads of the encoder and of llama.cpp.")] = 2,
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-router-probe.json"),
+) -> None:
+    """Issue 31, item 2: the router's quality heads on MiniLM, on a GGUF model's hidden state, on both,
+    and on both only where MiniLM's choice is close, on the same rows."""
+    from benchmarks.router_probe import run
+
+    if model is None:
+        from backends import gguf
+
+        model = gguf.smollm2_path()
+    run(policy, router, model, dev, test, threads, out)
+
+
 @app.command("quality")
 def quality_watch(
     rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 10,

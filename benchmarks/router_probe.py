@@ -1,0 +1,236 @@
+"""``python -m benchmarks router-probe``: does a small GGUF model's reading of the prompt help the
+learned router see difficulty (issue 31, item 2)?
+
+The router's quality heads read MiniLM's embedding of the prompt. Here the same heads (the same
+learners, chosen the same way, :func:`classifiers.training.quality_training.fit_quality`) are fitted
+on the dev rows of a routed model's labels file three times, on the same rows:
+
+- ``minilm``: the served features, MiniLM's embedding;
+- ``gguf``: a GGUF model's final hidden state over the prompt (llama.cpp's embedding mode, mean
+  pooled over the prompt's tokens, one prefill and no generation), L2-normalised;
+- ``minilm+gguf``: both, each L2-normalised and scaled by 1/sqrt(2) (a unit vector again, so
+  the k-nearest-neighbour and centroid learners see both halves equally);
+
+then each predicts the test rows and is measured as ``triage eval --router`` measures (APGR, the
+strong model's share of calls for 95% of its accuracy, the cost to match the best model). A fourth
+row, ``gated``, takes the probed prediction only where MiniLM's is close (the two best candidates'
+predicted P(right) within a margin, chosen on the dev rows out of fold as the margin that probes
+half of them), so the probe's prefill is paid on part of the traffic; its share is reported.
+
+Rows: ``--dev`` and ``--test`` rows of the labels file, a seeded sample by SHA-256 of the id (the
+same rows on every machine), so that a pass fits in a session; the GGUF features are cached per
+model and row id under ``out/router-probe/`` so an interrupted run resumes. The probe's time per
+prompt is measured and priced nowhere: the report gives it in milliseconds beside the CPU kind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.meters import cpu_kind
+from benchmarks.report import save
+from classifiers.service import data_dir
+from classifiers.training.model_labels import LabelSet, folds
+from classifiers.training.quality_training import fit_quality
+from classifiers.training.router_training import labels_for
+from eval.router_eval import RouterReport, evaluate, versus_best_single
+from eval.router_run import input_tokens
+from policies.loader import load
+from policies.routed import candidate_costs, candidate_label, prune
+from policies.schema import Policy, RoutedModel
+
+log = logging.getLogger(__name__)
+OUT = Path("out/router-probe")
+
+
+def sample(labels: LabelSet, split: str, n: int, salt: str = "triage-router-probe") -> LabelSet:
+    """At most ``n`` rows of ``split``, the smallest SHA-256 of salt and id first."""
+    part = labels.split(split)
+    if n >= len(part):
+        return part
+    keys = np.array([hashlib.sha256(f"{salt}:{i}".encode()).hexdigest() for i in part.ids])
+    keep = np.zeros(len(part), dtype=bool)
+    keep[np.argsort(keys)[:n]] = True
+    return part.take(keep)
+
+
+class GGUFFeatures:
+    """Mean-pooled final hidden states of a GGUF model, cached by row id (``.npz`` per model)."""
+
+    def __init__(self, model: Path, threads: int, n_ctx: int = 1024) -> None:
+        from llama_cpp import LLAMA_POOLING_TYPE_MEAN, Llama
+
+        self.model = model
+        self.llm = Llama(
+            model_path=str(model),
+            embedding=True,
+            pooling_type=LLAMA_POOLING_TYPE_MEAN,
+            n_ctx=n_ctx,
+            n_batch=n_ctx,
+            n_threads=threads,
+            n_threads_batch=threads,
+            verbose=False,
+        )
+        digest = hashlib.sha256(f"{model.name}:{model.stat().st_size}".encode()).hexdigest()[:12]
+        self.path = OUT / f"{model.stem}-{digest}.npz"
+        self.cache: dict[str, np.ndarray] = {}
+        if self.path.exists():
+            with np.load(self.path) as z:
+                self.cache = dict(zip(z["ids"].tolist(), z["x"], strict=True))
+        self.seconds: list[float] = []
+        self.tokens: list[int] = []
+
+    def __call__(self, ids: list[str], texts: list[str], console: Console) -> np.ndarray:
+        todo = [(i, t) for i, t in zip(ids, texts, strict=True) if i not in self.cache]
+        for k, (i, t) in enumerate(todo):
+            t0 = time.perf_counter()
+            v = np.asarray(self.llm.embed(t, truncate=True), dtype=np.float32)
+            self.seconds.append(time.perf_counter() - t0)
+            self.tokens.append(min(len(self.llm.tokenize(t.encode())), self.llm.n_ctx()))
+            self.cache[i] = v
+            if (k + 1) % 250 == 0:
+                self.save()
+                console.print(f"  {self.model.name}: {k + 1}/{len(todo)} prompts read")
+        self.save()
+        return np.stack([self.cache[i] for i in ids])
+
+    def save(self) -> None:
+        OUT.mkdir(parents=True, exist_ok=True)
+        ids = list(self.cache)
+        np.savez(self.path, ids=np.array(ids), x=np.stack([self.cache[i] for i in ids]))
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def _fit_predict(
+    name: str, vm: RoutedModel, dev: LabelSet, x_dev: np.ndarray, c_dev: np.ndarray, x_test: np.ndarray
+) -> tuple[np.ndarray, np.ndarray | None, str]:
+    fit = fit_quality(
+        name, dev.models, x_dev, dev.correct, dev.ids, learners=vm.learners, categories=dev.categories, cost=c_dev
+    )
+    return fit.head.proba(x_test), fit.head.dev_accuracy, f"{fit.head.meta['learner']} {fit.head.meta['setting']}"
+
+
+def _closeness(q: np.ndarray) -> np.ndarray:
+    """The gap between the two best candidates' predicted P(right), per row."""
+    top = np.sort(np.where(np.isfinite(q), q, -np.inf), axis=1)[:, ::-1]
+    return top[:, 0] - top[:, 1]
+
+
+def _measures(report: RouterReport) -> dict[str, Any]:
+    two = report.two_model or {}
+    best = versus_best_single(report)
+    return {
+        "apgr": two.get("apgr"),
+        "strong_share_for_95pct": two.get("share_for_95pct_of_strong"),
+        "cpt_50": two.get("cpt_50"),
+        "cost_to_match_best": best.get("cost_share_to_match"),
+        **{k: v for k, v in best.items() if k != "cost_share_to_match"},
+    }
+
+
+def run(policy_path: Path, router: str, model: Path, n_dev: int, n_test: int, threads: int, out: Path) -> None:
+    console = Console(highlight=False)
+    policy: Policy = load(policy_path)
+    vm = policy.virtual_models[router]
+    assert isinstance(vm, RoutedModel) and policy.classifier is not None
+    labels = labels_for(vm, data_dir(policy.classifier, policy_path.resolve().parent))
+    dev, test = sample(labels, "dev", n_dev), sample(labels, "test", n_test)
+    console.print(f"{router}: {len(dev)} dev and {len(test)} test rows of {len(labels)}; {model.name}")
+    from gateway.cli.router import _embedder
+
+    cache = _embedder(policy, threads)
+    try:
+        m_dev, m_test = cache.embed(dev.texts), cache.embed(test.texts)
+    finally:
+        cache.save()
+    gguf = GGUFFeatures(model, threads)
+    g_dev, g_test = _unit(gguf(dev.ids, dev.texts, console)), _unit(gguf(test.ids, test.texts, console))
+    both_dev = np.hstack([_unit(m_dev), g_dev]) / np.sqrt(2)
+    both_test = np.hstack([_unit(m_test), g_test]) / np.sqrt(2)
+    c_dev, c_test = (
+        candidate_costs(policy, vm, input_tokens(dev.texts)),
+        candidate_costs(policy, vm, input_tokens(test.texts)),
+    )
+    names = [candidate_label(c.model, c.reasoning) for c in vm.candidates]
+    rows: dict[str, dict[str, Any]] = {}
+    predicted: dict[str, np.ndarray] = {}
+    for variant, (xd, xt) in {
+        "minilm": (m_dev, m_test),
+        "gguf": (g_dev, g_test),
+        "minilm+gguf": (both_dev, both_test),
+    }.items():
+        q, acc, learner = _fit_predict(router, vm, dev, xd, c_dev, xt)
+        chosen = prune(q, c_test, acc if vm.prune_dominated else None)
+        predicted[variant] = chosen
+        report = evaluate(
+            router, names, chosen, test.correct, c_test, test.categories, dev.correct, dev.categories, vm.rule
+        )
+        rows[variant] = {"learner": learner, **_measures(report)}
+        console.print(f"  {variant}: {learner}")
+    # gated: the probed prediction where MiniLM's two best are within a margin set on dev rows out of fold
+    fold = folds(dev.ids, 5)
+    q_oof = np.zeros(dev.correct.shape)
+    for k in np.unique(fold):
+        inside = fold != k
+        q_oof[~inside], _, _ = _fit_predict(router, vm, dev.take(inside), m_dev[inside], c_dev[inside], m_dev[~inside])
+    margin = float(np.quantile(_closeness(q_oof), 0.5))
+    probed = _closeness(predicted["minilm"]) <= margin
+    gated = np.where(probed[:, None], predicted["minilm+gguf"], predicted["minilm"])
+    report = evaluate(router, names, gated, test.correct, c_test, test.categories, dev.correct, dev.categories, vm.rule)
+    rows["gated"] = {
+        "learner": "minilm, minilm+gguf where close",
+        "margin": margin,
+        "probed_share": float(probed.mean()),
+        **_measures(report),
+    }
+    ms = np.array(gguf.seconds) * 1000
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "cpu": cpu_kind(),
+        "policy": str(policy_path),
+        "router": router,
+        "model": model.name,
+        "dev_rows": len(dev),
+        "test_rows": len(test),
+        "probe_ms_p50": float(np.median(ms)) if ms.size else None,
+        "probe_tokens_mean": float(np.mean(gguf.tokens)) if gguf.tokens else None,
+        "threads": threads,
+        "rows": rows,
+    }
+    save(console, out, result)
+    _print(console, result)
+
+
+def _f(x: Any) -> str:
+    return "-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
+
+
+def _print(console: Console, res: dict[str, Any]) -> None:
+    t = Table(title=f"{res['router']}: {res['dev_rows']} dev / {res['test_rows']} test rows, probe {res['model']}")
+    for col in ("features", "learner", "APGR", "strong share for 95%", "cost to match the best", "probed"):
+        t.add_column(col)
+    for name, r in res["rows"].items():
+        t.add_row(
+            name,
+            r["learner"],
+            _f(r["apgr"]),
+            _f(r["strong_share_for_95pct"]),
+            _f(r["cost_to_match_best"]),
+            _f(r.get("probed_share", 1.0 if "gguf" in name else 0.0)),
+        )
+    console.print(t)
+    console.print(
+        f"the probe's prefill: {_f(res['probe_ms_p50'])} ms p50 a prompt ({_f(res['probe_tokens_mean'])} tokens on "
+        f"average, {res['threads']} threads, {res['cpu']})"
+    )
