@@ -12,7 +12,9 @@ on the dev rows of a routed model's labels file three times, on the same rows:
   the k-nearest-neighbour and centroid learners see both halves equally);
 
 then each predicts the test rows and is measured as ``triage eval --router`` measures (APGR, the
-strong model's share of calls for 95% of its accuracy, the cost to match the best model). A fourth
+strong model's share of calls for 95% of its accuracy, the cost to match the best model; for two
+candidates, standard errors from a paired bootstrap of the test rows, of each figure and of its
+difference from ``minilm``'s). A fourth
 row, ``gated``, takes the probed prediction only where MiniLM's is close (the two best candidates'
 predicted P(right) within a margin, chosen on the dev rows out of fold as the margin that probes
 half of them), so the probe's prefill is paid on part of the traffic; its share is reported.
@@ -41,14 +43,15 @@ from classifiers.service import data_dir
 from classifiers.training.model_labels import LabelSet, folds
 from classifiers.training.quality_training import fit_quality
 from classifiers.training.router_training import labels_for
-from eval.router_eval import RouterReport, evaluate, versus_best_single
+from eval.router_eval import RouterReport, evaluate, routellm_measures, sweep, versus_best_single
 from eval.router_run import input_tokens
 from policies.loader import load
-from policies.routed import candidate_costs, candidate_label, prune
+from policies.routed import Rule, candidate_costs, candidate_label, prune
 from policies.schema import Policy, RoutedModel
 
 log = logging.getLogger(__name__)
 OUT = Path("out/router-probe")
+BOOTSTRAP = 200
 
 
 def sample(labels: LabelSet, split: str, n: int, salt: str = "triage-router-probe") -> LabelSet:
@@ -82,19 +85,22 @@ class GGUFFeatures:
         digest = hashlib.sha256(f"{model.name}:{model.stat().st_size}".encode()).hexdigest()[:12]
         self.path = OUT / f"{model.stem}-{digest}.npz"
         self.cache: dict[str, np.ndarray] = {}
+        self.timing: dict[str, tuple[float, int]] = {}  # seconds and tokens of each prompt's prefill
         if self.path.exists():
             with np.load(self.path) as z:
-                self.cache = dict(zip(z["ids"].tolist(), z["x"], strict=True))
-        self.seconds: list[float] = []
-        self.tokens: list[int] = []
+                ids = z["ids"].tolist()
+                self.cache = dict(zip(ids, z["x"], strict=True))
+                if "seconds" in z.files:  # a cache written before timings were kept has none
+                    self.timing = {
+                        i: (float(t), int(n)) for i, t, n in zip(ids, z["seconds"], z["tokens"], strict=True)
+                    }
 
     def __call__(self, ids: list[str], texts: list[str], console: Console) -> np.ndarray:
         todo = [(i, t) for i, t in zip(ids, texts, strict=True) if i not in self.cache]
         for k, (i, t) in enumerate(todo):
             t0 = time.perf_counter()
             v = np.asarray(self.llm.embed(t, truncate=True), dtype=np.float32)
-            self.seconds.append(time.perf_counter() - t0)
-            self.tokens.append(min(len(self.llm.tokenize(t.encode())), self.llm.n_ctx()))
+            self.timing[i] = (time.perf_counter() - t0, min(len(self.llm.tokenize(t.encode())), self.llm.n_ctx()))
             self.cache[i] = v
             if (k + 1) % 250 == 0:
                 self.save()
@@ -105,7 +111,13 @@ class GGUFFeatures:
     def save(self) -> None:
         OUT.mkdir(parents=True, exist_ok=True)
         ids = list(self.cache)
-        np.savez(self.path, ids=np.array(ids), x=np.stack([self.cache[i] for i in ids]))
+        np.savez(
+            self.path,
+            ids=np.array(ids),
+            x=np.stack([self.cache[i] for i in ids]),
+            seconds=np.array([self.timing.get(i, (np.nan, 0))[0] for i in ids]),
+            tokens=np.array([self.timing.get(i, (np.nan, 0))[1] for i in ids]),
+        )
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -137,6 +149,40 @@ def _measures(report: RouterReport) -> dict[str, Any]:
         "cost_to_match_best": best.get("cost_share_to_match"),
         **{k: v for k, v in best.items() if k != "cost_share_to_match"},
     }
+
+
+def _two_model(q: np.ndarray, cost: np.ndarray, right: np.ndarray, rule: Rule, strongest: int) -> tuple[float, float]:
+    """APGR and the strong model's share for 95% of its accuracy on these rows."""
+    weak, strong = float(right[:, 1 - strongest].mean()), float(right[:, strongest].mean())
+    m = routellm_measures(sweep(q, cost, right, rule, strongest), weak, strong)
+    share = m["share_for_95pct_of_strong"]
+    return float(m["apgr"] or np.nan), float(np.nan if share is None else share)
+
+
+def paired_bootstrap(
+    predicted: dict[str, np.ndarray], cost: np.ndarray, correct: np.ndarray, rule: Rule, strongest: int, seed: int = 31
+) -> dict[str, dict[str, float]]:
+    """Standard errors of each variant's APGR and share for 95%, and of their differences from
+    ``minilm``'s, over resamples of the test rows (the same resample for every variant)."""
+    right = np.nan_to_num(np.asarray(correct, dtype=np.float64), nan=0.0)
+    c = np.broadcast_to(cost, right.shape)
+    rng = np.random.default_rng(seed)
+    draws: dict[str, list[tuple[float, float]]] = {k: [] for k in predicted}
+    for _ in range(BOOTSTRAP):
+        idx = rng.integers(0, len(right), len(right))
+        for k, q in predicted.items():
+            draws[k].append(_two_model(q[idx], c[idx], right[idx], rule, strongest))
+    base = np.array(draws["minilm"])
+    out = {}
+    for k, d in draws.items():
+        a = np.array(d)
+        out[k] = {
+            "apgr_se": float(np.nanstd(a[:, 0])),
+            "share_se": float(np.nanstd(a[:, 1])),
+            "apgr_diff_se": float(np.nanstd(a[:, 0] - base[:, 0])),
+            "share_diff_se": float(np.nanstd(a[:, 1] - base[:, 1])),
+        }
+    return out
 
 
 def run(policy_path: Path, router: str, model: Path, n_dev: int, n_test: int, threads: int, out: Path) -> None:
@@ -194,7 +240,14 @@ def run(policy_path: Path, router: str, model: Path, n_dev: int, n_test: int, th
         "probed_share": float(probed.mean()),
         **_measures(report),
     }
-    ms = np.array(gguf.seconds) * 1000
+    predicted["gated"] = gated
+    if len(names) == 2:
+        right_dev = np.nan_to_num(dev.correct, nan=0.0).mean(axis=0)
+        strongest = int(np.lexsort((np.broadcast_to(c_test, test.correct.shape).mean(axis=0), -right_dev))[0])
+        for k, se in paired_bootstrap(predicted, c_test, test.correct, vm.rule, strongest).items():
+            rows[k].update(se)
+    timed = [gguf.timing[i] for i in [*dev.ids, *test.ids] if i in gguf.timing]
+    ms = np.array([t for t, _ in timed]) * 1000
     result = {
         "date": time.strftime("%Y-%m-%d"),
         "cpu": cpu_kind(),
@@ -203,8 +256,8 @@ def run(policy_path: Path, router: str, model: Path, n_dev: int, n_test: int, th
         "model": model.name,
         "dev_rows": len(dev),
         "test_rows": len(test),
-        "probe_ms_p50": float(np.median(ms)) if ms.size else None,
-        "probe_tokens_mean": float(np.mean(gguf.tokens)) if gguf.tokens else None,
+        "probe_ms_p50": float(np.nanmedian(ms)) if ms.size and not np.isnan(ms).all() else None,
+        "probe_tokens_mean": float(np.mean([n for _, n in timed])) if timed else None,
         "threads": threads,
         "rows": rows,
     }
@@ -218,15 +271,14 @@ def _f(x: Any) -> str:
 
 def _print(console: Console, res: dict[str, Any]) -> None:
     t = Table(title=f"{res['router']}: {res['dev_rows']} dev / {res['test_rows']} test rows, probe {res['model']}")
-    for col in ("features", "learner", "APGR", "strong share for 95%", "cost to match the best", "probed"):
+    for col in ("features", "learner", "APGR (SE; of the difference)", "strong share for 95% (SE; diff.)", "probed"):
         t.add_column(col)
     for name, r in res["rows"].items():
         t.add_row(
             name,
             r["learner"],
-            _f(r["apgr"]),
-            _f(r["strong_share_for_95pct"]),
-            _f(r["cost_to_match_best"]),
+            f"{_f(r['apgr'])} ({_f(r.get('apgr_se'))}; {_f(r.get('apgr_diff_se'))})",
+            f"{_f(r['strong_share_for_95pct'])} ({_f(r.get('share_se'))}; {_f(r.get('share_diff_se'))})",
             _f(r.get("probed_share", 1.0 if "gguf" in name else 0.0)),
         )
     console.print(t)
