@@ -61,8 +61,10 @@ class OpenAICompatBackend(RemoteBackend):
         except ConnectionError as exc:
             raise UpstreamError(f"cannot reach upstream {self.name}", detail=str(exc)) from None
         if resp.status >= 400:
-            raw = await _read(resp, self.name)
-            resp.release()
+            try:
+                raw = await _read(resp, self.name)
+            finally:
+                resp.release()
             message, code = _error_of(raw, resp.status)
             raise upstream_failure(self.name, resp.status, message, code, self.spec.error_text)
         return resp
