@@ -255,14 +255,19 @@ async def _measure(
     per_round = max(1, opts.requests // opts.rounds)
     console.print(f"[bold]latency[/]: {opts.rounds} rounds x {per_round} sequential requests per target")
     lat = {t.name: Sample() for t in targets}
+    cpu = {t.name: 0.0 for t in targets}  # the gateway's CPU seconds in its own rounds: work, not waiting
     for r in range(opts.rounds):
         for t in _rotate(targets, r):
+            before = meters.group_cpu_s(procs[t.name].pid)
             lat[t.name].extend(await sequential(t, per_round, deadline))
+            cpu[t.name] += meters.group_cpu_s(procs[t.name].pid) - before
     result["latency"] = {name: s.summary() for name, s in lat.items()}
     base = result["latency"]["direct"]
-    for s in result["latency"].values():
+    for name, s in result["latency"].items():
         s["added_p50_ms"] = round(s["p50_ms"] - base["p50_ms"], 3)
         s["added_p99_ms"] = round(s["p99_ms"] - base["p99_ms"], 3)
+        if s["n"]:  # at concurrency 1 a request's CPU is on its path: the rest of its time is waiting
+            s["cpu_ms_per_req"] = round(cpu[name] / s["n"] * 1000, 4)
 
     console.print(
         f"[bold]throughput sweep[/]: levels {opts.levels()}, {opts.sweep_duration:g} s each, "

@@ -207,7 +207,7 @@ def _ms(x: float | None) -> str:
 
 def _latency_table(res: dict[str, Any]) -> Table:
     t = Table(title="Latency at concurrency 1 (ms; added = target - direct)", title_justify="left")
-    for col in ("target", "n", "p50", "p90", "p99", "added p50", "added p99", "errors"):
+    for col in ("target", "n", "p50", "p90", "p99", "added p50", "added p99", "server CPU a request", "errors"):
         t.add_column(col, justify="left" if col == "target" else "right", no_wrap=col == "target")
     for name, s in res["latency"].items():
         t.add_row(
@@ -218,6 +218,7 @@ def _latency_table(res: dict[str, Any]) -> Table:
             _ms(s["p99_ms"]),
             "-" if name == "direct" else _ms(s["added_p50_ms"]),
             "-" if name == "direct" else _ms(s["added_p99_ms"]),
+            _ms(s.get("cpu_ms_per_req")),
             str(s["errors"]),
         )
     return t

@@ -149,3 +149,55 @@ def test_the_grammar_check_refuses_what_llama_cpp_cannot_parse() -> None:
     for bad in ("root ::= [a\\.z]+", 'root ::= "a\\/b"', 'root ::= "\\"\\\\"\\""', 'root ::= "a'):
         with pytest.raises(SchemaOutOfBounds):
             nesting(bad)
+
+
+def test_an_answer_goes_out_in_one_write_and_nothing_is_lost_or_reordered() -> None:
+    """The connection's transport (gateway.http.connections.Coalesced): uvicorn's two writes of an
+    answer (head, then body) in one turn of the loop are one write; a lone write (a stream's chunk)
+    goes out at the turn's end; closing sends what is held first; writes stay in order."""
+    import asyncio
+
+    from gateway.http.connections import Coalesced
+
+    class Recorded:
+        def __init__(self) -> None:
+            self.writes: list[bytes] = []
+            self.closed = False
+
+        def write(self, data: bytes) -> None:
+            assert not self.closed
+            self.writes.append(bytes(data))
+
+        def is_closing(self) -> bool:
+            return self.closed
+
+        def close(self) -> None:
+            self.closed = True
+
+        def get_extra_info(self, name: str) -> str:
+            return f"info:{name}"
+
+    async def run() -> Recorded:
+        t = Recorded()
+        c = Coalesced(t, asyncio.get_running_loop())  # type: ignore[arg-type]
+        c.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        c.write(b"body")
+        assert t.writes == [b"HTTP/1.1 200 OK\r\n\r\nbody"]  # joined at once, not at the turn's end
+        c.write(b"chunk 1")
+        assert t.writes[1:] == []  # held until the turn ends
+        await asyncio.sleep(0)
+        assert t.writes[1:] == [b"chunk 1"]
+        c.write(b"a")
+        c.write(bytearray(b"b"))
+        c.write(b"c")
+        await asyncio.sleep(0)
+        assert b"".join(t.writes[2:]) == b"abc"
+        c.write(b"last")
+        c.close()  # what is held goes first
+        assert t.writes[-1] == b"last" and t.closed
+        await asyncio.sleep(0)  # the turn's flush finds nothing to send on a closed transport
+        assert c.get_extra_info("peername") == "info:peername"  # the rest is the transport's own
+        return t
+
+    t = asyncio.run(run())
+    assert b"".join(t.writes) == b"HTTP/1.1 200 OK\r\n\r\nbodychunk 1abclast"

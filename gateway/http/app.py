@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import structlog
 from fastapi import FastAPI, Request, Response
@@ -125,7 +127,7 @@ def create_app(settings: Settings) -> FastAPI:
                 log.info("gateway_stopped")
 
     # /openapi.json is gateway.http.api's own route: behind the key when the policy has keys
-    app = FastAPI(
+    app = _Gateway(
         title="triage",
         version="0.1.0",
         lifespan=lifespan,
@@ -133,6 +135,7 @@ def create_app(settings: Settings) -> FastAPI:
         redoc_url=None,
         openapi_url=None,
         redirect_slashes=False,  # a path that is not a route is a 404 in the API's shape, not a 307 (before any key)
+        **_NO_FASTAPI_TELEMETRY,
     )
     app.router.routes.extend(HOT_ROUTES)
     app.include_router(router)
@@ -163,8 +166,10 @@ def create_app(settings: Settings) -> FastAPI:
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
         return error_response(InvalidRequest(str(exc.errors()[0].get("msg", "invalid request"))), request.url.path)
 
-    app.add_middleware(_Edge, hot=_exact(HOT_ROUTES))
+    app.add_middleware(_Edge)
     app.add_middleware(tracing.Middleware, tracing=traces)  # outside the edge: its 500s are in the span
+    app.hot = _exact(HOT_ROUTES)
+    app.hot_edge = tracing.Middleware(_Edge(_unreached, hot=app.hot), tracing=traces)
     return app
 
 
@@ -181,6 +186,41 @@ def _allowed(request: Request) -> list[str]:
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
+# FastAPI's own OpenTelemetry (0.16x and later): spans, metrics and logs of each request, and a look at
+# the global providers on every request to know whether it is on. The gateway has its own traces
+# (gateway.obs.tracing) and metrics (gateway.obs.metrics), so FastAPI's stay off; an older FastAPI
+# has no such option.
+_NO_FASTAPI_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    else {}
+)
+
+
+async def _unreached(scope: Scope, receive: Receive, send: Send) -> None:
+    raise AssertionError(f"not a hot route: {scope.get('method')} {scope.get('path')}")
+
+
+class _Gateway(FastAPI):
+    """The app, whose hot routes (exact method and path: the chat, completion, decision, embedding
+    and response doors) enter at the top: the tracing middleware and the edge, then the door, past
+    FastAPI's and Starlette's own layers (FastAPI's telemetry and body-limit middleware, Starlette's
+    error middleware, router and per-route exception wrapper), which they do not use: each door
+    answers its own errors, and the edge anything else, as it does for every other route inside the
+    usual stack (issue 35: less time a request, measured in docs/benchmarks.md)."""
+
+    hot: dict[tuple[str, str], Endpoint]  # both set by create_app
+    hot_edge: ASGIApp
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (scope["method"], scope["path"]) in self.hot:
+            if self.root_path:
+                scope["root_path"] = self.root_path
+            scope["app"] = self
+            await self.hot_edge(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
 
 def _exact(routes: list[HTTPRoute]) -> dict[tuple[str, str], Endpoint]:
     """The hot routes without path parameters, by method and path."""
@@ -194,10 +234,10 @@ class _Edge:
     keep-alive connection without a ``Connection: close``. An answer already started cannot be
     replaced: that exception goes on, and the server closes the connection, as it must.
 
-    ``hot``: the hot routes by exact method and path, called from here, past Starlette's error
-    middleware, router and per-route exception wrapper (their doors answer every TriageError
-    themselves, and the edge anything else): 8% less gateway CPU a request in the overhead bench's
-    same-run pair (docs/benchmarks.md)."""
+    ``hot``: the hot routes by exact method and path, called from here (the app's own edge at its
+    top, :class:`_Gateway`), past Starlette's error middleware, router and per-route exception
+    wrapper (their doors answer every TriageError themselves, and the edge anything else): 8% less
+    gateway CPU a request in the overhead bench's same-run pair (docs/benchmarks.md)."""
 
     def __init__(self, app: ASGIApp, hot: dict[tuple[str, str], Endpoint] | None = None) -> None:
         self.app = app
