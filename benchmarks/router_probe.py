@@ -44,7 +44,7 @@ from classifiers.training.model_labels import LabelSet, folds
 from classifiers.training.quality_training import fit_quality
 from classifiers.training.router_training import labels_for
 from eval.router_eval import RouterReport, evaluate, routellm_measures, sweep, versus_best_single
-from eval.router_run import input_tokens
+from eval.router_run import FOLDS, input_tokens, out_of_fold
 from policies.loader import load
 from policies.routed import Rule, candidate_costs, candidate_label, prune
 from policies.schema import Policy, RoutedModel
@@ -192,48 +192,68 @@ def run(policy_path: Path, router: str, model: Path, n_dev: int, n_test: int, th
     assert isinstance(vm, RoutedModel) and policy.classifier is not None
     labels = labels_for(vm, data_dir(policy.classifier, policy_path.resolve().parent))
     dev, test = sample(labels, "dev", n_dev), sample(labels, "test", n_test)
-    console.print(f"{router}: {len(dev)} dev and {len(test)} test rows of {len(labels)}; {model.name}")
+    cross = len(dev) == 0  # a set of test rows only (RouteLLM's GSM8K): five folds, as `triage eval --router`
+    protocol = f"{FOLDS}-fold cross-validation on the test rows" if cross else "dev -> test"
+    console.print(f"{router}: {len(dev)} dev and {len(test)} test rows of {len(labels)} ({protocol}); {model.name}")
     from gateway.cli.router import _embedder
 
     cache = _embedder(policy, threads)
     try:
-        m_dev, m_test = cache.embed(dev.texts), cache.embed(test.texts)
+        m_dev, m_test = (cache.embed(dev.texts) if not cross else None), cache.embed(test.texts)
     finally:
         cache.save()
     gguf = GGUFFeatures(model, threads)
-    g_dev, g_test = _unit(gguf(dev.ids, dev.texts, console)), _unit(gguf(test.ids, test.texts, console))
-    both_dev = np.hstack([_unit(m_dev), g_dev]) / np.sqrt(2)
-    both_test = np.hstack([_unit(m_test), g_test]) / np.sqrt(2)
-    c_dev, c_test = (
-        candidate_costs(policy, vm, input_tokens(dev.texts)),
-        candidate_costs(policy, vm, input_tokens(test.texts)),
-    )
+    g_test = _unit(gguf(test.ids, test.texts, console))
+    g_dev = _unit(gguf(dev.ids, dev.texts, console)) if not cross else None
+    c_test = candidate_costs(policy, vm, input_tokens(test.texts))
+    c_dev = candidate_costs(policy, vm, input_tokens(dev.texts)) if not cross else None
+    fold = folds(test.ids, FOLDS)
+
+    def predict(x_dev: np.ndarray | None, x_test: np.ndarray) -> tuple[np.ndarray, str]:
+        """The test rows' predictions, pruned as served, and the learner(s) chosen."""
+        if cross:
+            _, chosen, learners = out_of_fold(router, vm, test, x_test, c_test, fold, vm.learners)
+            return chosen, ", ".join(sorted(set(learners)))
+        assert x_dev is not None and c_dev is not None
+        q, acc, learner = _fit_predict(router, vm, dev, x_dev, c_dev, x_test)
+        return prune(q, c_test, acc if vm.prune_dominated else None), learner
+
+    base = test if cross else dev  # the rows the measures' dev figures (best single model) come from
     names = [candidate_label(c.model, c.reasoning) for c in vm.candidates]
     rows: dict[str, dict[str, Any]] = {}
     predicted: dict[str, np.ndarray] = {}
-    for variant, (xd, xt) in {
-        "minilm": (m_dev, m_test),
-        "gguf": (g_dev, g_test),
-        "minilm+gguf": (both_dev, both_test),
-    }.items():
-        q, acc, learner = _fit_predict(router, vm, dev, xd, c_dev, xt)
-        chosen = prune(q, c_test, acc if vm.prune_dominated else None)
+    both = (
+        None if m_dev is None or g_dev is None else np.hstack([_unit(m_dev), g_dev]) / np.sqrt(2),
+        np.hstack([_unit(m_test), g_test]) / np.sqrt(2),
+    )
+    for variant, (xd, xt) in {"minilm": (m_dev, m_test), "gguf": (g_dev, g_test), "minilm+gguf": both}.items():
+        chosen, learner = predict(xd, xt)
         predicted[variant] = chosen
         report = evaluate(
-            router, names, chosen, test.correct, c_test, test.categories, dev.correct, dev.categories, vm.rule
+            router, names, chosen, test.correct, c_test, test.categories, base.correct, base.categories, vm.rule
         )
         rows[variant] = {"learner": learner, **_measures(report)}
         console.print(f"  {variant}: {learner}")
-    # gated: the probed prediction where MiniLM's two best are within a margin set on dev rows out of fold
-    fold = folds(dev.ids, 5)
-    q_oof = np.zeros(dev.correct.shape)
-    for k in np.unique(fold):
-        inside = fold != k
-        q_oof[~inside], _, _ = _fit_predict(router, vm, dev.take(inside), m_dev[inside], c_dev[inside], m_dev[~inside])
-    margin = float(np.quantile(_closeness(q_oof), 0.5))
+    # gated: the probed prediction where MiniLM's two best are within a margin that probes half of the
+    # rows: set on dev rows out of fold, or (cross-validated) on the test rows' own out-of-fold
+    # predictions, which are made without their labels
+    if cross:
+        margin = float(np.quantile(_closeness(predicted["minilm"]), 0.5))
+    else:
+        assert m_dev is not None and c_dev is not None
+        dev_fold = folds(dev.ids, FOLDS)
+        q_oof = np.zeros(dev.correct.shape)
+        for k in np.unique(dev_fold):
+            inside = dev_fold != k
+            q_oof[~inside], _, _ = _fit_predict(
+                router, vm, dev.take(inside), m_dev[inside], c_dev[inside], m_dev[~inside]
+            )
+        margin = float(np.quantile(_closeness(q_oof), 0.5))
     probed = _closeness(predicted["minilm"]) <= margin
     gated = np.where(probed[:, None], predicted["minilm+gguf"], predicted["minilm"])
-    report = evaluate(router, names, gated, test.correct, c_test, test.categories, dev.correct, dev.categories, vm.rule)
+    report = evaluate(
+        router, names, gated, test.correct, c_test, test.categories, base.correct, base.categories, vm.rule
+    )
     rows["gated"] = {
         "learner": "minilm, minilm+gguf where close",
         "margin": margin,
@@ -242,7 +262,7 @@ def run(policy_path: Path, router: str, model: Path, n_dev: int, n_test: int, th
     }
     predicted["gated"] = gated
     if len(names) == 2:
-        right_dev = np.nan_to_num(dev.correct, nan=0.0).mean(axis=0)
+        right_dev = np.nan_to_num(base.correct, nan=0.0).mean(axis=0)
         strongest = int(np.lexsort((np.broadcast_to(c_test, test.correct.shape).mean(axis=0), -right_dev))[0])
         for k, se in paired_bootstrap(predicted, c_test, test.correct, vm.rule, strongest).items():
             rows[k].update(se)
@@ -254,6 +274,7 @@ def run(policy_path: Path, router: str, model: Path, n_dev: int, n_test: int, th
         "policy": str(policy_path),
         "router": router,
         "model": model.name,
+        "protocol": protocol,
         "dev_rows": len(dev),
         "test_rows": len(test),
         "probe_ms_p50": float(np.nanmedian(ms)) if ms.size and not np.isnan(ms).all() else None,

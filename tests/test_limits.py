@@ -201,3 +201,55 @@ def test_an_answer_goes_out_in_one_write_and_nothing_is_lost_or_reordered() -> N
 
     t = asyncio.run(run())
     assert b"".join(t.writes) == b"HTTP/1.1 200 OK\r\n\r\nbodychunk 1abclast"
+
+
+def test_without_a_log_event_the_bookkeeping_runs_once_the_answer_is_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With request events off (level warning) a door's bookkeeping (the concurrency slot, metrics,
+    the runtime pin) runs after the answer's last byte is sent, and still runs when sending fails;
+    with events on, before the answer, as the tests that read log lines expect (doors.after_answer)."""
+    import logging
+
+    from starlette.testclient import TestClient
+
+    from gateway.http.app import create_app
+    from gateway.http.settings import Settings
+    from gateway.obs import logs
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        "version: 1\nbackends:\n  say: {type: scripted, text: fine}\nmodels:\n  m: {backend: say}\n"
+        "cascade:\n  tiers:\n    - {name: only, type: model, model: m, logprobs: false}\n"
+    )
+    app = create_app(Settings(policy_path=path, watch_policy=False, handle_sighup=False, configure_logging=False))
+    seen: list[tuple[int, float]] = []  # at each body sent: requests in flight, requests counted
+    fail = {"send": False}
+
+    def counted() -> float:
+        return app.state.triage.metrics.requests.labels("chat", "m", "200")._value.get()
+
+    async def watched(scope: dict, receive: Callable, send: Callable) -> None:
+        async def spy(message: dict) -> None:
+            if message["type"] == "http.response.body":
+                seen.append((app.state.triage.gate.in_flight, counted()))
+                if fail["send"]:
+                    raise OSError("the client's socket broke")
+            await send(message)
+
+        await app(scope, receive, spy if scope["type"] == "http" else send)
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    with TestClient(watched) as client:
+        assert client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"] == "fine"
+        assert seen == [(0, 1)]  # events on (the default): counted before the answer, as before
+        monkeypatch.setattr(logs, "_level", logging.WARNING)
+        assert client.post("/v1/chat/completions", json=body).status_code == 200
+        assert seen[1] == (1, 1) and app.state.triage.gate.in_flight == 0 and counted() == 2  # after the answer
+        fail["send"] = True
+        with pytest.raises(OSError):
+            client.post("/v1/chat/completions", json=body)
+        assert seen[2] == (1, 2) and app.state.triage.gate.in_flight == 0 and counted() == 3  # given back all the same
+        fail["send"] = False
+        assert client.post("/v1/chat/completions", json=body).status_code == 200
+        assert app.state.triage.gate.in_flight == 0 and counted() == 4

@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.http import admin, batch_api, console
 from gateway.http.api import HOT_ROUTES, router
 from gateway.http.app_state import GatewayState
-from gateway.http.doors import error_response
+from gateway.http.doors import AFTER, error_response
 from gateway.http.settings import Settings
 from gateway.obs import logs, tracing
 from gateway.obs.metrics import Metrics
@@ -248,6 +248,8 @@ class _Edge:
             await self.app(scope, receive, send)
             return
         started = False
+        after: list[Callable[[], Awaitable[None]]] = []
+        scope[AFTER] = after  # the doors' bookkeeping, run once the answer is out (doors.after_answer)
 
         async def watch(message: Message) -> None:
             nonlocal started
@@ -268,3 +270,6 @@ class _Edge:
                 raise
             failed = TriageError("The server had an error while processing your request")
             await error_response(failed, scope.get("path"))(scope, receive, send)
+        finally:
+            for step in after:  # also where sending failed: the slot and the runtime pin are given back
+                await step()

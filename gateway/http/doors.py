@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 
 import orjson
 from fastapi import Request, Response
-from starlette.requests import ClientDisconnect
 
 from gateway.http import anthropic_messages
 from gateway.http.app_state import GatewayState
@@ -57,19 +56,23 @@ async def read_body(request: Request, limits: Limits, most: int | None = None) -
     declared = request.headers.get("content-length")
     if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"Request body of {declared} bytes is over the limit of {limit} bytes")
-    parts, size = [], 0
+    parts, size, receive = [], 0, request.receive  # ASGI's messages, not Starlette's stream (issue 35)
     try:
         async with asyncio.timeout(limits.body_timeout_s):
-            async for part in request.stream():
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientGone("the client closed the connection before its request body was in")
+                part = message.get("body", b"")
                 size += len(part)
                 if size > limit:
                     raise PayloadTooLarge(f"Request body is over the limit of {limit} bytes")
                 parts.append(part)
+                if not message.get("more_body", False):
+                    break
     except TimeoutError:
         raise RequestTimeout(f"The request body did not arrive within {limits.body_timeout_s:g} s") from None
-    except ClientDisconnect:
-        raise ClientGone("the client closed the connection before its request body was in") from None
-    return b"".join(parts)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 async def unless_gone(request: Request, work: Awaitable[T], every_s: float = 0.25) -> T:
@@ -141,6 +144,22 @@ def _credentials(request: Request, anthropic: bool) -> tuple[str | None, str]:
     return request.headers.get("authorization") or (f"Bearer {key}" if key else None), "x-api-key: <key>"
 
 
+AFTER = "triage.after"  # the scope's list of steps the edge runs once the answer is sent
+
+
+async def after_answer(request: Request, ex: Exchange, status: int, error: TriageError | None = None) -> None:
+    """The exchange's bookkeeping (metrics, console ring, spend), run by the edge once the answer's
+    last byte is written (:data:`AFTER`), so the client has it while the gateway counts (issue 35).
+    It runs in the same task before it yields: the gateway reads no other request in between, so
+    /metrics and the console see it as before. At once instead where it writes a log event (read out
+    of band: a request's line is written before its answer), or without an edge (a door alone)."""
+    after = request.scope.get(AFTER)
+    if after is None or ex.logs_event(status):
+        await ex.finish(status, error)
+    else:
+        after.append(lambda: ex.finish(status, error))
+
+
 def door(
     endpoint: str,
     *,
@@ -168,13 +187,13 @@ def door(
                 await quotas.admit(ex.rt, ex.key, ex.model)  # the key's models and limits, at every door
                 response = await handler(Call(request, ex, raw, body))
             except TriageError as exc:
-                await ex.finish(exc.status, exc)
+                await after_answer(request, ex, exc.status, exc)
                 return error_response(exc, request.url.path)
             except BaseException:
                 await ex.finish(500)
                 raise
             if not isinstance(response, Relay):  # a relay finishes the exchange when its stream ends
-                await ex.finish(200)
+                await after_answer(request, ex, 200)
             return response
 
         route.__name__ = route.__qualname__ = handler.__name__

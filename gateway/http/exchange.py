@@ -152,6 +152,11 @@ class Exchange:
             else:
                 await self.holder.release(self.rt)
 
+    @staticmethod
+    def logs_event(status: int) -> bool:
+        """Whether finishing with ``status`` writes the request's log event."""
+        return status >= 500 or logs.emits(logging.INFO)
+
     def _charges(self) -> list[tuple[str, Mapping[str, int] | None, float]]:
         """What this request is charged: each model tier a decision asked, or the model that served."""
         if self.charges or self.decision is not None:
@@ -187,7 +192,7 @@ class Exchange:
             for charged, cost in [(m, c) for m, _, c in self.charges] or [(model, self.cost)]:
                 self.metrics.spend.labels(who, charged).inc(cost)
         self._remember(status, latency, error)
-        if status < 500 and not logs.emits(logging.INFO) and not tracing.recording():
+        if not self.logs_event(status) and not tracing.recording():
             return  # nobody reads the event: not built
         event: dict[str, Any] = {
             "request_id": self.request_id,
