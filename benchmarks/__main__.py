@@ -122,6 +122,10 @@ def router_probe(
     test: Annotated[int, typer.Option(help="Test rows (a seeded sample by id).")] = 2000,
     threads: Annotated[int, typer.Option(help="Threads of the encoder and of llama.cpp.")] = 2,
     out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-router-probe.json"),
+    cv_by: Annotated[
+        str,
+        typer.Option("--cv-by", help="A set of test rows only: five folds by 'row' or by 'category' (BBH's tasks)."),
+    ] = "row",
 ) -> None:
     """Issue 31, item 2: the router's quality heads on MiniLM, on a GGUF model's hidden state, on both,
     and on both only where MiniLM's choice is close, on the same rows."""
@@ -131,7 +135,7 @@ def router_probe(
         from backends import gguf
 
         model = gguf.smollm2_path()
-    run(policy, router, model, dev, test, threads, out)
+    run(policy, router, model, dev, test, threads, out, cv_by)
 
 
 @app.command("quality")

@@ -40,7 +40,7 @@ from rich.table import Table
 from benchmarks.meters import cpu_kind
 from benchmarks.report import save
 from classifiers.service import data_dir
-from classifiers.training.model_labels import LabelSet, folds
+from classifiers.training.model_labels import LabelSet, folds, group_folds
 from classifiers.training.quality_training import fit_quality
 from classifiers.training.router_training import labels_for
 from eval.router_eval import RouterReport, evaluate, routellm_measures, sweep, versus_best_single
@@ -145,6 +145,7 @@ def _measures(report: RouterReport) -> dict[str, Any]:
     return {
         "apgr": two.get("apgr"),
         "strong_share_for_95pct": two.get("share_for_95pct_of_strong"),
+        "of_strong_at_40pct": two.get("of_strong_at_40pct"),  # the reasoning goal's measure
         "cpt_50": two.get("cpt_50"),
         "cost_to_match_best": best.get("cost_share_to_match"),
         **{k: v for k, v in best.items() if k != "cost_share_to_match"},
@@ -185,15 +186,25 @@ def paired_bootstrap(
     return out
 
 
-def run(policy_path: Path, router: str, model: Path, n_dev: int, n_test: int, threads: int, out: Path) -> None:
+def run(
+    policy_path: Path,
+    router: str,
+    model: Path,
+    n_dev: int,
+    n_test: int,
+    threads: int,
+    out: Path,
+    cv_by: str = "row",
+) -> None:
     console = Console(highlight=False)
     policy: Policy = load(policy_path)
     vm = policy.virtual_models[router]
     assert isinstance(vm, RoutedModel) and policy.classifier is not None
     labels = labels_for(vm, data_dir(policy.classifier, policy_path.resolve().parent))
     dev, test = sample(labels, "dev", n_dev), sample(labels, "test", n_test)
-    cross = len(dev) == 0  # a set of test rows only (RouteLLM's GSM8K): five folds, as `triage eval --router`
-    protocol = f"{FOLDS}-fold cross-validation on the test rows" if cross else "dev -> test"
+    cross = len(dev) == 0  # a set of test rows only (GSM8K, BBH): five folds, as `triage eval --router`
+    protocol = f"{FOLDS}-fold cross-validation" + (", category-disjoint folds" if cv_by == "category" else "")
+    protocol = protocol if cross else "dev -> test"
     console.print(f"{router}: {len(dev)} dev and {len(test)} test rows of {len(labels)} ({protocol}); {model.name}")
     from gateway.cli.router import _embedder
 
@@ -207,7 +218,7 @@ def run(policy_path: Path, router: str, model: Path, n_dev: int, n_test: int, th
     g_dev = _unit(gguf(dev.ids, dev.texts, console)) if not cross else None
     c_test = candidate_costs(policy, vm, input_tokens(test.texts))
     c_dev = candidate_costs(policy, vm, input_tokens(dev.texts)) if not cross else None
-    fold = folds(test.ids, FOLDS)
+    fold = group_folds(test.categories, FOLDS) if cv_by == "category" else folds(test.ids, FOLDS)
 
     def predict(x_dev: np.ndarray | None, x_test: np.ndarray) -> tuple[np.ndarray, str]:
         """The test rows' predictions, pruned as served, and the learner(s) chosen."""
@@ -291,8 +302,18 @@ def _f(x: Any) -> str:
 
 
 def _print(console: Console, res: dict[str, Any]) -> None:
-    t = Table(title=f"{res['router']}: {res['dev_rows']} dev / {res['test_rows']} test rows, probe {res['model']}")
-    for col in ("features", "learner", "APGR (SE; of the difference)", "strong share for 95% (SE; diff.)", "probed"):
+    t = Table(
+        title=f"{res['router']}: {res['dev_rows']} dev / {res['test_rows']} test rows ({res['protocol']}), "
+        f"probe {res['model']}"
+    )
+    cols = (
+        "features",
+        "learner",
+        "APGR (SE; of the difference)",
+        "strong share for 95% (SE; diff.)",
+        "of strong at 40%",
+    )
+    for col in (*cols, "probed"):
         t.add_column(col)
     for name, r in res["rows"].items():
         t.add_row(
@@ -300,6 +321,7 @@ def _print(console: Console, res: dict[str, Any]) -> None:
             r["learner"],
             f"{_f(r['apgr'])} ({_f(r.get('apgr_se'))}; {_f(r.get('apgr_diff_se'))})",
             f"{_f(r['strong_share_for_95pct'])} ({_f(r.get('share_se'))}; {_f(r.get('share_diff_se'))})",
+            _f(r.get("of_strong_at_40pct")),
             _f(r.get("probed_share", 1.0 if "gguf" in name else 0.0)),
         )
     console.print(t)
