@@ -208,12 +208,15 @@ def test_without_a_log_event_the_bookkeeping_runs_once_the_answer_is_out(
 ) -> None:
     """With request events off (level warning) a door's bookkeeping (the concurrency slot, metrics,
     the runtime pin) runs after the answer's last byte is sent, and still runs when sending fails;
-    with events on, before the answer, as the tests that read log lines expect (doors.after_answer)."""
+    with events on, before the answer, as the tests that read log lines expect (doors.after_answer).
+    A step that fails after the answer is logged and the gateway serves on."""
     import logging
 
+    import structlog
     from starlette.testclient import TestClient
 
     from gateway.http.app import create_app
+    from gateway.http.exchange import Exchange
     from gateway.http.settings import Settings
     from gateway.obs import logs
 
@@ -253,3 +256,12 @@ def test_without_a_log_event_the_bookkeeping_runs_once_the_answer_is_out(
         fail["send"] = False
         assert client.post("/v1/chat/completions", json=body).status_code == 200
         assert app.state.triage.gate.in_flight == 0 and counted() == 4
+
+        def broken(*_: object) -> None:
+            raise RuntimeError("a bug in the bookkeeping")
+
+        with monkeypatch.context() as m, structlog.testing.capture_logs() as events:
+            m.setattr(Exchange, "_report", broken)
+            assert client.post("/v1/chat/completions", json=body).status_code == 200  # the answer was out
+        assert [e["event"] for e in events] == ["bookkeeping_failed"] and app.state.triage.gate.in_flight == 0
+        assert client.post("/v1/chat/completions", json=body).status_code == 200 and counted() == 5

@@ -272,4 +272,7 @@ class _Edge:
             await error_response(failed, scope.get("path"))(scope, receive, send)
         finally:
             for step in after:  # also where sending failed: the slot and the runtime pin are given back
-                await step()
+                try:
+                    await step()
+                except Exception:  # the answer is out: logged, and the connection stays open
+                    log.exception("bookkeeping_failed", method=scope.get("method"), path=scope.get("path"))
