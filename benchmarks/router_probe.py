@@ -202,7 +202,9 @@ def run(
     assert isinstance(vm, RoutedModel) and policy.classifier is not None
     labels = labels_for(vm, data_dir(policy.classifier, policy_path.resolve().parent))
     dev, test = sample(labels, "dev", n_dev), sample(labels, "test", n_test)
-    cross = len(dev) == 0  # a set of test rows only (GSM8K, BBH): five folds, as `triage eval --router`
+    cross = not (len(dev) and len(test))  # one split only (GSM8K, BBH): five folds, as `triage eval --router`
+    if cross:
+        test, dev = (test if len(test) else sample(labels, "dev", n_test)), dev.take(np.zeros(len(dev), dtype=bool))
     protocol = f"{FOLDS}-fold cross-validation" + (", category-disjoint folds" if cv_by == "category" else "")
     protocol = protocol if cross else "dev -> test"
     console.print(f"{router}: {len(dev)} dev and {len(test)} test rows of {len(labels)} ({protocol}); {model.name}")
