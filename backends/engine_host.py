@@ -48,7 +48,7 @@ RESENDS = 1  # a job the dead worker had not started is sent to its successor th
 
 @dataclass(frozen=True)
 class EngineSpec:
-    kind: Literal["chat", "scorer"]
+    kind: Literal["chat", "scorer", "hidden"]
     n_ctx: int
     n_threads: int
     n_batch: int

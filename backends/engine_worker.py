@@ -3,7 +3,8 @@
 Started by ``backends.engine_host`` as ``python -m backends.engine_worker``; nothing else should
 run it. It holds the file's weights once and one llama.cpp context per engine the gateway opens
 on it (the ``llamacpp`` chat backend: a ``llama_cpp.Llama``; the ``gguf_scorer``: a
-``ChatScorer`` on the same model), each context with a thread of its own that takes its jobs in
+``ChatScorer`` on the same model; the ``gguf_probe``: a ``HiddenReader`` in embedding mode, on weights
+of its own), each context with a thread of its own that takes its jobs in
 order. A native fault here ends this process only: the gateway fails or retries what was in
 flight and starts another.
 
@@ -151,6 +152,23 @@ class ScorerEngine(Engine):
         return scores_to_wire(got)
 
 
+class HiddenEngine(Engine):
+    """``backends.hidden.HiddenReader``: a prompt's mean-pooled final hidden state (the learned
+    router's difficulty probe), one prefill and no generation."""
+
+    def __init__(self, eid: str, wire: Wire, index: dict[int, Job], reader: Any) -> None:
+        super().__init__(eid, wire, index)
+        self.reader = reader
+
+    def run(self, job: Job) -> Any:
+        if job.method != "read":
+            raise ValueError(f"unknown method {job.method!r}")
+        vector, tokens = self.reader.read(str(job.args["text"]))
+        if job.cancel.is_set():
+            raise Cancelled
+        return {"vector": vector.tolist(), "tokens": tokens}
+
+
 def _cancellable_llama() -> type:
     """``llama_cpp.Llama`` whose completions also stop when the current job is cancelled."""
     from llama_cpp import Llama, StoppingCriteriaList
@@ -210,6 +228,10 @@ class Host:
             if self.model is None:
                 self.llm, self.model = llm, llm._model
             return ChatEngine(eid, self.wire, self.jobs, llm)
+        if m["kind"] == "hidden":  # a context of its own in embedding mode, on weights of its own
+            from backends.hidden import HiddenReader
+
+            return HiddenEngine(eid, self.wire, self.jobs, HiddenReader(self.path, n_ctx, n_threads, n_batch))
         from backends.lettered import ChatScorer
 
         if self.model is None:
@@ -227,6 +249,8 @@ class Host:
             engine.llm.create_completion("Hello", max_tokens=1, temperature=0.0)
         elif isinstance(engine, ScorerEngine):
             engine.scorer.score("Hello", [" world"])
+        elif isinstance(engine, HiddenEngine):
+            engine.reader.read("Hello")
 
     def dispatch(self, m: dict[str, Any]) -> None:
         op = m["op"]

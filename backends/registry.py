@@ -34,4 +34,4 @@ def build(name: str, spec: Any) -> Backend:
 
 def _load_builtin() -> None:
     # The built-in backends register themselves when their module is imported.
-    from backends import litellm_backend, llamacpp, openai_compat, scorer, scripted  # noqa: F401
+    from backends import litellm_backend, llamacpp, openai_compat, probe, scorer, scripted  # noqa: F401

@@ -7,9 +7,9 @@ on the dev rows of a routed model's labels file three times, on the same rows:
 
 - ``minilm``: the served features, MiniLM's embedding;
 - ``gguf``: a GGUF model's final hidden state over the prompt (llama.cpp's embedding mode, mean
-  pooled over the prompt's tokens, one prefill and no generation), L2-normalised;
-- ``minilm+gguf``: both, each L2-normalised and scaled by 1/sqrt(2) (a unit vector again, so
-  the k-nearest-neighbour and centroid learners see both halves equally);
+  pooled over the prompt's tokens, one prefill and no generation), L2-normalised: what a routed
+  model's ``probe`` serves (:mod:`backends.hidden`);
+- ``minilm+gguf``: both, as the probe's head reads them (:func:`classifiers.quality.joint_features`);
 
 then each predicts the test rows and is measured as ``triage eval --router`` measures (APGR, the
 strong model's share of calls for 95% of its accuracy, the cost to match the best model; for two
@@ -21,7 +21,7 @@ half of them), so the probe's prefill is paid on part of the traffic; its share 
 
 Rows: ``--dev`` and ``--test`` rows of the labels file, a seeded sample by SHA-256 of the id (the
 same rows on every machine), so that a pass fits in a session; the GGUF features are cached per
-model and row id under ``out/router-probe/`` so an interrupted run resumes. The probe's time per
+model and prompt under ``out/router-probe/`` so an interrupted run resumes. The probe's time per
 prompt is measured and priced nowhere: the report gives it in milliseconds beside the CPU kind.
 """
 
@@ -37,8 +37,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from backends.hidden import HiddenCache
 from benchmarks.meters import cpu_kind
 from benchmarks.report import save
+from classifiers.quality import joint_features
 from classifiers.service import data_dir
 from classifiers.training.model_labels import LabelSet, folds, group_folds
 from classifiers.training.quality_training import fit_quality
@@ -52,6 +54,7 @@ from policies.schema import Policy, RoutedModel
 log = logging.getLogger(__name__)
 OUT = Path("out/router-probe")
 BOOTSTRAP = 200
+N_CTX = 1024  # the bench's runs of 2026-12-05 read up to 1,024 tokens
 
 
 def sample(labels: LabelSet, split: str, n: int, salt: str = "triage-router-probe") -> LabelSet:
@@ -63,65 +66,6 @@ def sample(labels: LabelSet, split: str, n: int, salt: str = "triage-router-prob
     keep = np.zeros(len(part), dtype=bool)
     keep[np.argsort(keys)[:n]] = True
     return part.take(keep)
-
-
-class GGUFFeatures:
-    """Mean-pooled final hidden states of a GGUF model, cached by row id (``.npz`` per model)."""
-
-    def __init__(self, model: Path, threads: int, n_ctx: int = 1024) -> None:
-        from llama_cpp import LLAMA_POOLING_TYPE_MEAN, Llama
-
-        self.model = model
-        self.llm = Llama(
-            model_path=str(model),
-            embedding=True,
-            pooling_type=LLAMA_POOLING_TYPE_MEAN,
-            n_ctx=n_ctx,
-            n_batch=n_ctx,
-            n_threads=threads,
-            n_threads_batch=threads,
-            verbose=False,
-        )
-        digest = hashlib.sha256(f"{model.name}:{model.stat().st_size}".encode()).hexdigest()[:12]
-        self.path = OUT / f"{model.stem}-{digest}.npz"
-        self.cache: dict[str, np.ndarray] = {}
-        self.timing: dict[str, tuple[float, int]] = {}  # seconds and tokens of each prompt's prefill
-        if self.path.exists():
-            with np.load(self.path) as z:
-                ids = z["ids"].tolist()
-                self.cache = dict(zip(ids, z["x"], strict=True))
-                if "seconds" in z.files:  # a cache written before timings were kept has none
-                    self.timing = {
-                        i: (float(t), int(n)) for i, t, n in zip(ids, z["seconds"], z["tokens"], strict=True)
-                    }
-
-    def __call__(self, ids: list[str], texts: list[str], console: Console) -> np.ndarray:
-        todo = [(i, t) for i, t in zip(ids, texts, strict=True) if i not in self.cache]
-        for k, (i, t) in enumerate(todo):
-            t0 = time.perf_counter()
-            v = np.asarray(self.llm.embed(t, truncate=True), dtype=np.float32)
-            self.timing[i] = (time.perf_counter() - t0, min(len(self.llm.tokenize(t.encode())), self.llm.n_ctx()))
-            self.cache[i] = v
-            if (k + 1) % 250 == 0:
-                self.save()
-                console.print(f"  {self.model.name}: {k + 1}/{len(todo)} prompts read")
-        self.save()
-        return np.stack([self.cache[i] for i in ids])
-
-    def save(self) -> None:
-        OUT.mkdir(parents=True, exist_ok=True)
-        ids = list(self.cache)
-        np.savez(
-            self.path,
-            ids=np.array(ids),
-            x=np.stack([self.cache[i] for i in ids]),
-            seconds=np.array([self.timing.get(i, (np.nan, 0))[0] for i in ids]),
-            tokens=np.array([self.timing.get(i, (np.nan, 0))[1] for i in ids]),
-        )
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
 def _fit_predict(
@@ -215,9 +159,9 @@ def run(
         m_dev, m_test = (cache.embed(dev.texts) if not cross else None), cache.embed(test.texts)
     finally:
         cache.save()
-    gguf = GGUFFeatures(model, threads)
-    g_test = _unit(gguf(test.ids, test.texts, console))
-    g_dev = _unit(gguf(dev.ids, dev.texts, console)) if not cross else None
+    gguf = HiddenCache(model, N_CTX, threads, folder=OUT, say=console.print)
+    g_test = gguf(test.texts)
+    g_dev = gguf(dev.texts) if not cross else None
     c_test = candidate_costs(policy, vm, input_tokens(test.texts))
     c_dev = candidate_costs(policy, vm, input_tokens(dev.texts)) if not cross else None
     fold = group_folds(test.categories, FOLDS) if cv_by == "category" else folds(test.ids, FOLDS)
@@ -235,10 +179,7 @@ def run(
     names = [candidate_label(c.model, c.reasoning) for c in vm.candidates]
     rows: dict[str, dict[str, Any]] = {}
     predicted: dict[str, np.ndarray] = {}
-    both = (
-        None if m_dev is None or g_dev is None else np.hstack([_unit(m_dev), g_dev]) / np.sqrt(2),
-        np.hstack([_unit(m_test), g_test]) / np.sqrt(2),
-    )
+    both = (None if m_dev is None or g_dev is None else joint_features(m_dev, g_dev), joint_features(m_test, g_test))
     for variant, (xd, xt) in {"minilm": (m_dev, m_test), "gguf": (g_dev, g_test), "minilm+gguf": both}.items():
         chosen, learner = predict(xd, xt)
         predicted[variant] = chosen
@@ -279,8 +220,7 @@ def run(
         strongest = int(np.lexsort((np.broadcast_to(c_test, test.correct.shape).mean(axis=0), -right_dev))[0])
         for k, se in paired_bootstrap(predicted, c_test, test.correct, vm.rule, strongest).items():
             rows[k].update(se)
-    timed = [gguf.timing[i] for i in [*dev.ids, *test.ids] if i in gguf.timing]
-    ms = np.array([t for t, _ in timed]) * 1000
+    read = [*dev.texts, *test.texts]
     result = {
         "date": time.strftime("%Y-%m-%d"),
         "cpu": cpu_kind(),
@@ -290,8 +230,8 @@ def run(
         "protocol": protocol,
         "dev_rows": len(dev),
         "test_rows": len(test),
-        "probe_ms_p50": float(np.nanmedian(ms)) if ms.size and not np.isnan(ms).all() else None,
-        "probe_tokens_mean": float(np.mean([n for _, n in timed])) if timed else None,
+        "probe_ms_p50": gguf.ms_p50(read),
+        "probe_tokens_mean": gguf.tokens_mean(read),
         "threads": threads,
         "rows": rows,
     }

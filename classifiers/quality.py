@@ -39,6 +39,24 @@ def quality_head_name(virtual_model: str) -> str:
     return f"quality-{virtual_model}"
 
 
+def probe_head_name(virtual_model: str) -> str:
+    """The artifact name of a routed model's second head, on MiniLM's embedding and its probe's reading."""
+    return f"quality-{virtual_model}-probe"
+
+
+def joint_features(embedding: np.ndarray, hidden: np.ndarray) -> np.ndarray:
+    """What the probe's head reads: the encoder's embedding and the probe's reading, each at length
+    1 and scaled by 1/sqrt(2), side by side (a unit vector again, so the nearest-neighbour and
+    centroid learners weigh both halves alike). Rows of each, or one vector of each."""
+
+    def unit(v: np.ndarray) -> np.ndarray:
+        v = np.atleast_2d(np.asarray(v, dtype=np.float32))
+        return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+
+    out: np.ndarray = np.hstack([unit(embedding), unit(hidden)]) / np.float32(np.sqrt(2.0))
+    return out
+
+
 def logit(p: np.ndarray) -> np.ndarray:
     p = np.clip(p, _EPS, 1 - _EPS)
     return np.log(p / (1 - p))

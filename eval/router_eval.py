@@ -58,11 +58,16 @@ def _point(right: np.ndarray, cost: np.ndarray, picked: np.ndarray, strongest: i
     return Point(float(right[rows, picked].mean()), float(c[rows, picked].mean()), float((picked == strongest).mean()))
 
 
-def sweep(quality: np.ndarray, cost: np.ndarray, correct: np.ndarray, rule: Rule, strongest: int) -> list[Point]:
+def sweep(
+    quality: np.ndarray, cost: np.ndarray, correct: np.ndarray, rule: Rule, strongest: int, extra: float = 0.0
+) -> list[Point]:
+    """The router's points, its knob swept; ``extra``: a mean cost per request the router pays
+    whatever it chooses (its probe's readings)."""
     right = _right(correct)
     points = [
         _point(right, cost, choose(quality, cost, rule, float(k)), strongest) for k in knob_grid(quality, cost, rule)
     ]
+    points = [Point(p.accuracy, p.cost + extra, p.strong_share) for p in points]
     points.sort(key=lambda p: (p.cost, -p.accuracy))
     return points
 
@@ -92,9 +97,11 @@ def evaluate(
     dev_correct: np.ndarray,
     dev_categories: Sequence[str],
     rule: Rule = "utility",
+    router_extra_cost: float = 0.0,
 ) -> RouterReport:
     """``quality``/``correct``/``cost``: test rows (``cost`` (models,) or (rows, models));
-    ``dev_*``: the dev rows, for the category table and for which model counts as the strongest."""
+    ``dev_*``: the dev rows, for the category table and for which model counts as the strongest;
+    ``router_extra_cost``: what the router pays a request beyond the chosen model (its probe)."""
     right, dev_right = _right(correct), _right(dev_correct)
     mean_cost = np.broadcast_to(cost, right.shape).mean(axis=0)
     strongest = int(np.lexsort((mean_cost, -dev_right.mean(axis=0)))[0])
@@ -112,7 +119,7 @@ def evaluate(
         list(models),
         len(right),
         singles,
-        sweep(quality, cost, correct, rule, strongest),
+        sweep(quality, cost, correct, rule, strongest, router_extra_cost),
         _point(right, cost, by_cat, strongest),
         {k: v for k, v in table.items() if k},
         _point(right, cost, oracle_pick, strongest),

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
+from classifiers.quality import joint_features
 from classifiers.training.model_labels import LabelSet, folds, group_folds
 from classifiers.training.quality_training import fit_quality, quality_ece
-from classifiers.training.router_training import fit_router, labels_for
+from classifiers.training.router_training import Hidden, fit_router, labels_for
 from eval.router_eval import RouterReport, evaluate
-from policies.routed import candidate_costs, candidate_label, prompt_tokens
+from policies.routed import candidate_costs, candidate_label, prompt_tokens, top_gap
 from policies.routed import prune as pruned
 from policies.schema import Policy, RoutedModel
 
@@ -37,6 +38,15 @@ class RouterRun:
     quality: np.ndarray  # test rows' predictions (rows, candidates), before pruning
     costs: np.ndarray  # test rows' expected costs (rows, candidates)
     labels: LabelSet  # the test rows
+    probe: ProbeRun | None = None  # where the routed model has a probe: what it did (``report`` is with it)
+
+
+@dataclass
+class ProbeRun:
+    margin: float
+    probed_share: float  # of the test rows, read by the probe (the first head's choice within the margin)
+    cost_per_call: float
+    without: RouterReport  # the same rows routed by the first head alone
 
 
 input_tokens = prompt_tokens  # the gateway's own estimate for the expected cost
@@ -49,29 +59,52 @@ def measure(
     data_dir: Path,
     embed: Embed,
     cv_by: str = "row",
+    hidden: Hidden | None = None,
 ) -> RouterRun:
+    """The router on the test rows, as served: with a ``probe`` on the routed model (and ``hidden``,
+    its readings), the probe's head predicts where the first head's two best are within its margin,
+    and its readings' cost is counted; the report of the first head alone is kept beside."""
     labels = labels_for(vm, data_dir)
-    names = [candidate_label(c.model, c.reasoning) for c in vm.candidates]
     dev, test = labels.split("dev"), labels.split("test")
-    prune = vm.prune_dominated
-    if len(dev) and len(test):
-        fit = fit_router(policy, name, vm, dev, embed(dev.texts))
-        quality = fit.head.proba(embed(test.texts))
-        costs = candidate_costs(policy, vm, input_tokens(test.texts))
-        chosen_from = pruned(quality, costs, fit.head.dev_accuracy if prune else None)
-        protocol, learner = "dev -> test", f"{fit.head.meta['learner']} {fit.head.meta['setting']}"
-    else:
+    split = bool(len(dev) and len(test))
+    if not split:
         test = dev = labels
-        x = embed(labels.texts)
-        fold = group_folds(labels.categories, FOLDS) if cv_by == "category" else folds(labels.ids, FOLDS)
-        costs = candidate_costs(policy, vm, input_tokens(test.texts))
-        quality, chosen_from, chosen = out_of_fold(name, vm, labels, x, costs, fold, vm.learners)
-        protocol = f"{FOLDS}-fold cross-validation" + (", category-disjoint folds" if cv_by == "category" else "")
-        learner = ", ".join(sorted(set(chosen)))
-    report = evaluate(
-        name, names, chosen_from, test.correct, costs, test.categories, dev.correct, dev.categories, vm.rule
-    )
-    return RouterRun(report, protocol, learner, quality_ece(quality, test.correct), quality, costs, test)
+    fold = None if split else group_folds(labels.categories, FOLDS) if cv_by == "category" else folds(labels.ids, FOLDS)
+    costs = candidate_costs(policy, vm, input_tokens(test.texts))
+
+    def predicted(features: Callable[[list[str]], np.ndarray]) -> tuple[np.ndarray, np.ndarray, str]:
+        """The test rows' P(right), the same pruned as served, and the learner(s)."""
+        if fold is None:
+            fit = fit_router(policy, name, vm, dev, features(dev.texts))
+            quality = fit.head.proba(features(test.texts))
+            chosen_from = pruned(quality, costs, fit.head.dev_accuracy if vm.prune_dominated else None)
+            return quality, chosen_from, f"{fit.head.meta['learner']} {fit.head.meta['setting']}"
+        quality, chosen_from, chosen = out_of_fold(name, vm, labels, features(labels.texts), costs, fold, vm.learners)
+        return quality, chosen_from, ", ".join(sorted(set(chosen)))
+
+    quality, chosen_from, learner = predicted(embed)
+    protocol = "dev -> test" if split else f"{FOLDS}-fold cross-validation"
+    protocol += ", category-disjoint folds" if cv_by == "category" and not split else ""
+    names = [candidate_label(c.model, c.reasoning) for c in vm.candidates]
+
+    def report_of(chosen: np.ndarray, extra: float = 0.0) -> RouterReport:
+        return evaluate(
+            name, names, chosen, test.correct, costs, test.categories, dev.correct, dev.categories, vm.rule, extra
+        )
+
+    if vm.probe is None or hidden is None:
+        return RouterRun(
+            report_of(chosen_from), protocol, learner, quality_ece(quality, test.correct), quality, costs, test
+        )
+    read = hidden(vm.probe.backend)
+    q2, chosen2, learner2 = predicted(lambda texts: joint_features(embed(texts), read(texts)))
+    probed = top_gap(chosen_from) <= vm.probe.margin
+    gated_q = np.where(probed[:, None], q2, quality)
+    gated = np.where(probed[:, None], chosen2, chosen_from)
+    probe = ProbeRun(vm.probe.margin, float(probed.mean()), vm.probe.cost_per_call, report_of(chosen_from))
+    report = report_of(gated, vm.probe.cost_per_call * float(probed.mean()))
+    learner = f"{learner}; where probed {learner2}"
+    return RouterRun(report, protocol, learner, quality_ece(gated_q, test.correct), gated_q, costs, test, probe)
 
 
 def out_of_fold(

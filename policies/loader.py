@@ -22,7 +22,7 @@ from ruamel.yaml.error import MarkedYAMLError
 
 from policies.errors import PolicyInvalid
 from policies.references import reference_problems
-from policies.schema import GGUFScorerBackendSpec, LlamaCppBackendSpec, Loc, Policy, RoutedModel
+from policies.schema import LOCAL_GGUF, Loc, Policy, RoutedModel
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def file_problems(policy: Policy, base_dir: Path) -> list[tuple[Loc, str]]:
         if (found := spec.tokenizer_file(base_dir)) is not None and not found.is_file():
             problems.append((("models", name, "tokenizer"), f"tokenizer file not found: {found}"))
     for name, backend in policy.backends.items():
-        path = backend.gguf.path if isinstance(backend, LlamaCppBackendSpec | GGUFScorerBackendSpec) else None
+        path = backend.gguf.path if isinstance(backend, LOCAL_GGUF) else None
         if path is not None and not Path(path).expanduser().is_file():
             problems.append((("backends", name, "gguf", "path"), f"GGUF file not found: {Path(path).expanduser()}"))
     problems.extend(_labels_problems(policy, base_dir))

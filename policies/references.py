@@ -8,6 +8,7 @@ from policies.schema import (
     AliasModel,
     CascadeModel,
     ClassifierSpec,
+    GGUFProbeBackendSpec,
     GGUFScorerBackendSpec,
     Loc,
     Policy,
@@ -110,7 +111,8 @@ def _reasoning_router_problems(policy: Policy, name: str, vm: SemanticModel) -> 
 
 
 def _routed_problems(policy: Policy, name: str, vm: RoutedModel) -> list[tuple[Loc, str]]:
-    """Candidates must be models with prices (the choice weighs cost), each once per reasoning mode."""
+    """Candidates must be models with prices (the choice weighs cost), each once per reasoning mode;
+    a probe reads with a ``gguf_probe`` backend."""
     problems: list[tuple[Loc, str]] = []
     if policy.classifier is None:
         problems.append((("virtual_models", name), "a routed model needs a `classifier` section"))
@@ -132,6 +134,10 @@ def _routed_problems(policy: Policy, name: str, vm: RoutedModel) -> list[tuple[L
         if (c.model, c.reasoning) in seen:
             problems.append((where, f"candidate '{c.model}' (reasoning {c.reasoning or 'default'}) is listed twice"))
         seen.add((c.model, c.reasoning))
+    if vm.probe is not None and not isinstance(policy.backends.get(vm.probe.backend), GGUFProbeBackendSpec):
+        problems.append(
+            (("virtual_models", name, "probe", "backend"), f"backend '{vm.probe.backend}' is not a gguf_probe backend")
+        )
     return problems
 
 
@@ -184,6 +190,8 @@ def _cascade_problems(policy: Policy) -> list[tuple[Loc, str]]:
         backend = policy.backends.get(spec.backend)
         if isinstance(backend, GGUFScorerBackendSpec):
             problems.append((("models", name, "backend"), f"backend '{spec.backend}' is a scorer: it cannot generate"))
+        if isinstance(backend, GGUFProbeBackendSpec):
+            problems.append((("models", name, "backend"), f"backend '{spec.backend}' is a probe: it cannot generate"))
     if policy.cascade is None:
         return problems
     names: list[str] = []

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Literal
 
 import numpy as np
 
-from policies.schema import Policy, RoutedModel
+from policies.schema import GGUFProbeBackendSpec, Policy, RoutedModel
 
 Rule = Literal["utility", "margin"]
 TargetKind = Literal["strong_share", "cost", "quality", "of_strong"]
@@ -166,6 +167,9 @@ def fit_knob(
     return best
 
 
+ProbeOutcome = Literal["read", "not needed", "failed"]  # the probe read the prompt; the call was not close; no reading
+
+
 @dataclass(frozen=True)
 class QualityChoice:
     """What a routed model chose for one request, and why (the response headers and the log say it)."""
@@ -176,8 +180,10 @@ class QualityChoice:
     quality: float  # predicted P(right) of the chosen candidate
     best_quality: float  # of the candidate predicted best
     strongest_quality: float  # of the dearest candidate (the one a fixed route would pick)
-    cost: float  # expected cost of the call
+    cost: float  # expected cost of the call (with the probe's reading, where it read)
     predictions: tuple[tuple[str, float, float], ...]  # (candidate label, P(right), expected cost) each
+    probe: ProbeOutcome | None = None  # the difficulty probe's part (None: the routed model has none)
+    probe_ms: float | None = None  # the reading's time, where the probe was asked
 
 
 def candidate_label(model: str, reasoning: str | None) -> str:
@@ -193,12 +199,64 @@ def price_matrix(policy: Policy, vm: RoutedModel) -> np.ndarray:
     return np.array(rows, dtype=np.float64)
 
 
+def probe_source(policy: Policy, vm: RoutedModel) -> str:
+    """What a probe's head is fitted on, as the policy names it: the gguf_probe backend's file and
+    context (a head fitted on another file's readings is stale: the gateway refuses it)."""
+    assert vm.probe is not None
+    spec = policy.backends[vm.probe.backend]
+    assert isinstance(spec, GGUFProbeBackendSpec)
+    return f"{spec.gguf.package or PurePath(spec.gguf.path or '').name} n_ctx {spec.n_ctx}"
+
+
 def candidate_costs(policy: Policy, vm: RoutedModel, input_tokens: float | np.ndarray) -> np.ndarray:
     prices = price_matrix(policy, vm)
     extra = np.array([c.reasoning_tokens if c.reasoning == "on" else 0 for c in vm.candidates], dtype=np.float64)
     base = expected_costs(prices, input_tokens, vm.output_tokens)
     costs: np.ndarray = base + extra * prices[:, 1] / 1e6  # numpy's stubs type a column's arithmetic Any
     return costs
+
+
+def top_gap(quality: np.ndarray) -> np.ndarray:
+    """Per row, how far apart the two best candidates' P(right) are (pruned ones, -inf, left out;
+    1 where fewer than two remain): where it is small, the heads' choice is a close call."""
+    q = np.sort(np.where(np.isfinite(quality), np.atleast_2d(quality), -np.inf), axis=1)[:, ::-1]
+    if q.shape[1] < 2:
+        return np.ones(len(q))
+    gap = q[:, 0] - q[:, 1]
+    out: np.ndarray = np.where(np.isfinite(gap), gap, 1.0)
+    return out
+
+
+def _eligible(
+    policy: Policy,
+    vm: RoutedModel,
+    quality: np.ndarray,
+    input_tokens: float,
+    accuracy: np.ndarray | None,
+    barred: Sequence[int],
+) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """The candidates the choice is among (not barred, unless every one is), their predictions
+    with the dominated ones pruned, (1, kept), and their costs, (kept,)."""
+    q = np.asarray(quality, dtype=np.float64).reshape(1, -1)
+    cost = candidate_costs(policy, vm, input_tokens)
+    keep = [j for j in range(len(vm.candidates)) if j not in set(barred)] or list(range(len(vm.candidates)))
+    acc = accuracy[keep] if accuracy is not None and vm.prune_dominated else None
+    return keep, prune(q[:, keep], cost[keep], acc), cost[keep]
+
+
+def close_call(
+    policy: Policy,
+    vm: RoutedModel,
+    quality: np.ndarray,
+    input_tokens: float,
+    accuracy: np.ndarray | None = None,
+    barred: Sequence[int] = (),
+) -> bool:
+    """Whether the probe should read this request: the two best of the candidates the choice is
+    among are within the probe's margin (arguments as :func:`choose_candidate`'s)."""
+    assert vm.probe is not None
+    _, q, _ = _eligible(policy, vm, quality, input_tokens, accuracy, barred)
+    return bool(top_gap(q)[0] <= vm.probe.margin)
 
 
 def choose_candidate(
@@ -215,9 +273,8 @@ def choose_candidate(
     then the choice is made among all, and the model chain says which can take it)."""
     q = np.asarray(quality, dtype=np.float64).reshape(1, -1)
     cost = candidate_costs(policy, vm, input_tokens)
-    keep = [j for j in range(len(vm.candidates)) if j not in set(barred)] or list(range(len(vm.candidates)))
-    acc = accuracy[keep] if accuracy is not None and vm.prune_dominated else None
-    k = int(choose(prune(q[:, keep], cost[keep], acc), cost[keep], vm.rule, vm.knob)[0])
+    keep, pruned_q, kept_cost = _eligible(policy, vm, quality, input_tokens, accuracy, barred)
+    k = int(choose(pruned_q, kept_cost, vm.rule, vm.knob)[0])
     i = keep[k]
     dearest = int(np.argmax(cost))
     c = vm.candidates[i]

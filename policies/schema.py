@@ -206,10 +206,28 @@ class GGUFScorerBackendSpec(Strict):
     n_batch: int = Field(512, ge=16)
 
 
+class GGUFProbeBackendSpec(Strict):
+    """The learned router's difficulty probe: a GGUF model's final hidden state over the prompt,
+    mean-pooled (one prefill, no generation), read by a routed model's second quality head."""
+
+    type: Literal["gguf_probe"]
+    gguf: GGUFSource
+    n_ctx: int = Field(512, ge=32, description="a longer prompt is read up to this many tokens")
+    n_threads: int = Field(1, ge=1, description="1 is fastest on two cores: see docs/design.md")
+
+
 Backend = Annotated[
-    OpenAIBackendSpec | LiteLLMBackendSpec | LlamaCppBackendSpec | ScriptedBackendSpec | GGUFScorerBackendSpec,
+    OpenAIBackendSpec
+    | LiteLLMBackendSpec
+    | LlamaCppBackendSpec
+    | ScriptedBackendSpec
+    | GGUFScorerBackendSpec
+    | GGUFProbeBackendSpec,
     Field(discriminator="type"),
 ]
+
+
+LOCAL_GGUF = (LlamaCppBackendSpec, GGUFScorerBackendSpec, GGUFProbeBackendSpec)  # the backends that load a GGUF file
 
 
 class Prices(Strict):
@@ -357,6 +375,24 @@ def _all_learners() -> list[Learner]:
     return ["linear", "mf", "knn", "centroid"]
 
 
+class RouterProbe(Strict):
+    """A routed model's difficulty probe: where the quality heads' two best candidates are close,
+    a ``gguf_probe`` backend reads the prompt and a second head, fitted on MiniLM's embedding and
+    that reading together, predicts instead (docs/router.md)."""
+
+    backend: str = Field(description="a gguf_probe backend")
+    margin: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="probe where the two best candidates' predicted P(right) are within this (1: every request)",
+    )
+    cost_per_call: float = Field(
+        0.0, ge=0, description="what one reading costs, in the prices' money: counted in the route's expected cost"
+    )
+    timeout_s: float = Field(2.0, gt=0, description="a reading that takes longer is dropped: MiniLM's choice stands")
+
+
 class RoutedModel(Strict):
     """A virtual model routed by predicted quality and cost (the learned router): per request, the
     quality heads predict P(right) for every candidate, and ``rule`` picks one with ``knob``
@@ -383,6 +419,7 @@ class RoutedModel(Strict):
     shadow: ShadowSpec | None = Field(
         None, description="a sampled share of requests routed below the reference asked of the reference too"
     )
+    probe: RouterProbe | None = Field(None, description="a difficulty probe where the heads' choice is close")
     description: str = ""
 
     def routes(self) -> list[str]:

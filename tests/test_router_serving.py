@@ -103,13 +103,18 @@ fallback_model: backup
 """
 
 
+def toy_data(data: Path, dev: int, test: int, seed: int) -> Path:
+    """``data`` holding model_labels/toy.jsonl: ``dev`` and ``test`` rows of :func:`toy_rows`."""
+    (data / "model_labels").mkdir()
+    rows = toy_rows(dev, "dev", seed) + toy_rows(test, "test", seed + 1)
+    (data / "model_labels" / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return data
+
+
 @pytest.fixture(scope="module")
 def toy(trained_heads: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A data dir holding model_labels/toy.jsonl, and the heads' folder with the quality head trained."""
-    data = tmp_path_factory.mktemp("toy-data")
-    (data / "model_labels").mkdir()
-    rows = toy_rows(240, "dev", 1) + toy_rows(80, "test", 2)
-    (data / "model_labels" / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = toy_data(tmp_path_factory.mktemp("toy-data"), 240, 80, 1)
     pol = loader.parse(policy(data, trained_heads))
     vm = pol.virtual_models["pick"]
     assert isinstance(vm, RoutedModel) and pol.classifier is not None

@@ -15,14 +15,16 @@ from pathlib import Path
 import numpy as np
 
 from classifiers.calibration import auroc
-from classifiers.quality import QualityHead, quality_head_name
+from classifiers.quality import QualityHead, joint_features, probe_head_name, quality_head_name
 from classifiers.training import model_labels
 from classifiers.training.model_labels import LabelSet
 from classifiers.training.quality_training import Candidate, QualityFit, fit_quality, quality_ece
-from policies.routed import candidate_costs, prompt_tokens
+from policies.routed import candidate_costs, probe_source, prompt_tokens, top_gap
+from policies.routed import prune as pruned
 from policies.schema import Policy, RoutedModel
 
 Embed = Callable[[list[str]], np.ndarray]
+Hidden = Callable[[str], Embed]  # a gguf_probe backend's name -> texts -> its readings, (rows, width)
 
 
 class LabelsProblem(ValueError):
@@ -39,6 +41,15 @@ class RouterResult:
     test_auroc: dict[str, float]  # per candidate column, P(right) vs right on test rows
     test_ece: float
     fitted_on: str  # "dev" or "all (no dev rows)"
+    probe: ProbeResult | None = None  # the second head, where the routed model has a probe
+
+
+@dataclass
+class ProbeResult:
+    head: QualityHead
+    test_auroc: dict[str, float]  # per candidate column, the probe head's P(right) vs right on test rows
+    test_ece: float
+    probed_share: float  # of the test rows, where the heads' choice is within the probe's margin (NaN: no test rows)
 
 
 def labels_for(vm: RoutedModel, data_dir: Path) -> LabelSet:
@@ -73,46 +84,109 @@ def fit_router(policy: Policy, name: str, vm: RoutedModel, rows: LabelSet, x: np
     )
 
 
-def train_router(policy: Policy, name: str, vm: RoutedModel, data_dir: Path, embed: Embed, out: Path) -> RouterResult:
+def _measured(p: np.ndarray, test: LabelSet) -> tuple[dict[str, float], float]:
+    """Per candidate column, the AUROC of P(right) against right on these rows; and the ECE."""
+    aurocs: dict[str, float] = {}
+    for j, col in enumerate(test.models):
+        known = ~np.isnan(test.correct[:, j])
+        right = test.correct[known, j] > 0.5
+        aurocs[col] = auroc(p[known, j], right) if right.any() and (~right).any() else float("nan")
+    return aurocs, quality_ece(p, test.correct)
+
+
+def train_router(
+    policy: Policy,
+    name: str,
+    vm: RoutedModel,
+    data_dir: Path,
+    embed: Embed,
+    out: Path,
+    hidden: Hidden | None = None,
+) -> RouterResult:
     """Fit, calibrate and save the quality head of routed model ``name``; measure it on test rows.
     ``embed``: texts -> (rows, dim), the served encoder's embeddings; the policy's prices pick the
-    learner (its routing value on held-back dev rows)."""
+    learner (its routing value on held-back dev rows). With a ``probe`` on the routed model,
+    ``hidden`` reads the rows with its backend and the second head is fitted and saved too."""
     labels = labels_for(vm, data_dir)
     dev = labels.split("dev")
     fitted_on = "dev"
     if len(dev) == 0:
         dev, fitted_on = labels, "all (no dev rows)"
-    fit = fit_router(policy, quality_head_name(name), vm, dev, embed(dev.texts))
+    x_dev = embed(dev.texts)
+    fit = fit_router(policy, quality_head_name(name), vm, dev, x_dev)
     fit.head.meta.update(labels=vm.labels, fitted_on=fitted_on)
     fit.head.save(out)
     test = labels.split("test")
-    aurocs: dict[str, float] = {}
-    ece_ = float("nan")
-    if len(test) and fitted_on == "dev":
-        p = fit.head.proba(embed(test.texts))
-        for j, col in enumerate(labels.models):
-            known = ~np.isnan(test.correct[:, j])
-            right = test.correct[known, j] > 0.5
-            aurocs[col] = auroc(p[known, j], right) if right.any() and (~right).any() else float("nan")
-        ece_ = quality_ece(p, test.correct)
+    measured = bool(len(test)) and fitted_on == "dev"
+    aurocs, ece_ = _measured(fit.head.proba(embed(test.texts)), test) if measured else ({}, float("nan"))
+    probe = None
+    if vm.probe is not None:
+        if hidden is None:
+            raise LabelsProblem(f"virtual_models.{name}: its probe's readings are needed to fit its second head")
+        read = hidden(vm.probe.backend)
+        probe = _train_probe(policy, name, vm, fit.head, dev, x_dev, test if measured else None, embed, read)
+        probe.head.meta.update(labels=vm.labels, fitted_on=fitted_on)
+        probe.head.save(out)
     return RouterResult(
         name,
         fit.head,
         int(fit.head.meta["fit_rows"]),
-        len(test) if fitted_on == "dev" else 0,
+        len(test) if measured else 0,
         fit.tried,
         aurocs,
         ece_,
         fitted_on,
+        probe,
     )
 
 
+def _train_probe(
+    policy: Policy,
+    name: str,
+    vm: RoutedModel,
+    first: QualityHead,
+    dev: LabelSet,
+    x_dev: np.ndarray,
+    test: LabelSet | None,
+    embed: Embed,
+    read: Embed,
+) -> ProbeResult:
+    """The probe's head: the same learners on MiniLM's embedding and the probe's reading side by side
+    (:func:`classifiers.quality.joint_features`), fitted on every dev row (the served router asks it
+    only where the first head's choice is close, but a head fitted on those rows alone would rest on
+    a few of them); measured on the test rows, with the share the margin sends to the probe (read
+    from ``first``, the first head, as served)."""
+    assert vm.probe is not None
+    fit = fit_router(policy, probe_head_name(name), vm, dev, joint_features(x_dev, read(dev.texts)))
+    fit.head.meta.update(probe=probe_source(policy, vm))
+    if test is None:
+        return ProbeResult(fit.head, {}, float("nan"), float("nan"))
+    x_test = embed(test.texts)
+    aurocs, ece_ = _measured(fit.head.proba(joint_features(x_test, read(test.texts))), test)
+    return ProbeResult(fit.head, aurocs, ece_, float(probed(policy, vm, first, x_test, test.texts).mean()))
+
+
+def probed(policy: Policy, vm: RoutedModel, head: QualityHead, x: np.ndarray, texts: list[str]) -> np.ndarray:
+    """Which of these rows the served router would probe: the first head's two best candidates, pruned as
+    served, within the probe's margin (``head``: the first head; ``x``: the rows' embeddings)."""
+    assert vm.probe is not None
+    costs = candidate_costs(policy, vm, prompt_tokens(texts))
+    q = pruned(head.proba(x), costs, head.dev_accuracy if vm.prune_dominated else None)
+    out: np.ndarray = top_gap(q) <= vm.probe.margin
+    return out
+
+
 def train_routers(
-    policy: Policy, data_dir: Path, embed: Embed, out: Path, say: Callable[[str], None] = print
+    policy: Policy,
+    data_dir: Path,
+    embed: Embed,
+    out: Path,
+    say: Callable[[str], None] = print,
+    hidden: Hidden | None = None,
 ) -> list[RouterResult]:
     results = []
     for name, vm in policy.virtual_models.items():
         if isinstance(vm, RoutedModel):
             say(f"router {name}: learning P(right) of {len(vm.candidates)} candidates from {vm.labels}")
-            results.append(train_router(policy, name, vm, data_dir, embed, out))
+            results.append(train_router(policy, name, vm, data_dir, embed, out, hidden))
     return results

@@ -33,7 +33,7 @@ from classifiers.training.guard_training import (
     reference_sample,
 )
 from classifiers.training.options_training import OptionsFit, SetResult, train_options
-from classifiers.training.router_training import RouterResult, train_routers
+from classifiers.training.router_training import Hidden, RouterResult, train_routers
 from policies.paths import cache_dir
 from policies.schema import ClassifierSpec, Policy
 from policies.semantic import INJECTION
@@ -168,13 +168,17 @@ def embedding_cache(cfg: ClassifierSpec, threads: int, suffix: str = "") -> Embe
     return EmbeddingCache(encoder, cache_dir() / "embeddings" / f"{tag}{suffix}.npz")
 
 
-def train_quality(policy: Policy, policy_dir: Path, threads: int = 2, say: Progress = print) -> list[RouterResult]:
-    """The quality heads of the policy's routed models (the learned router), into the heads' folder."""
+def train_quality(
+    policy: Policy, policy_dir: Path, threads: int = 2, say: Progress = print, hidden: Hidden | None = None
+) -> list[RouterResult]:
+    """The quality heads of the policy's routed models (the learned router), into the heads' folder;
+    ``hidden``: the probes' readings, for a routed model with a ``probe`` (its second head)."""
     assert policy.classifier is not None
     cfg = policy.classifier
     cache = embedding_cache(cfg, threads, "-labels")  # label files' prompts: a cache file of their own
     try:
-        return train_routers(policy, data_dir(cfg, policy_dir), cache.embed, artifacts_dir(cfg, policy_dir), say)
+        root, out = data_dir(cfg, policy_dir), artifacts_dir(cfg, policy_dir)
+        return train_routers(policy, root, cache.embed, out, say, hidden)
     finally:
         cache.save()
 

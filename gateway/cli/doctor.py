@@ -16,7 +16,7 @@ from rich.table import Table
 
 from gateway.cli.policy_arg import load_or_exit
 from gateway.cli.serve import default_policy_path
-from policies.schema import GGUFScorerBackendSpec, LlamaCppBackendSpec, Policy
+from policies.schema import LOCAL_GGUF, Policy
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -80,7 +80,7 @@ async def engine_checks(policy: Policy) -> list[Check]:
     on one file share one worker, so each file is loaded once)."""
     from backends import registry
 
-    local = {n: s for n, s in policy.backends.items() if isinstance(s, LlamaCppBackendSpec | GGUFScorerBackendSpec)}
+    local = {n: s for n, s in policy.backends.items() if isinstance(s, LOCAL_GGUF)}
     backends = {name: registry.build(name, spec) for name, spec in local.items()}
     out: list[Check] = []
     try:

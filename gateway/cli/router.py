@@ -48,17 +48,20 @@ def evaluate_router(
     from classifiers.service import data_dir
     from eval import router_run
     from eval.router_plots import curve_plot
+    from gateway.cli.probe_reader import ProbeReaders
 
     console = Console(highlight=False)
     pol, vm = _routed(policy, name)
     assert pol.classifier is not None
     cache = _embedder(pol)
+    readers = ProbeReaders(pol, say=console.print)
     try:
         result = router_run.measure(
-            pol, name, vm, data_dir(pol.classifier, policy.resolve().parent), cache.embed, cv_by
+            pol, name, vm, data_dir(pol.classifier, policy.resolve().parent), cache.embed, cv_by, readers
         )
     finally:
         cache.save()
+        readers.close()
     r = result.report
     out.mkdir(parents=True, exist_ok=True)
     doc = {
@@ -69,6 +72,9 @@ def evaluate_router(
         "test_ece": result.test_ece,
         **asdict(r),
     }
+    if result.probe is not None and vm.probe is not None:
+        ms = readers.caches[vm.probe.backend].ms_p50(result.labels.texts)
+        doc["probe"] = {**asdict(result.probe), "reading_ms_p50": ms}
     (out / f"router-{name}.json").write_text(json.dumps(doc, indent=2))
     if plots:
         curve_plot(r, out / f"router-{name}.png")
@@ -100,6 +106,15 @@ def _print(console: Console, result: RouterRun) -> None:
         f"router {r.name} on {r.rows} test rows ({result.protocol}); learner {result.learner}; "
         f"ECE of P(right) {result.test_ece:.3f}; strongest on dev rows: {r.strongest}"
     )
+    if (probe := result.probe) is not None:
+        w, b = probe.without, probe.without.best_single_at_cost
+        apgr = w.two_model.get("apgr") if w.two_model else None
+        console.print(
+            f"its probe read {probe.probed_share:.1%} of the rows (margin {probe.margin:g}, "
+            f"{probe.cost_per_call:g} a reading, "
+            f"counted below); without it: router at the best model's cost {b['router_accuracy_at_best_cost']:.4f}, "
+            f"matches it at {b['cost_share_to_match']:.1%} of its cost" + ("" if apgr is None else f", APGR {apgr:.3f}")
+        )
     table = Table(title="single models, baselines and the router (test rows)", expand=True)
     for col in ("", "accuracy", "mean cost", "strong share"):
         table.add_column(col)

@@ -29,6 +29,13 @@ def _routers(results: list[RouterResult], console: Console) -> None:
             f"router {r.name}: {r.head.meta['learner']} {r.head.meta['setting']} fitted on {r.fit_rows} "
             f"rows ({r.fitted_on}); test rows {r.test_rows}: AUROC {aurocs or 'n/a'}, ECE {r.test_ece:.3f}"
         )
+        if (p := r.probe) is not None:
+            aurocs = ", ".join(f"{m} {v:.3f}" for m, v in p.test_auroc.items())
+            console.print(
+                f"router {r.name}, with its probe ({p.head.meta['probe']}): {p.head.meta['learner']} "
+                f"{p.head.meta['setting']}; test rows: AUROC {aurocs or 'n/a'}, ECE {p.test_ece:.3f}, "
+                f"probed at the policy's margin {p.probed_share:.1%}"
+            )
 
 
 def train(
@@ -72,7 +79,14 @@ def train(
     art, built = ensure_exported(settings=ExportSettings(layers=pol.classifier.encoder.layers))
     console.print(f"encoder: {'exported to' if built else 'cached at'} {art.root}")
     if any(isinstance(vm, RoutedModel) for vm in pol.virtual_models.values()):
-        _routers(train_quality(pol, policy.resolve().parent, threads=threads, say=console.print), console)
+        from gateway.cli.probe_reader import ProbeReaders
+
+        readers = ProbeReaders(pol, say=console.print)
+        try:
+            trained = train_quality(pol, policy.resolve().parent, threads=threads, say=console.print, hidden=readers)
+        finally:
+            readers.close()
+        _routers(trained, console)
     if routers_only:
         return
     result = run(

@@ -55,6 +55,10 @@ def route_headers(route: Route, switch: str | None) -> dict[str, str]:
             f"chosen={q.quality:.4f} best={q.best_quality:.4f} strongest={q.strongest_quality:.4f}"
         )
         headers["x-triage-expected-cost"] = f"{q.cost:.8f}"
+        if q.probe is not None:  # the difficulty probe: "read 84.2ms", "not needed", "failed 2000.3ms"
+            headers["x-triage-probe"] = q.probe.replace(" ", "-") + (
+                "" if q.probe_ms is None else f" {q.probe_ms:.1f}ms"
+            )
     if (rule := route.rule) is not None:  # "0 intents=transfer 0.9312": the rule, its head's answer (%-encoded)
         headers["x-triage-rule"] = f"{rule.index} {rule.head}={quote(rule.label)} {rule.confidence:.4f}"
     return headers

@@ -99,6 +99,8 @@ def _route(route: Route) -> dict[str, Any]:
             {"candidate": label, "p_right": round(p, 4), "cost": c, "chosen": i == q.candidate}
             for i, (label, p, c) in enumerate(q.predictions)
         ]
+        if q.probe is not None:
+            out["probe"] = {"outcome": q.probe, "ms": None if q.probe_ms is None else round(q.probe_ms, 1)}
     return out
 
 

@@ -4,24 +4,28 @@ decide the route of a semantic virtual model."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import structlog
 
 from backends.base import Body, Kind
+from backends.probe import ProbeBackend
 from classifiers.batching import MicroBatcher
 from classifiers.encoder import Reading
-from classifiers.quality import QualityHead, quality_head_name
+from classifiers.quality import QualityHead, joint_features, probe_head_name, quality_head_name
 from classifiers.service import Classifier, artifacts_dir
 from gateway.service.messages import text as message_text
 from policies import routed
-from policies.errors import NotReady
-from policies.routed import candidate_label
-from policies.schema import ClassifierSpec, Policy, RoutedModel, SemanticModel
+from policies.errors import NotReady, TriageError
+from policies.routed import candidate_label, probe_source
+from policies.schema import ClassifierSpec, Policy, RoutedModel, RouterProbe, SemanticModel
 from policies.semantic import Route, choose_route, choose_route_turns, is_follow_up
 
+log = structlog.get_logger("triage.router")
 ReasoningRouter = tuple[Policy, RoutedModel, QualityHead]
 
 
@@ -92,25 +96,76 @@ class Encoding:
         kind: Kind,
         body: Body,
         barred: Sequence[str | None] | None = None,
+        probe: Probe | None = None,
     ) -> Route:
         """The learned router's route: quality predicted from the last user turn, cost from the whole
-        prompt; ``barred``: per candidate, why it cannot take the request (None: it can)."""
+        prompt; ``barred``: per candidate, why it cannot take the request (None: it can); ``probe``:
+        the routed model's difficulty probe, asked where the heads' choice is close."""
         last, _ = _turns(kind, body)
-        return quality_route(policy, vm, head, await self.batcher.embed(last), input_tokens(kind, body), barred)
+        reading, tokens = await self.batcher.embed(last), input_tokens(kind, body)
+        if probe is None:
+            return quality_route(policy, vm, head, reading, tokens, barred)
+        return await probed_route(policy, vm, head, reading, last, tokens, barred, probe)
 
 
-def load_quality(policy: Policy, policy_dir: Path, dim: int) -> tuple[dict[str, QualityHead], list[str]]:
-    """The quality heads of every routed virtual model, and what is wrong with them (missing,
-    another encoder width, other candidates than the policy's)."""
+@dataclass(frozen=True)
+class Probe:
+    """A routed model's difficulty probe as served: its policy entry, its backend and its head (on
+    MiniLM's embedding and the probe's reading side by side)."""
+
+    spec: RouterProbe
+    backend: ProbeBackend
+    head: QualityHead
+
+
+async def probed_route(
+    policy: Policy,
+    vm: RoutedModel,
+    head: QualityHead,
+    reading: Reading,
+    text: str,
+    tokens: int,
+    barred: Sequence[str | None] | None,
+    probe: Probe,
+) -> Route:
+    """The learned router's route with its probe: where the first head's two best candidates are
+    within the probe's margin, the probe reads ``text`` and its head predicts instead; a reading that
+    fails or is late is logged and the first head's choice stands. The reading's cost is counted in
+    the route's expected cost."""
+    out = _barred(barred)
+    q = head.proba(reading.vector)[0]
+    if not routed.close_call(policy, vm, q, tokens, head.dev_accuracy, out):
+        return _route(policy, vm, q, head.dev_accuracy, tokens, barred, "not needed")
+    t0 = time.perf_counter()
+    try:
+        hidden, _ = await probe.backend.read(text, probe.spec.timeout_s)
+    except TriageError as exc:  # the probe is an aid: without it the first head decides
+        ms = (time.perf_counter() - t0) * 1000
+        log.warning("probe_failed", backend=probe.spec.backend, error=exc.message, latency_ms=round(ms, 1))
+        return _route(policy, vm, q, head.dev_accuracy, tokens, barred, "failed", ms)
+    ms = (time.perf_counter() - t0) * 1000
+    q = probe.head.proba(joint_features(reading.vector, hidden))[0]
+    return _route(policy, vm, q, probe.head.dev_accuracy, tokens, barred, "read", ms, probe.spec.cost_per_call)
+
+
+def load_quality(
+    policy: Policy, policy_dir: Path, dim: int
+) -> tuple[dict[str, QualityHead], dict[str, QualityHead], list[str]]:
+    """The quality heads of every routed virtual model, the second heads of those with a probe,
+    and what is wrong with them (missing, another encoder width, other candidates than the
+    policy's, a probe head fitted on another probe's readings)."""
     heads: dict[str, QualityHead] = {}
+    probes: dict[str, QualityHead] = {}
     problems: list[str] = []
     assert policy.classifier is not None
     root = artifacts_dir(policy.classifier, policy_dir)
+    retrain = "retrain it with `triage train --policy POLICY --routers-only`"
     for name, vm in policy.virtual_models.items():
         if not isinstance(vm, RoutedModel):
             continue
         try:
             head = QualityHead.load(root, quality_head_name(name))
+            second = QualityHead.load(root, probe_head_name(name)) if vm.probe is not None else None
         except NotReady as exc:
             problems.append(f"virtual_models.{name}: {exc.message}")
             continue
@@ -118,12 +173,21 @@ def load_quality(policy: Policy, policy_dir: Path, dim: int) -> tuple[dict[str, 
         if head.models != want or head.dim != dim:
             problems.append(
                 f"virtual_models.{name}: its quality head was trained for {', '.join(head.models)} on "
-                f"{head.dim}-d embeddings, the policy routes {', '.join(want)} on {dim}-d: retrain it "
-                "with `triage train --policy POLICY`"
+                f"{head.dim}-d embeddings, the policy routes {', '.join(want)} on {dim}-d: {retrain}"
             )
             continue
         heads[name] = head
-    return heads, problems
+        if second is not None:
+            source = probe_source(policy, vm)
+            if second.models != want or second.dim <= dim or second.meta.get("probe") != source:
+                problems.append(
+                    f"virtual_models.{name}.probe: its head was fitted for {', '.join(second.models)} on the "
+                    f"readings of {second.meta.get('probe')}, the policy probes {', '.join(want)} with {source}: "
+                    f"{retrain}"
+                )
+                continue
+            probes[name] = second
+    return heads, probes, problems
 
 
 def quality_route(
@@ -135,8 +199,29 @@ def quality_route(
     barred: Sequence[str | None] | None = None,
 ) -> Route:
     """The learned router's route for one prompt's reading, among the candidates not ``barred``."""
-    out = [i for i, why in enumerate(barred or ()) if why is not None]
-    choice = routed.choose_candidate(policy, vm, head.proba(reading.vector)[0], tokens, head.dev_accuracy, out)
+    return _route(policy, vm, head.proba(reading.vector)[0], head.dev_accuracy, tokens, barred)
+
+
+def _barred(barred: Sequence[str | None] | None) -> list[int]:
+    return [i for i, why in enumerate(barred or ()) if why is not None]
+
+
+def _route(
+    policy: Policy,
+    vm: RoutedModel,
+    quality: np.ndarray,
+    accuracy: np.ndarray | None,
+    tokens: int,
+    barred: Sequence[str | None] | None,
+    probe: routed.ProbeOutcome | None = None,
+    probe_ms: float | None = None,
+    probe_cost: float = 0.0,
+) -> Route:
+    """The route of a routed model's choice on these predictions (and what its probe did)."""
+    out = _barred(barred)
+    choice = routed.choose_candidate(policy, vm, quality, tokens, accuracy, out)
+    if probe is not None:
+        choice = replace(choice, probe=probe, probe_ms=probe_ms, cost=choice.cost + probe_cost)
     skipped = tuple(
         (candidate_label(vm.candidates[i].model, vm.candidates[i].reasoning), str((barred or [])[i])) for i in out
     )

@@ -44,7 +44,8 @@ async def _route(rt: Runtime, plan: EncoderPlan, kind: Kind, body: Body, shape: 
         barred: list[str | None] = [None] * len(vm.candidates)
         if shape is not None:
             barred = [await fitting.refusal(rt, c.model, shape) for c in vm.candidates]
-        return await rt.encoding.route_quality(rt.policy, vm, rt.quality[plan.name], kind, body, barred)
+        head, probe = rt.quality[plan.name], rt.probe(plan.name)
+        return await rt.encoding.route_quality(rt.policy, vm, head, kind, body, barred, probe)
     if plan.reasoning is None:
         return await rt.encoding.route(vm, kind, body)
     name, router = plan.reasoning  # `reasoning: {mode: router}`: that routed model switches reasoning

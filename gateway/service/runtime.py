@@ -29,13 +29,13 @@ from policies import loader, plans
 from policies.budget import EscalationBudget
 from policies.errors import NotReady, PolicyInvalid, TriageError, Unauthorized
 from policies.fit import Fit
-from policies.schema import ApiKey, Policy
+from policies.schema import ApiKey, Policy, RoutedModel
 from policies.semantic_cache import Vector
 
 if TYPE_CHECKING:
     from classifiers.confidence import ConfidenceModel
     from classifiers.quality import QualityHead
-    from gateway.service.encoding import Encoding
+    from gateway.service.encoding import Encoding, Probe
 
 log = structlog.get_logger("triage.runtime")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -48,6 +48,7 @@ class Runtime:
     key_hashes: frozenset[str]
     encoding: Encoding | None = None
     quality: dict[str, QualityHead] = field(default_factory=dict)  # routed virtual model -> its heads
+    probe_heads: dict[str, QualityHead] = field(default_factory=dict)  # routed model -> its probe's head
     budget: EscalationBudget | None = None  # the cascade's online escalation budget (a policy's own)
     judges: dict[str, ConfidenceModel] = field(default_factory=dict)  # tier -> its learned gate
     in_flight: int = 0
@@ -86,6 +87,19 @@ class Runtime:
             await asyncio.wait(self._tasks, timeout=timeout_s)
         if self.semantic is not None:
             await self.semantic.close()
+
+    def probe(self, name: str) -> Probe | None:
+        """The difficulty probe of routed model ``name`` (None: it has none)."""
+        from backends.probe import ProbeBackend
+        from gateway.service.encoding import Probe
+
+        vm = self.policy.virtual_models.get(name)
+        head = self.probe_heads.get(name)
+        if not isinstance(vm, RoutedModel) or vm.probe is None or head is None:
+            return None
+        backend = self.backends[vm.probe.backend]
+        assert isinstance(backend, ProbeBackend), "validation: a probe names a gguf_probe backend"
+        return Probe(vm.probe, backend, head)
 
     def reach(self, key: ApiKey | None) -> frozenset[str] | None:
         """Every model ``key`` may be served by (:func:`policies.plans.reach`); None: any."""
@@ -147,10 +161,11 @@ def _key_hashes(policy: Policy) -> list[tuple[str, str]]:
 
 async def _encoding(
     policy: Policy, previous: Runtime | None, base_dir: Path
-) -> tuple[Encoding | None, dict[str, QualityHead]]:
-    """The encoder and its heads (reused when unchanged), and the routed models' quality heads."""
+) -> tuple[Encoding | None, dict[str, QualityHead], dict[str, QualityHead]]:
+    """The encoder and its heads (reused when unchanged), the routed models' quality heads, and
+    their probes' heads."""
     if policy.classifier is None:
-        return None, {}
+        return None, {}, {}
     from gateway.service.encoding import Encoding, artifacts_signature, load_quality  # ONNX Runtime: only when asked
     from policies.semantic import label_problems
 
@@ -167,13 +182,13 @@ async def _encoding(
         except NotReady as exc:
             raise PolicyInvalid([f"classifier: {exc.message}"]) from None
     problems = label_problems(policy, encoding.classifier.classes())
-    heads, quality_problems = load_quality(policy, base_dir, encoding.classifier.encoder.dim)
+    heads, probe_heads, quality_problems = load_quality(policy, base_dir, encoding.classifier.encoder.dim)
     problems += quality_problems
     if problems:
         if encoding is not old:
             await encoding.close()
         raise PolicyInvalid(problems)
-    return encoding, heads
+    return encoding, heads, probe_heads
 
 
 async def build(
@@ -213,7 +228,7 @@ async def build(
         if previous is None or store is not previous.store:
             await store.close()
         raise
-    encoding, quality = await _encoding(policy, previous, base_dir)
+    encoding, quality, probe_heads = await _encoding(policy, previous, base_dir)
     backends: dict[str, Backend] = {}
     started: list[Backend] = []
     try:
@@ -248,6 +263,7 @@ async def build(
         hashes,
         encoding,
         quality,
+        probe_heads,
         _budget(policy),
         judges,
         store=store,
