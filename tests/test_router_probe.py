@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ruamel.yaml import YAML
 from typer.testing import CliRunner
 
 from backends.gguf import smollm2_path
@@ -192,3 +193,35 @@ def test_eval_router_counts_the_probe(probed: tuple[Path, Path, object], tmp_pat
     assert cheapest >= doc["singles"]["cheap"]["cost"] + 0.0001 * probe["probed_share"] - 1e-12
     assert np.isfinite(probe["without"]["two_model"]["apgr"])
     assert "its probe read" in out.output
+
+
+def test_calibrate_fits_the_knob_as_served_and_sets_the_margin_to_a_share(
+    probed: tuple[Path, Path, object], tmp_path: Path
+) -> None:
+    data, heads, _ = probed
+    path = tmp_path / "routed.yaml"
+    path.write_text(policy(data, heads, margin=0.05))
+    patch = tmp_path / "patch.yaml"
+    args = [
+        "calibrate",
+        "--policy",
+        str(path),
+        "--router",
+        "probed",
+        "--target",
+        "of_strong=0.9",
+        "--patch",
+        str(patch),
+    ]
+    out = CliRunner().invoke(cli, [*args, "--probe-share", "0.5"])
+    assert out.exit_code == 0, out.output
+    [line] = [x for x in out.output.splitlines() if x.startswith("probe reader: margin")]
+    dev_share = float(line.split("reads ")[1].split("%")[0])
+    assert 45 <= dev_share <= 55, line  # half the dev rows (ties may add a few)
+    fitted = YAML(typ="safe").load(patch.read_text())["virtual_models"]["probed"]
+    assert set(fitted) == {"knob", "probe"} and fitted["probe"]["backend"] == "reader"
+    assert 0 <= fitted["probe"]["margin"] <= 1 and fitted["probe"]["cost_per_call"] == 0.0001
+    # without --probe-share the policy's margin stays and the patch sets the knob only
+    out = CliRunner().invoke(cli, args)
+    assert out.exit_code == 0 and "margin 0.05" in out.output, out.output
+    assert set(YAML(typ="safe").load(patch.read_text())["virtual_models"]["probed"]) == {"knob"}

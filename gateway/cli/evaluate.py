@@ -153,9 +153,18 @@ def calibrate(
     test_cap: _TestCap = 300,
     router: _Router = None,
     guarantee: _Guarantee = None,
+    probe_share: Annotated[
+        float | None,
+        typer.Option(
+            help="--router with a probe: set its margin to read this share of the dev rows (out of fold)",
+            min=0.0,
+            max=1.0,
+        ),
+    ] = None,
 ) -> None:
     """Fit each tier's temperatures and thresholds on dev rows, check them on test rows, and write a
-    reviewable YAML patch (the policy file is never edited). With --router: the routed model's knob.
+    reviewable YAML patch (the policy file is never edited). With --router: the routed model's knob
+    (and with --probe-share, its probe's margin).
     With --guarantee DELTA: the threshold is certified to meet --target on new traffic with
     probability at least 1 - DELTA (docs/eval.md)."""
     if router is not None:
@@ -164,7 +173,7 @@ def calibrate(
         if target is None:
             typer.echo("--router needs --target strong_share=X, cost=X, quality=X or of_strong=X", err=True)
             raise typer.Exit(2)
-        return calibrate_router(policy, router, target, patch, guarantee)
+        return calibrate_router(policy, router, target, patch, guarantee, probe_share)
     if guarantee is not None and (target is None or target.split("=")[0] not in ("of_top", "escalation", "cost")):
         typer.echo("--guarantee needs --target of_top=X, escalation=X or cost=X", err=True)
         raise typer.Exit(2)

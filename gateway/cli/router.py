@@ -4,6 +4,7 @@ router of a routed virtual model, measured on its labels file's test rows, and i
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -143,9 +144,18 @@ def _print(console: Console, result: RouterRun) -> None:
         )
 
 
-def calibrate_router(policy: Path, name: str, target: str, patch: Path, guarantee: float | None = None) -> None:
+def calibrate_router(
+    policy: Path,
+    name: str,
+    target: str,
+    patch: Path,
+    guarantee: float | None = None,
+    probe_share: float | None = None,
+) -> None:
     """Fit the knob on out-of-fold predictions of dev rows, check it on test rows, write the patch.
-    With ``guarantee`` (DELTA): the knob is certified by Learn-then-Test (:mod:`eval.router_guarantee`)."""
+    With ``guarantee`` (DELTA): the knob is certified by Learn-then-Test (:mod:`eval.router_guarantee`).
+    A routed model with a probe is fitted as served (its second head where the first's call is close);
+    ``probe_share``: the probe's margin is set too, to read that share of the dev rows."""
     from classifiers.service import data_dir
     from classifiers.training.model_labels import folds
     from classifiers.training.router_training import fit_router, labels_for
@@ -172,13 +182,28 @@ def calibrate_router(policy: Path, name: str, target: str, patch: Path, guarante
         cache.save()
     c_dev = candidate_costs(pol, vm, input_tokens(dev.texts))
     c_test = candidate_costs(pol, vm, input_tokens(test.texts))
-    whole = fit_router(pol, name, vm, dev, x_dev)
-    # the folds refit the learner the whole head chose (a blend: its two parts, and their blend)
-    chosen = [str(whole.head.meta["learner"])]
-    if chosen == ["blend"]:
-        chosen = [part.split()[0] for part in str(whole.head.meta["setting"]).split(" + ")]
-    # out of fold: the knob is fitted on predictions of rows their head never saw
-    _, q_dev, _ = out_of_fold(name, vm, dev, x_dev, c_dev, folds(dev.ids, FOLDS), chosen)
+    if probe_share is not None and vm.probe is None:
+        typer.echo(f"--probe-share: virtual model '{name}' has no probe", err=True)
+        raise typer.Exit(2)
+
+    def predictions(x_d: np.ndarray, x_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Dev rows out of fold (the knob is fitted on predictions of rows their head never saw) and test
+        rows by the head fitted on every dev row, each pruned as served."""
+        whole = fit_router(pol, name, vm, dev, x_d)
+        # the folds refit the learner the whole head chose (a blend: its two parts, and their blend)
+        chosen = [str(whole.head.meta["learner"])]
+        if chosen == ["blend"]:
+            chosen = [part.split()[0] for part in str(whole.head.meta["setting"]).split(" + ")]
+        _, q_d, _ = out_of_fold(name, vm, dev, x_d, c_dev, folds(dev.ids, FOLDS), chosen)
+        q_t = prune(whole.head.proba(x_t), c_test, whole.head.dev_accuracy if vm.prune_dominated else None)
+        return q_d, q_t
+
+    q_dev, q_test = predictions(x_dev, x_test)
+    probe_line = ""
+    if vm.probe is not None:
+        q_dev, q_test, probe_line = _probed(
+            console, pol, name, vm, dev.texts, test.texts, q_dev, q_test, predictions, x_dev, x_test, probe_share
+        )
     strongest = int(np.nanmean(dev.correct, axis=0).argmax())
     certified = ""
     if guarantee is not None:
@@ -206,7 +231,6 @@ def calibrate_router(policy: Path, name: str, target: str, patch: Path, guarante
         except ValueError as exc:
             typer.echo(str(exc), err=True)
             raise typer.Exit(1) from None
-    q_test = prune(whole.head.proba(x_test), c_test, whole.head.dev_accuracy if vm.prune_dominated else None)
     checked = outcome(q_test, c_test, vm.rule, fitted.knob, strongest, test.correct)
     for side, o in (("dev (out of fold)", fitted), ("test", checked)):
         console.print(
@@ -220,9 +244,55 @@ def calibrate_router(policy: Path, name: str, target: str, patch: Path, guarante
         f"(out of fold), checked on {len(test)} test rows: accuracy {checked.accuracy:.4f}, "
         f"mean cost {checked.mean_cost:.6g}, strong share {checked.strong_share:.3f}\n"
         f"{certified}"
-        f"virtual_models:\n  {name}:\n    knob: {fitted.knob:.6g}\n"
+        f"virtual_models:\n  {name}:\n    knob: {fitted.knob:.6g}\n{probe_line}"
     )
     console.print(f"wrote {patch} (review it, then merge it into {policy} yourself)")
+
+
+def _probed(
+    console: Console,
+    pol: Policy,
+    name: str,
+    vm: RoutedModel,
+    dev_texts: list[str],
+    test_texts: list[str],
+    q_dev: np.ndarray,
+    q_test: np.ndarray,
+    predictions: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]],
+    x_dev: np.ndarray,
+    x_test: np.ndarray,
+    probe_share: float | None,
+) -> tuple[np.ndarray, np.ndarray, str]:
+    """The predictions as a probed router serves them: the probe's head where the first head's two best
+    are within the margin (the policy's, or the one that reads ``probe_share`` of the dev rows out of
+    fold); and the patch's line for the margin, if it was set."""
+    from classifiers.quality import joint_features
+    from gateway.cli.probe_reader import ProbeReaders
+    from policies.routed import top_gap
+
+    assert vm.probe is not None
+    readers = ProbeReaders(pol, say=console.print)
+    try:
+        read = readers(vm.probe.backend)
+        h_dev, h_test = read(dev_texts), read(test_texts)
+    finally:
+        readers.close()
+    p_dev, p_test = predictions(joint_features(x_dev, h_dev), joint_features(x_test, h_test))
+    gap_dev, gap_test = top_gap(q_dev), top_gap(q_test)
+    margin = vm.probe.margin if probe_share is None else float(np.quantile(gap_dev, probe_share))
+    on_dev, on_test = gap_dev <= margin, gap_test <= margin
+    console.print(
+        f"probe {vm.probe.backend}: margin {margin:.6g}, reads {on_dev.mean():.1%} of dev rows (out of fold), "
+        f"{on_test.mean():.1%} of test rows"
+    )
+    gated_dev = np.where(on_dev[:, None], p_dev, q_dev)
+    gated_test = np.where(on_test[:, None], p_test, q_test)
+    line = (
+        ""
+        if probe_share is None
+        else f"    probe: {json.dumps(vm.probe.model_copy(update={'margin': round(margin, 6)}).model_dump())}\n"
+    )
+    return gated_dev, gated_test, line
 
 
 def _held(goal: Target, o: Outcome, strong_right: np.ndarray) -> str:
