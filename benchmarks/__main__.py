@@ -111,6 +111,23 @@ def hidden_probe(
     run(per_set, tuple(sets or SETS), threads, data, out, tuple(dict.fromkeys(layers or ())))
 
 
+@app.command("delegation")
+def delegation(
+    per_set: Annotated[int, typer.Option(help="Dev rows and test rows per set, as the hidden-probe run had.")] = 300,
+    data: Annotated[Path, typer.Option(help="The shared labeled sets.")] = Path("../shared/data"),
+    rows: Annotated[Path, typer.Option(help="The hidden-probe bench's rows cache.")] = Path(
+        "out/bench-hidden-probe.rows.jsonl"
+    ),
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-delegation.json"),
+) -> None:
+    """Issue 31, item 1: the cascade's last escalation (scorer -> a recorded top) ordered by the scorer's
+    confidence, by probes of P(right), of the value of escalating and of the gain, on MMLU-Pro and
+    MMLU-Redux (run `hidden-probe --sets mmlu_pro --sets mmlu_redux --per-set N` first)."""
+    from benchmarks.delegation import run
+
+    run(per_set, data, rows, out)
+
+
 @app.command("router-probe")
 def router_probe(
     policy: Annotated[Path, typer.Option(help="A policy with a routed model.")] = Path("policies/examples/router.yaml"),

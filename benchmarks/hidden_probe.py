@@ -386,15 +386,20 @@ def _load_cache(path: Path, key: str) -> dict[str, Outcome]:
     return done
 
 
+def scorer_spec() -> tuple[GGUFScorerBackendSpec, Path, str]:
+    """The default policy's scorer, its GGUF file, and the key its rows are cached under."""
+    spec = load(POLICY).backends["scorer"]
+    assert isinstance(spec, GGUFScorerBackendSpec), "the default policy's scorer is a gguf_scorer"
+    path = gguf.model_file(spec.gguf.package, spec.gguf.path)
+    return spec, path, f"{path.name}:{PROMPT_VERSION}:{spec.n_ctx}"
+
+
 def run(
     per_set: int, sets: tuple[str, ...], threads: int, data: Path, out: Path, layers: tuple[int, ...] = ()
 ) -> dict[str, Any]:
     console = Console()
-    spec = load(POLICY).backends["scorer"]
-    assert isinstance(spec, GGUFScorerBackendSpec), "the default policy's scorer is a gguf_scorer"
-    path = gguf.model_file(spec.gguf.package, spec.gguf.path)
+    spec, path, key = scorer_spec()
     n_ctx, n_batch = spec.n_ctx, spec.n_batch
-    key = f"{path.name}:{PROMPT_VERSION}:{n_ctx}"
 
     rows: list[Row] = []
     set_of: dict[str, str] = {}  # split:id -> the set
