@@ -44,13 +44,15 @@ class HiddenReader:
         self.n_ctx = n_ctx
 
     def read(self, text: str) -> tuple[np.ndarray, int]:
-        """The prompt's unit vector and how many of its tokens were read (a longer prompt is cut at
-        ``n_ctx``). ValueError for a prompt of no tokens: llama.cpp fails that decode and then faults
-        when the context is freed."""
-        tokens = min(len(self.llm.tokenize(text.encode("utf-8", "replace"))), self.n_ctx)
+        """The prompt's unit vector and how many of its tokens were read: its first ``n_ctx`` (a
+        longer text is cut at 8 characters a token before it is tokenized, so a huge prompt costs no
+        more than a long one). ValueError for a prompt of no tokens: llama.cpp fails that decode and
+        then faults when the context is freed."""
+        clean = text[: 8 * self.n_ctx].encode("utf-8", "replace").decode("utf-8")  # lone surrogates: '?'
+        tokens = min(len(self.llm.tokenize(clean.encode("utf-8"))), self.n_ctx)
         if tokens == 0:
             raise ValueError("the probe has nothing to read: the prompt has no tokens")
-        v = np.asarray(self.llm.embed(text, truncate=True), dtype=np.float32)
+        v = np.asarray(self.llm.embed(clean, truncate=True), dtype=np.float32)
         return unit(v), tokens
 
     def close(self) -> None:
@@ -98,21 +100,27 @@ class HiddenCache:
         return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()
 
     def __call__(self, texts: list[str]) -> np.ndarray:
-        """The prompts' vectors, (rows, hidden width), read where not kept yet."""
+        """The prompts' vectors, (rows, hidden width), read where not kept yet; a prompt of no tokens
+        reads as zeros (the gateway does not probe one)."""
         todo = [t for t in dict.fromkeys(texts) if self.key(t) not in self.vectors]
         if todo and self._reader is None:
             self._reader = HiddenReader(self.model, self.n_ctx, self.n_threads)
-        for k, text in enumerate(todo):
-            assert self._reader is not None
-            t0 = time.perf_counter()
-            v, n = self._reader.read(text)
-            key = self.key(text)
-            self.seconds[key], self.tokens[key], self.vectors[key] = time.perf_counter() - t0, n, v
-            if (k + 1) % 250 == 0:
+        try:
+            for k, text in enumerate(todo):
+                assert self._reader is not None
+                t0 = time.perf_counter()
+                try:
+                    v, n = self._reader.read(text)
+                except ValueError:  # nothing to read
+                    v, n = np.zeros(self._reader.llm.n_embd(), dtype=np.float32), 0
+                key = self.key(text)
+                self.seconds[key], self.tokens[key], self.vectors[key] = time.perf_counter() - t0, n, v
+                if (k + 1) % 250 == 0:
+                    self.save()
+                    self.say(f"  {self.model.name}: {k + 1}/{len(todo)} prompts read")
+        finally:
+            if todo:
                 self.save()
-                self.say(f"  {self.model.name}: {k + 1}/{len(todo)} prompts read")
-        if todo:
-            self.save()
         return np.stack([self.vectors[self.key(t)] for t in texts]) if texts else np.zeros((0, 0), np.float32)
 
     def ms_p50(self, texts: list[str]) -> float | None:

@@ -18,9 +18,11 @@ escalates first the rows with the highest score:
 
 Fits on the pooled dev rows (standardised logistic regression, C by 5-fold CV AUROC, as the
 hidden-probe bench), figures on the test rows: per order the curve of accuracy against the share
-escalated, its APGR (the area of the gap to the top closed, random ordering 0.5), the share
+escalated, its APGR (the area under the share of the gap to the top closed, the best reached at or
+under each share as the router's APGR counts it: a random order scores about 0.5), the share
 escalated for 97% of always-top accuracy, and standard errors of each APGR's difference from
-``own``'s over 1,000 paired resamples of the test rows.
+``own``'s over 1,000 paired resamples of the test rows (the probes are not refitted per resample,
+so they understate the fits' own variance).
 """
 
 from __future__ import annotations
@@ -35,8 +37,7 @@ from rich.table import Table
 from benchmarks.hidden_probe import POLICY, Outcome, _features, _load_cache, _typed_path, fit_probe, scorer_spec
 from benchmarks.meters import cpu_kind
 from benchmarks.report import save
-from eval.tier_outputs import Row, typed_rows
-from eval.tier_runs import recorded
+from eval.tier_outputs import Row, read_jsonl, typed_rows
 
 TOPS = {"mmlu_pro": "gemini-1.5-pro-002", "mmlu_redux": "gpt-4-1106-preview"}
 SHARES = np.linspace(0.0, 1.0, 101)
@@ -44,18 +45,23 @@ BOOTSTRAP = 1000
 TARGET = 0.97
 
 
+LABELS = {"mmlu_pro": "mmlu_pro_models.jsonl.gz", "mmlu_redux": "routellm_mmlu.jsonl.gz"}
+
+
 def top_right(data: Path, per_set: int) -> dict[str, bool]:
-    """``split:id`` -> whether the set's recorded top model is right, for the rows the hidden-probe
-    bench loads (``per_set`` a split) of every set in :data:`TOPS`."""
+    """``split:id`` -> whether the set's recorded top model was right (its recording's own flag: an
+    answer it gave that could not be read is wrong), for the rows the hidden-probe bench loads
+    (``per_set`` a split) of every set in :data:`TOPS`; rows the model has no recording of are left out."""
     out: dict[str, bool] = {}
     for name, model in TOPS.items():
-        answer = recorded(data, model)[name]
+        flags = {
+            r["question_id"]: bool(r["correct"][model])
+            for _, r in read_jsonl(data / "model_labels" / LABELS[name])
+            if r.get("question_id") and model in r["correct"] and r["correct"][model] is not None
+        }
         for split in ("dev", "test"):
             rows: list[Row] = typed_rows(_typed_path(data, name), split, cap=per_set)
-            for row in rows:
-                got = answer(row)
-                if got.scores is not None:
-                    out[f"{split}:{row.id}"] = row.question.options[int(np.argmax(got.scores))] == row.answer
+            out.update({f"{split}:{row.id}": flags[row.id] for row in rows if row.id in flags})
     return out
 
 
@@ -68,11 +74,13 @@ def curve(score: np.ndarray, local: np.ndarray, top: np.ndarray) -> np.ndarray:
 
 
 def measures(acc: np.ndarray, local: float, top: float) -> dict[str, float | None]:
+    """APGR (None where the top is not the better tier), the share escalated for 97% of the top's
+    accuracy, and the accuracy at half escalated."""
     gap = top - local
-    pgr = (acc - local) / gap if gap else np.ones_like(acc)
+    pgr = (acc - local) / gap if gap > 0 else None
     reach = np.flatnonzero(acc >= TARGET * top - 1e-12)
     return {
-        "apgr": float(np.trapezoid(np.maximum.accumulate(pgr), SHARES)),
+        "apgr": None if pgr is None else float(np.trapezoid(np.maximum.accumulate(pgr), SHARES)),
         "share_for_97pct_of_top": float(SHARES[reach[0]]) if reach.size else None,
         "accuracy_at_50pct": float(acc[50]),
     }
@@ -106,12 +114,12 @@ def _bootstrap(orders: dict[str, np.ndarray], local: np.ndarray, top: np.ndarray
     for _ in range(BOOTSTRAP):
         idx = rng.integers(0, len(local), len(local))
         lo, tp = local[idx], top[idx]
-        if lo.mean() == tp.mean():
-            continue
         base = measures(curve(orders["own"][idx], lo, tp), lo.mean(), tp.mean())["apgr"]
+        if base is None:  # a resample where the top is no better: no gap to close
+            continue
         for k in diffs:
             got = measures(curve(orders[k][idx], lo, tp), lo.mean(), tp.mean())["apgr"]
-            assert got is not None and base is not None
+            assert got is not None
             diffs[k].append(got - base)
     return {k: float(np.std(v)) for k, v in diffs.items()}
 

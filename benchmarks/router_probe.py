@@ -160,8 +160,11 @@ def run(
     finally:
         cache.save()
     gguf = HiddenCache(model, N_CTX, threads, folder=OUT, say=console.print)
-    g_test = gguf(test.texts)
-    g_dev = gguf(dev.texts) if not cross else None
+    try:
+        g_test = gguf(test.texts)
+        g_dev = gguf(dev.texts) if not cross else None
+    finally:
+        gguf.close()
     c_test = candidate_costs(policy, vm, input_tokens(test.texts))
     c_dev = candidate_costs(policy, vm, input_tokens(dev.texts)) if not cross else None
     fold = group_folds(test.categories, FOLDS) if cv_by == "category" else folds(test.ids, FOLDS)

@@ -218,12 +218,13 @@ def candidate_costs(policy: Policy, vm: RoutedModel, input_tokens: float | np.nd
 
 def top_gap(quality: np.ndarray) -> np.ndarray:
     """Per row, how far apart the two best candidates' P(right) are (pruned ones, -inf, left out;
-    1 where fewer than two remain): where it is small, the heads' choice is a close call."""
+    inf where fewer than two remain: no choice to make): where it is small, the call is close."""
     q = np.sort(np.where(np.isfinite(quality), np.atleast_2d(quality), -np.inf), axis=1)[:, ::-1]
     if q.shape[1] < 2:
-        return np.ones(len(q))
-    gap = q[:, 0] - q[:, 1]
-    out: np.ndarray = np.where(np.isfinite(gap), gap, 1.0)
+        return np.full(len(q), np.inf)
+    with np.errstate(invalid="ignore"):  # -inf - -inf: no two left
+        gap = q[:, 0] - q[:, 1]
+    out: np.ndarray = np.where(np.isfinite(gap), gap, np.inf)
     return out
 
 

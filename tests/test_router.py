@@ -14,6 +14,7 @@ from eval.router_eval import evaluate, routellm_measures
 from policies import loader
 from policies.errors import PolicyInvalid
 from policies.routed import Target, choose, fit_knob, outcome
+from policies.schema import RoutedModel
 
 
 def test_choice_rules_and_ties() -> None:
@@ -214,7 +215,7 @@ def test_a_close_call_is_the_two_best_eligible_candidates_within_the_margin() ->
     from policies.routed import close_call, top_gap
 
     q = np.array([[0.5, 0.9, 0.85], [0.2, -np.inf, 0.3], [0.7, -np.inf, -np.inf]])
-    assert np.allclose(top_gap(q), [0.05, 0.1, 1.0])  # pruned ones are left out; one left: no call to make
+    assert np.allclose(top_gap(q), [0.05, 0.1, np.inf])  # pruned ones are left out; one left: no call to make
     ok = ROUTED.format(dear_prices=", prices: {input_per_mtok: 5, output_per_mtok: 15}", second="dear")
     ok = ok.replace(
         "  echo: {type: scripted, echo: true}\n",
@@ -224,8 +225,12 @@ def test_a_close_call_is_the_two_best_eligible_candidates_within_the_margin() ->
     vm = pol.virtual_models["r"]
     assert close_call(pol, vm, np.array([0.6, 0.65]), 100)  # type: ignore[arg-type]
     assert not close_call(pol, vm, np.array([0.4, 0.65]), 100)  # type: ignore[arg-type]
-    # a barred candidate is not in the choice: one left, nothing to ask the probe
+    # a barred candidate is not in the choice: one left, nothing to ask the probe, even at margin 1
     assert not close_call(pol, vm, np.array([0.6, 0.65]), 100, barred=[1])  # type: ignore[arg-type]
+    assert isinstance(vm, RoutedModel) and vm.probe is not None
+    wide = vm.model_copy(update={"probe": vm.probe.model_copy(update={"margin": 1.0})})
+    assert close_call(pol, wide, np.array([0.0, 1.0]), 100)
+    assert not close_call(pol, wide, np.array([0.6, 0.65]), 100, barred=[1])
     # the dev rows' accuracies prune neither (the cheaper is the less accurate): still a close call
     assert close_call(pol, vm, np.array([0.6, 0.65]), 100, accuracy=np.array([0.5, 0.7]))  # type: ignore[arg-type]
 

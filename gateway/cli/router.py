@@ -201,9 +201,12 @@ def calibrate_router(
     q_dev, q_test = predictions(x_dev, x_test)
     probe_line = ""
     if vm.probe is not None:
-        q_dev, q_test, probe_line = _probed(
-            console, pol, name, vm, dev.texts, test.texts, q_dev, q_test, predictions, x_dev, x_test, probe_share
+        q_dev, q_test, on_dev, on_test, probe_line = _probed(
+            console, pol, vm, dev.texts, test.texts, q_dev, q_test, predictions, x_dev, x_test, probe_share
         )
+        # the readings' cost, where the probe reads, is the router's: in the costs fitted and checked
+        c_dev = c_dev + (on_dev * vm.probe.cost_per_call)[:, None]
+        c_test = c_test + (on_test * vm.probe.cost_per_call)[:, None]
     strongest = int(np.nanmean(dev.correct, axis=0).argmax())
     certified = ""
     if guarantee is not None:
@@ -252,7 +255,6 @@ def calibrate_router(
 def _probed(
     console: Console,
     pol: Policy,
-    name: str,
     vm: RoutedModel,
     dev_texts: list[str],
     test_texts: list[str],
@@ -262,10 +264,10 @@ def _probed(
     x_dev: np.ndarray,
     x_test: np.ndarray,
     probe_share: float | None,
-) -> tuple[np.ndarray, np.ndarray, str]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, str]:
     """The predictions as a probed router serves them: the probe's head where the first head's two best
     are within the margin (the policy's, or the one that reads ``probe_share`` of the dev rows out of
-    fold); and the patch's line for the margin, if it was set."""
+    fold); which dev and test rows it reads; and the patch's line for the margin, if it was set."""
     from classifiers.quality import joint_features
     from gateway.cli.probe_reader import ProbeReaders
     from policies.routed import top_gap
@@ -279,7 +281,7 @@ def _probed(
         readers.close()
     p_dev, p_test = predictions(joint_features(x_dev, h_dev), joint_features(x_test, h_test))
     gap_dev, gap_test = top_gap(q_dev), top_gap(q_test)
-    margin = vm.probe.margin if probe_share is None else float(np.quantile(gap_dev, probe_share))
+    margin = vm.probe.margin if probe_share is None else min(1.0, float(np.quantile(gap_dev, probe_share)))
     on_dev, on_test = gap_dev <= margin, gap_test <= margin
     console.print(
         f"probe {vm.probe.backend}: margin {margin:.6g}, reads {on_dev.mean():.1%} of dev rows (out of fold), "
@@ -292,7 +294,7 @@ def _probed(
         if probe_share is None
         else f"    probe: {json.dumps(vm.probe.model_copy(update={'margin': round(margin, 6)}).model_dump())}\n"
     )
-    return gated_dev, gated_test, line
+    return gated_dev, gated_test, on_dev, on_test, line
 
 
 def _held(goal: Target, o: Outcome, strong_right: np.ndarray) -> str:

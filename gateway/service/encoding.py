@@ -20,7 +20,7 @@ from classifiers.quality import QualityHead, joint_features, probe_head_name, qu
 from classifiers.service import Classifier, artifacts_dir
 from gateway.service.messages import text as message_text
 from policies import routed
-from policies.errors import NotReady, TriageError
+from policies.errors import NotReady, TriageError, UpstreamError
 from policies.routed import candidate_label, probe_source
 from policies.schema import ClassifierSpec, Policy, RoutedModel, RouterProbe, SemanticModel
 from policies.semantic import Route, choose_route, choose_route_turns, is_follow_up
@@ -139,6 +139,11 @@ async def probed_route(
     t0 = time.perf_counter()
     try:
         hidden, _ = await probe.backend.read(text, probe.spec.timeout_s)
+        if len(hidden) + len(reading.vector) != probe.head.dim:  # another file of the same name
+            raise UpstreamError(
+                f"the probe read {len(hidden)} numbers, its head was fitted on {probe.head.dim - len(reading.vector)}: "
+                "retrain it with `triage train --policy POLICY --routers-only`"
+            )
     except TriageError as exc:  # the probe is an aid: without it the first head decides
         ms = (time.perf_counter() - t0) * 1000
         log.warning("probe_failed", backend=probe.spec.backend, error=exc.message, latency_ms=round(ms, 1))
