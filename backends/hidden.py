@@ -20,6 +20,10 @@ import numpy as np
 
 from policies.paths import cache_dir
 
+# a prompt is cut at this many characters a token of n_ctx before it is tokenized or sent to the
+# worker: a huge prompt costs no more than a long one (its first n_ctx tokens are all that is read)
+CUT_CHARS_PER_TOKEN = 8
+
 
 class HiddenReader:
     """One llama.cpp context in embedding mode with mean pooling. Not thread-safe: one caller at a time."""
@@ -48,7 +52,9 @@ class HiddenReader:
         longer text is cut at 8 characters a token before it is tokenized, so a huge prompt costs no
         more than a long one). ValueError for a prompt of no tokens: llama.cpp fails that decode and
         then faults when the context is freed."""
-        clean = text[: 8 * self.n_ctx].encode("utf-8", "replace").decode("utf-8")  # lone surrogates: '?'
+        clean = (
+            text[: CUT_CHARS_PER_TOKEN * self.n_ctx].encode("utf-8", "replace").decode("utf-8")
+        )  # lone surrogates: '?'
         tokens = min(len(self.llm.tokenize(clean.encode("utf-8"))), self.n_ctx)
         if tokens == 0:
             raise ValueError("the probe has nothing to read: the prompt has no tokens")

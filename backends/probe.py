@@ -7,19 +7,33 @@ router then does without, never the gateway. It serves no chat (``backends.local
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 
 from backends.engine_host import EngineSpec
+from backends.hidden import CUT_CHARS_PER_TOKEN
 from backends.local_engine import LocalEngineBackend
 from backends.registry import register
 from policies.errors import UpstreamError
 
+SMOOTHING = 0.2  # the weight of the newest reading in the typical reading time
+
 
 class ProbeBackend(LocalEngineBackend):
+    """Readings queue on the worker's one context. One that would surely be late is not queued:
+    where readings are already waiting and those ahead, at the typical reading time, would take
+    the caller's timeout, or where the worker is down (restarting, or never loaded), the reading
+    fails at once and the router does without it."""
+
     what = "reads prompts for the router"
     label = "probe"
+
+    def __init__(self, name: str, spec: Any) -> None:
+        super().__init__(name, spec)
+        self.in_flight = 0
+        self.typical_s: float | None = None  # a smoothed successful reading's time
 
     def engine_spec(self) -> EngineSpec:
         s = self.spec
@@ -27,11 +41,27 @@ class ProbeBackend(LocalEngineBackend):
 
     async def read(self, text: str, timeout_s: float) -> tuple[np.ndarray, int]:
         """The prompt's unit vector and the tokens read (a longer prompt is cut at ``n_ctx``)."""
-        got = await self.call("read", {"text": text}, timeout_s)
+        if self.engine is None or not self.healthy():
+            raise UpstreamError(f"probe {self.name} is down: {self.problem() or 'not serving yet'}")
+        typical = self.typical_s
+        if self.in_flight and typical is not None and (self.in_flight + 1) * typical > timeout_s:
+            raise UpstreamError(
+                f"probe {self.name} is busy: {self.in_flight} readings ahead at {typical * 1000:.0f} ms each "
+                f"would pass the {timeout_s:g}s timeout"
+            )
+        self.in_flight += 1
+        t0 = time.perf_counter()
         try:
-            return np.asarray(got["vector"], dtype=np.float32), int(got["tokens"])
+            got = await self.call("read", {"text": text[: CUT_CHARS_PER_TOKEN * self.spec.n_ctx]}, timeout_s)
+        finally:
+            self.in_flight -= 1
+        try:
+            vector, tokens = np.asarray(got["vector"], dtype=np.float32), int(got["tokens"])
         except (KeyError, TypeError, ValueError) as exc:
             raise UpstreamError(f"probe {self.name} answered no vector: {exc!r}") from None
+        took, before = time.perf_counter() - t0, self.typical_s
+        self.typical_s = took if before is None else (1 - SMOOTHING) * before + SMOOTHING * took
+        return vector, tokens
 
 
 @register("gguf_probe")

@@ -134,10 +134,21 @@ def _routed_problems(policy: Policy, name: str, vm: RoutedModel) -> list[tuple[L
         if (c.model, c.reasoning) in seen:
             problems.append((where, f"candidate '{c.model}' (reasoning {c.reasoning or 'default'}) is listed twice"))
         seen.add((c.model, c.reasoning))
-    if vm.probe is not None and not isinstance(policy.backends.get(vm.probe.backend), GGUFProbeBackendSpec):
-        problems.append(
-            (("virtual_models", name, "probe", "backend"), f"backend '{vm.probe.backend}' is not a gguf_probe backend")
-        )
+    if vm.probe is not None:
+        where = ("virtual_models", name, "probe", "backend")
+        backend = policy.backends.get(vm.probe.backend)
+        if backend is None:
+            problems.append((where, f"backend '{vm.probe.backend}' is not defined"))
+        elif not isinstance(backend, GGUFProbeBackendSpec):
+            problems.append((where, f"backend '{vm.probe.backend}' is a {backend.type} backend, not a gguf_probe one"))
+        twin = f"{name}-probe"  # its second head's file is named as that model's first head
+        if isinstance(policy.virtual_models.get(twin), RoutedModel):
+            problems.append(
+                (
+                    ("virtual_models", name, "probe"),
+                    f"routed model '{twin}' would share its head's file with this probe's head: rename one",
+                )
+            )
     return problems
 
 

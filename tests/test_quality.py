@@ -156,9 +156,7 @@ def test_the_budget_is_never_exceeded_and_shadow_cost_never_reaches_the_callers_
     # a budget of 1.0 lets three through at a time, then pauses. The top answers after a second, so
     # the reservations overlap: a check that settled at once (its real cost, 0.02) before the next
     # request came would free its reservation, and thirty such never reach the budget
-    gw = gateway(
-        policy(shadow="{sample: 1.0, budget_per_day: 1.0, concurrency: 64}", top='text: "A", latency_s: 1.0')
-    )
+    gw = gateway(policy(shadow="{sample: 1.0, budget_per_day: 1.0, concurrency: 64}", top='text: "A", latency_s: 1.0'))
     with gw.http() as http:
         costs = [float(decide(http, i, hard=False).headers["x-triage-cost"]) for i in range(30)]
         rep = settled(http, 1)

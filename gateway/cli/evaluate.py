@@ -174,6 +174,9 @@ def calibrate(
             typer.echo("--router needs --target strong_share=X, cost=X, quality=X or of_strong=X", err=True)
             raise typer.Exit(2)
         return calibrate_router(policy, router, target, patch, guarantee, probe_share)
+    if probe_share is not None:
+        typer.echo("--probe-share sets a routed model's probe margin: it needs --router NAME", err=True)
+        raise typer.Exit(2)
     if guarantee is not None and (target is None or target.split("=")[0] not in ("of_top", "escalation", "cost")):
         typer.echo("--guarantee needs --target of_top=X, escalation=X or cost=X", err=True)
         raise typer.Exit(2)

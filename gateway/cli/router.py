@@ -170,6 +170,9 @@ def calibrate_router(
         raise typer.Exit(2) from None
     pol, vm = _routed(policy, name)
     assert pol.classifier is not None
+    if probe_share is not None and vm.probe is None:  # before any row is read
+        typer.echo(f"--probe-share: virtual model '{name}' has no probe", err=True)
+        raise typer.Exit(2)
     labels = labels_for(vm, data_dir(pol.classifier, policy.resolve().parent))
     dev, test = labels.split("dev"), labels.split("test")
     if not len(dev) or not len(test):
@@ -182,9 +185,6 @@ def calibrate_router(
         cache.save()
     c_dev = candidate_costs(pol, vm, input_tokens(dev.texts))
     c_test = candidate_costs(pol, vm, input_tokens(test.texts))
-    if probe_share is not None and vm.probe is None:
-        typer.echo(f"--probe-share: virtual model '{name}' has no probe", err=True)
-        raise typer.Exit(2)
 
     def predictions(x_d: np.ndarray, x_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Dev rows out of fold (the knob is fitted on predictions of rows their head never saw) and test

@@ -182,7 +182,9 @@ async def _encoding(
         except NotReady as exc:
             raise PolicyInvalid([f"classifier: {exc.message}"]) from None
     problems = label_problems(policy, encoding.classifier.classes())
-    heads, probe_heads, quality_problems = load_quality(policy, base_dir, encoding.classifier.encoder.dim)
+    # off the event loop: a reload loads them while requests are served (a knn head holds its dev rows)
+    loaded = await asyncio.to_thread(load_quality, policy, base_dir, encoding.classifier.encoder.dim)
+    heads, probe_heads, quality_problems = loaded
     problems += quality_problems
     if problems:
         if encoding is not old:
