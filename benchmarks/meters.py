@@ -40,6 +40,31 @@ def group_cpu_s(pgid: int) -> float:
     return total
 
 
+def group_switches(pgid: int) -> tuple[int, int]:
+    """Context switches (voluntary, involuntary: preempted) of every thread of every live process in
+    process group ``pgid``. Involuntary ones count the times the scheduler took a core from the
+    gateway while it had work: contention for the cores, not the gateway's own work."""
+    vol = invol = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            tasks = list((stat.parent / "task").glob("[0-9]*/status"))
+        except OSError:
+            continue
+        for status in tasks:
+            try:
+                lines = status.read_text().splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    vol += int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches:"):
+                    invol += int(line.split()[1])
+    return vol, invol
+
+
 def busy_s() -> float:
     """CPU seconds the whole machine has been busy (all cores), from /proc/stat."""
     f = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]

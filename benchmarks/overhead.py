@@ -319,13 +319,16 @@ async def _workers_pair(
     rps: dict[str, list[float]] = {one.name: [], many.name: []}
     cpu = {one.name: 0.0, many.name: 0.0}
     done = {one.name: 0, many.name: 0}
+    switches = {one.name: [0, 0], many.name: [0, 0]}  # voluntary, involuntary
     for r in range(opts.pair_rounds):
         if time.monotonic() > deadline:
             break
         for t in (one, many) if r % 2 == 0 else (many, one):
-            c0 = meters.group_cpu_s(procs[t.name].pid)
+            c0, w0 = meters.group_cpu_s(procs[t.name].pid), meters.group_switches(procs[t.name].pid)
             s = await closed_loop(t, c, d)
             cpu[t.name] += meters.group_cpu_s(procs[t.name].pid) - c0
+            w1 = meters.group_switches(procs[t.name].pid)
+            switches[t.name] = [switches[t.name][k] + w1[k] - w0[k] for k in (0, 1)]
             done[t.name] += len(s.latencies)
             rps[t.name].append(s.summary()["rps"] if not s.errors else 0.0)
     medians = {name: statistics.median(xs) if xs else 0.0 for name, xs in rps.items()}
@@ -347,6 +350,14 @@ async def _workers_pair(
         },
         "gateway_cores": {name: round(cpu[name] / (d * max(1, len(xs))), 3) for name, xs in rps.items()},
         "rps_per_core": {name: round(x, 1) if x is not None else None for name, x in per_core.items()},
+        # per request: how often the gateway waited for work (voluntary) and how often it was
+        # preempted while it had some (involuntary: the cores are contended)
+        "switches_per_req": {
+            name: {"voluntary": round(v / done[name], 3), "involuntary": round(i / done[name], 3)}
+            if done[name]
+            else None
+            for name, (v, i) in switches.items()
+        },
         "core_efficiency": round(b / a, 3) if a and b else None,
     }
 

@@ -198,6 +198,10 @@ def _pair_table(res: dict[str, Any]) -> Table:
             _ms(per_core.get(many)),
             "-" if eff is None else f"[bold]{eff:.3f}[/]",
         )
+    if sw := p.get("switches_per_req"):
+        for kind in ("voluntary", "involuntary"):
+            a, b = ((sw.get(n) or {}).get(kind) for n in (one, many))
+            t.add_row(f"{kind} switches/req", _ms(a), _ms(b), "")
     return t
 
 
