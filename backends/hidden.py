@@ -52,9 +52,8 @@ class HiddenReader:
         longer text is cut at 8 characters a token before it is tokenized, so a huge prompt costs no
         more than a long one). ValueError for a prompt of no tokens: llama.cpp fails that decode and
         then faults when the context is freed."""
-        clean = (
-            text[: CUT_CHARS_PER_TOKEN * self.n_ctx].encode("utf-8", "replace").decode("utf-8")
-        )  # lone surrogates: '?'
+        cut = text[: CUT_CHARS_PER_TOKEN * self.n_ctx]
+        clean = cut.encode("utf-8", "replace").decode("utf-8")  # lone surrogates: '?'
         tokens = min(len(self.llm.tokenize(clean.encode("utf-8"))), self.n_ctx)
         if tokens == 0:
             raise ValueError("the probe has nothing to read: the prompt has no tokens")

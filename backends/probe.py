@@ -33,7 +33,7 @@ class ProbeBackend(LocalEngineBackend):
     def __init__(self, name: str, spec: Any) -> None:
         super().__init__(name, spec)
         self.in_flight = 0
-        self.typical_s: float | None = None  # a smoothed successful reading's time
+        self.typical_s: float | None = None  # a successful reading's time, smoothed, less its queueing
 
     def engine_spec(self) -> EngineSpec:
         s = self.spec
@@ -49,6 +49,7 @@ class ProbeBackend(LocalEngineBackend):
                 f"probe {self.name} is busy: {self.in_flight} readings ahead at {typical * 1000:.0f} ms each "
                 f"would pass the {timeout_s:g}s timeout"
             )
+        ahead = self.in_flight
         self.in_flight += 1
         t0 = time.perf_counter()
         try:
@@ -59,7 +60,8 @@ class ProbeBackend(LocalEngineBackend):
             vector, tokens = np.asarray(got["vector"], dtype=np.float32), int(got["tokens"])
         except (KeyError, TypeError, ValueError) as exc:
             raise UpstreamError(f"probe {self.name} answered no vector: {exc!r}") from None
-        took, before = time.perf_counter() - t0, self.typical_s
+        # its own reading's share of the wait: with k readings ahead of it, it waited for k + 1
+        took, before = (time.perf_counter() - t0) / (ahead + 1), self.typical_s
         self.typical_s = took if before is None else (1 - SMOOTHING) * before + SMOOTHING * took
         return vector, tokens
 
