@@ -74,7 +74,10 @@ def unit(v: np.ndarray) -> np.ndarray:
 class HiddenCache:
     """:class:`HiddenReader`'s vectors of many prompts, kept on disk by the SHA-256 of the text
     (``<cache>/hidden/<file>-<digest>.npz``), with each prompt's reading time. The reader is
-    opened on the first prompt not in the file."""
+    opened on the first prompt not in the file. A subclass that reads something else from the same
+    file names its own readings' file by ``kind``."""
+
+    kind = ""  # the file's name starts with it: another reading of the same model keeps its own file
 
     def __init__(
         self,
@@ -88,7 +91,7 @@ class HiddenCache:
         self.n_ctx, self.n_threads = n_ctx, n_threads
         self.say = say
         digest = hashlib.sha256(f"{path.name}:{path.stat().st_size}:{n_ctx}".encode()).hexdigest()[:12]
-        self.file = (folder or cache_dir() / "hidden") / f"{path.stem}-{digest}.npz"
+        self.file = (folder or cache_dir() / "hidden") / f"{self.kind}{path.stem}-{digest}.npz"
         self.vectors: dict[str, np.ndarray] = {}
         self.seconds: dict[str, float] = {}
         self.tokens: dict[str, int] = {}

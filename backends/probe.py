@@ -41,7 +41,7 @@ class ProbeBackend(LocalEngineBackend):
 
     async def read(self, text: str, timeout_s: float) -> tuple[np.ndarray, int]:
         """The prompt's unit vector and the tokens read (a longer prompt is cut at ``n_ctx``)."""
-        if self.engine is None or not self.healthy():
+        if not self.healthy():  # not loaded, or its worker down
             raise UpstreamError(f"probe {self.name} is down: {self.problem() or 'not serving yet'}")
         typical = self.typical_s
         if self.in_flight and typical is not None and (self.in_flight + 1) * typical > timeout_s:

@@ -135,12 +135,12 @@ def _routed_problems(policy: Policy, name: str, vm: RoutedModel) -> list[tuple[L
             problems.append((where, f"candidate '{c.model}' (reasoning {c.reasoning or 'default'}) is listed twice"))
         seen.add((c.model, c.reasoning))
     if vm.probe is not None:
-        where = ("virtual_models", name, "probe", "backend")
+        at: Loc = ("virtual_models", name, "probe", "backend")
         backend = policy.backends.get(vm.probe.backend)
         if backend is None:
-            problems.append((where, f"backend '{vm.probe.backend}' is not defined"))
+            problems.append((at, f"backend '{vm.probe.backend}' is not defined"))
         elif not isinstance(backend, GGUFProbeBackendSpec):
-            problems.append((where, f"backend '{vm.probe.backend}' is a {backend.type} backend, not a gguf_probe one"))
+            problems.append((at, f"backend '{vm.probe.backend}' is a {backend.type} backend, not a gguf_probe one"))
         twin = f"{name}-probe"  # its second head's file is named as that model's first head
         if isinstance(policy.virtual_models.get(twin), RoutedModel):
             problems.append(
