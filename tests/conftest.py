@@ -99,6 +99,9 @@ class VllmServer(LlamaServer):
         if self.proc.poll() is None:
             self.proc.wait(10)
 
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
     def metric(self, name: str) -> float:
         """A counter of vLLM's own /metrics (summed over its labels)."""
         return vllm_engine.counters(httpx.get(self.root + "/metrics", timeout=10).text, (name,))[name]
@@ -127,8 +130,7 @@ def start_vllm_server(log_dir: Path, cpu: int | None = None, extra: tuple[str, .
         wait_http(server.root + vllm_engine.READY_PATH, vllm_engine.START_TIMEOUT_S, proc)
     except BaseException as exc:
         server.kill()
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
-        raise RuntimeError(f"vLLM did not start ({exc}); its log ends:\n{tail}") from None
+        raise RuntimeError(f"vLLM did not start ({exc}); its log ends:\n{server.log_tail(20)}") from None
     return server
 
 
