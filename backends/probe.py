@@ -1,8 +1,10 @@
 """The ``gguf_probe`` backend: the learned router's difficulty probe, a small GGUF model's reading
-of a prompt (its final hidden state, mean-pooled; :mod:`backends.hidden`) for a routed model's
-second quality head (``probe`` on a routed model, docs/router.md). One prefill, no generation, in
-the file's worker process (``backends.engine_host``): a fault there costs the probe, which the
-router then does without, never the gateway. It serves no chat (``backends.local_engine``).
+of a prompt for a routed model's second quality head (``probe`` on a routed model, docs/router.md):
+``reading: hidden``, its final hidden state, mean-pooled (:mod:`backends.hidden`); ``reading:
+letters``, how sure it is of its own answer to a lettered prompt (:mod:`backends.letters`). One
+prefill, no generation, in the file's worker process (``backends.engine_host``): a fault there
+costs the probe, which the router then does without, never the gateway. It serves no chat
+(``backends.local_engine``).
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from backends import letters
 from backends.engine_host import EngineSpec
+from backends.engine_wire import question_to_wire, scores_from_wire
 from backends.hidden import CUT_CHARS_PER_TOKEN
+from backends.lettered import LetteredScores
 from backends.local_engine import LocalEngineBackend
 from backends.registry import register
 from policies.errors import UpstreamError
@@ -37,10 +42,21 @@ class ProbeBackend(LocalEngineBackend):
 
     def engine_spec(self) -> EngineSpec:
         s = self.spec
+        if s.reading == "letters":  # the cascade's lettered scorer, on a context of its own
+            return EngineSpec("scorer", s.n_ctx, s.n_threads, 512)
         return EngineSpec("hidden", s.n_ctx, s.n_threads, s.n_ctx)
 
+    def can_read(self, text: str) -> bool:
+        """Whether the probe reads this prompt: a hidden state, any that is not empty; letters, a
+        lettered one (its options in one block, then "Answer:") short enough to be read whole."""
+        if self.spec.reading == "hidden":
+            return bool(text)
+        return len(text) <= CUT_CHARS_PER_TOKEN * self.spec.n_ctx and letters.question(text) is not None
+
     async def read(self, text: str, timeout_s: float) -> tuple[np.ndarray, int]:
-        """The prompt's unit vector and the tokens read (a longer prompt is cut at ``n_ctx``)."""
+        """The prompt's reading and the tokens read: a hidden state, a unit vector (a longer prompt is
+        cut at ``n_ctx``); letters, :func:`backends.letters.features` (UpstreamError for a prompt
+        :meth:`can_read` refuses)."""
         if not self.healthy():  # not loaded, or its worker down
             raise UpstreamError(f"probe {self.name} is down: {self.problem() or 'not serving yet'}")
         typical = self.typical_s
@@ -53,17 +69,28 @@ class ProbeBackend(LocalEngineBackend):
         self.in_flight += 1
         t0 = time.perf_counter()
         try:
-            got = await self.call("read", {"text": text[: CUT_CHARS_PER_TOKEN * self.spec.n_ctx]}, timeout_s)
+            vector, tokens = await self._read(text, timeout_s)
         finally:
             self.in_flight -= 1
-        try:
-            vector, tokens = np.asarray(got["vector"], dtype=np.float32), int(got["tokens"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UpstreamError(f"probe {self.name} answered no vector: {exc!r}") from None
         # its own reading's share of the wait: with k readings ahead of it, it waited for k + 1
         took, before = (time.perf_counter() - t0) / (ahead + 1), self.typical_s
         self.typical_s = took if before is None else (1 - SMOOTHING) * before + SMOOTHING * took
         return vector, tokens
+
+    async def _read(self, text: str, timeout_s: float) -> tuple[np.ndarray, int]:
+        if self.spec.reading == "letters":
+            q = letters.question(text)
+            if q is None:
+                raise UpstreamError(f"probe {self.name} reads lettered prompts only")
+            scores = scores_from_wire(await self.call("score_question", {"question": question_to_wire(q)}, timeout_s))
+            if not isinstance(scores, LetteredScores):
+                raise UpstreamError(f"probe {self.name} answered no label probabilities")
+            return letters.features(scores.logprobs, scores.label_mass), scores.prompt_tokens
+        got = await self.call("read", {"text": text[: CUT_CHARS_PER_TOKEN * self.spec.n_ctx]}, timeout_s)
+        try:
+            return np.asarray(got["vector"], dtype=np.float32), int(got["tokens"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UpstreamError(f"probe {self.name} answered no vector: {exc!r}") from None
 
 
 @register("gguf_probe")

@@ -27,7 +27,6 @@ prompt is measured and priced nowhere: the report gives it in milliseconds besid
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from backends.hidden import HiddenCache
-from benchmarks.letter_reading import LetterCache
+from backends.letters import LetterCache
 from benchmarks.meters import cpu_kind
 from benchmarks.report import save
 from classifiers.quality import joint_features
@@ -59,15 +58,9 @@ N_CTX = 1024  # the bench's runs of 2026-12-05 read up to 1,024 tokens
 LETTERS_N_CTX = 2048  # as the default policy's scorer
 
 
-def sample(labels: LabelSet, split: str, n: int, salt: str = "triage-router-probe") -> LabelSet:
-    """At most ``n`` rows of ``split``, the smallest SHA-256 of salt and id first."""
-    part = labels.split(split)
-    if n >= len(part):
-        return part
-    keys = np.array([hashlib.sha256(f"{salt}:{i}".encode()).hexdigest() for i in part.ids])
-    keep = np.zeros(len(part), dtype=bool)
-    keep[np.argsort(keys)[:n]] = True
-    return part.take(keep)
+def sample(labels: LabelSet, split: str, n: int) -> LabelSet:
+    """At most ``n`` rows of ``split``, a seeded sample (:meth:`LabelSet.sample`)."""
+    return labels.split(split).sample(n)
 
 
 def _fit_predict(
@@ -163,7 +156,7 @@ def run(
     finally:
         cache.save()
     gguf: HiddenCache | LetterCache
-    if reading == "letters":  # the model's own answer's confidence (benchmarks/letter_reading.py)
+    if reading == "letters":  # the model's own answer's confidence (backends/letters.py)
         gguf = LetterCache(model, LETTERS_N_CTX, threads, folder=OUT, say=console.print)
     else:
         gguf = HiddenCache(model, N_CTX, threads, folder=OUT, say=console.print)

@@ -57,6 +57,13 @@ def joint_features(embedding: np.ndarray, hidden: np.ndarray) -> np.ndarray:
     return out
 
 
+def read_rows(hidden: np.ndarray) -> np.ndarray:
+    """Which rows of a probe's readings it read: one of zeros is a prompt it could not read (empty;
+    ``reading: letters``, not lettered), where the served router does without the probe."""
+    out: np.ndarray = np.linalg.norm(np.atleast_2d(hidden), axis=1) > 0
+    return out
+
+
 def logit(p: np.ndarray) -> np.ndarray:
     p = np.clip(p, _EPS, 1 - _EPS)
     return np.log(p / (1 - p))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from classifiers.quality import joint_features
+from classifiers.quality import joint_features, read_rows
 from classifiers.training.model_labels import LabelSet, folds, group_folds
 from classifiers.training.quality_training import fit_quality, quality_ece
 from classifiers.training.router_training import Hidden, fit_router, labels_for
@@ -60,14 +60,18 @@ def measure(
     embed: Embed,
     cv_by: str = "row",
     hidden: Hidden | None = None,
+    caps: tuple[int | None, int | None] = (None, None),
 ) -> RouterRun:
     """The router on the test rows, as served: with a ``probe`` on the routed model (and ``hidden``,
     its readings), the probe's head predicts where the first head's two best are within its margin,
-    and its readings' cost is counted; the report of the first head alone is kept beside."""
+    and its readings' cost is counted; the report of the first head alone is kept beside. ``caps``: at
+    most this many dev and test rows, a seeded sample (:meth:`LabelSet.sample`; a file without both
+    splits, cross-validated: at most the first cap of its rows)."""
     labels = labels_for(vm, data_dir)
-    dev, test = labels.split("dev"), labels.split("test")
+    dev, test = labels.split("dev").sample(caps[0]), labels.split("test").sample(caps[1])
     split = bool(len(dev) and len(test))
     if not split:
+        labels = labels.sample(caps[0])
         test = dev = labels
     fold = None if split else group_folds(labels.categories, FOLDS) if cv_by == "category" else folds(labels.ids, FOLDS)
     costs = candidate_costs(policy, vm, input_tokens(test.texts))
@@ -98,7 +102,7 @@ def measure(
         )
     read = hidden(vm.probe.backend)
     q2, chosen2, learner2 = predicted(lambda texts: joint_features(embed(texts), read(texts)))
-    probed = top_gap(chosen_from) <= vm.probe.margin
+    probed = (top_gap(chosen_from) <= vm.probe.margin) & read_rows(read(test.texts))  # as served: read ones only
     gated_q = np.where(probed[:, None], q2, quality)
     gated = np.where(probed[:, None], chosen2, chosen_from)
     probe = ProbeRun(vm.probe.margin, float(probed.mean()), vm.probe.cost_per_call, report_of(chosen_from))

@@ -167,7 +167,9 @@ def fit_knob(
     return best
 
 
-ProbeOutcome = Literal["read", "not needed", "failed"]  # the probe read the prompt; the call was not close; no reading
+# the probe read the prompt; the call was not close; the probe reads no such prompt (letters: not
+# lettered, or empty); the reading failed or was late
+ProbeOutcome = Literal["read", "not needed", "not readable", "failed"]
 
 
 @dataclass(frozen=True)
@@ -205,7 +207,8 @@ def probe_source(policy: Policy, vm: RoutedModel) -> str:
     assert vm.probe is not None
     spec = policy.backends[vm.probe.backend]
     assert isinstance(spec, GGUFProbeBackendSpec)
-    return f"{spec.gguf.package or PurePath(spec.gguf.path or '').name} n_ctx {spec.n_ctx}"
+    source = f"{spec.gguf.package or PurePath(spec.gguf.path or '').name} n_ctx {spec.n_ctx}"
+    return source if spec.reading == "hidden" else f"{source} {spec.reading}"
 
 
 def candidate_costs(policy: Policy, vm: RoutedModel, input_tokens: float | np.ndarray) -> np.ndarray:

@@ -207,12 +207,21 @@ class GGUFScorerBackendSpec(Strict):
 
 
 class GGUFProbeBackendSpec(Strict):
-    """The learned router's difficulty probe: a GGUF model's final hidden state over the prompt,
-    mean-pooled (one prefill, no generation), read by a routed model's second quality head."""
+    """The learned router's difficulty probe, one prefill of a GGUF model over the prompt (no
+    generation), read by a routed model's second quality head: ``hidden``, the final hidden state
+    mean-pooled; ``letters``, how sure a chat model is of its own answer to a lettered
+    multiple-choice prompt (other prompts are not read)."""
 
     type: Literal["gguf_probe"]
     gguf: GGUFSource
-    n_ctx: int = Field(512, ge=32, description="a longer prompt is read up to this many tokens")
+    reading: Literal["hidden", "letters"] = Field(
+        "hidden", description="hidden: the mean-pooled hidden state; letters: the answer's label probabilities"
+    )
+    n_ctx: int = Field(
+        512,
+        ge=32,
+        description="hidden: a longer prompt is read up to this many tokens; letters: a longer one is not read",
+    )
     n_threads: int = Field(1, ge=1, description="1 is fastest on two cores: see docs/design.md")
 
 

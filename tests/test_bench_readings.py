@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from benchmarks.letter_reading import FEATURES, features, parse
+from backends.letters import FEATURES, features, parse
 from benchmarks.meters import group_switches
 
 

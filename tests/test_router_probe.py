@@ -89,9 +89,9 @@ def test_training_fits_the_probes_head_beside_the_first(probed: tuple[Path, Path
     assert probe.test_auroc["cheap"] > 0.8, probe.test_auroc
 
 
-def ask(gw: Gateway, prompt: str) -> dict[str, str]:
+def ask(gw: Gateway, prompt: str, model: str = "probed") -> dict[str, str]:
     raw = gw.client().chat.completions.with_raw_response.create(
-        model="probed", messages=[{"role": "user", "content": prompt}], max_tokens=4
+        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=4
     )
     assert raw.http_response.status_code == 200
     return dict(raw.headers)

@@ -21,6 +21,9 @@ from classifiers.datasets import find, read_jsonl, render_typed
 
 MT_BENCH_RIGHT = 8  # a GPT-4 judge score from which an MT-Bench answer counts as right (RouteLLM's cut)
 REASONING = ("direct", "cot")
+# rows sampled for a quicker pass (``--dev-cap`` / ``--test-cap`` with ``--router``, ``triage train --limit``,
+# the router-probe bench): the bench's salt, so that readings kept by one serve the others
+SAMPLE_SALT = "triage-router-probe"
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,16 @@ class LabelSet:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def sample(self, n: int | None, salt: str = SAMPLE_SALT) -> LabelSet:
+        """At most ``n`` rows (None: all), those of the smallest SHA-256 of ``salt`` and their id: the
+        same rows on every machine, and the rows of a larger sample include a smaller one's."""
+        if n is None or n >= len(self):
+            return self
+        keys = np.array([hashlib.sha256(f"{salt}:{i}".encode()).hexdigest() for i in self.ids])
+        keep = np.zeros(len(self), dtype=bool)
+        keep[np.argsort(keys)[:n]] = True
+        return self.take(keep)
 
     def take(self, mask: np.ndarray) -> LabelSet:
         idx = np.flatnonzero(mask)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from classifiers.calibration import auroc
-from classifiers.quality import QualityHead, joint_features, probe_head_name, quality_head_name
+from classifiers.quality import QualityHead, joint_features, probe_head_name, quality_head_name, read_rows
 from classifiers.training import model_labels
 from classifiers.training.model_labels import LabelSet
 from classifiers.training.quality_training import Candidate, QualityFit, fit_quality, quality_ece
@@ -49,7 +49,8 @@ class ProbeResult:
     head: QualityHead
     test_auroc: dict[str, float]  # per candidate column, the probe head's P(right) vs right on test rows
     test_ece: float
-    probed_share: float  # of the test rows, where the heads' choice is within the probe's margin (NaN: no test rows)
+    # of the test rows, those the probe can read where the heads' choice is within its margin (NaN: no test rows)
+    probed_share: float
 
 
 def labels_for(vm: RoutedModel, data_dir: Path) -> LabelSet:
@@ -102,22 +103,25 @@ def train_router(
     embed: Embed,
     out: Path,
     hidden: Hidden | None = None,
+    limit: int | None = None,
 ) -> RouterResult:
     """Fit, calibrate and save the quality head of routed model ``name``; measure it on test rows.
     ``embed``: texts -> (rows, dim), the served encoder's embeddings; the policy's prices pick the
     learner (its routing value on held-back dev rows). With a ``probe`` on the routed model,
-    ``hidden`` reads the rows with its backend and the second head is fitted and saved too."""
+    ``hidden`` reads the rows with its backend and the second head is fitted and saved too.
+    ``limit``: at most this many dev and test rows, a seeded sample (:meth:`LabelSet.sample`)."""
     labels = labels_for(vm, data_dir)
-    dev = labels.split("dev")
-    fitted_on = "dev"
+    every = labels.split("dev")
+    dev = every.sample(limit)
+    fitted_on = "dev" if len(dev) == len(every) else f"dev (a sample of {len(dev)})"
     if len(dev) == 0:
-        dev, fitted_on = labels, "all (no dev rows)"
+        dev, fitted_on = labels.sample(limit), "all (no dev rows)"
     x_dev = embed(dev.texts)
     fit = fit_router(policy, quality_head_name(name), vm, dev, x_dev)
     fit.head.meta.update(labels=vm.labels, fitted_on=fitted_on)
     fit.head.save(out)
-    test = labels.split("test")
-    measured = bool(len(test)) and fitted_on == "dev"
+    test = labels.split("test").sample(limit)
+    measured = bool(len(test)) and fitted_on.startswith("dev")
     aurocs, ece_ = _measured(fit.head.proba(embed(test.texts)), test) if measured else ({}, float("nan"))
     probe = None
     if vm.probe is not None:
@@ -157,13 +161,23 @@ def _train_probe(
     a few of them); measured on the test rows, with the share the margin sends to the probe (read
     from ``first``, the first head, as served)."""
     assert vm.probe is not None
-    fit = fit_router(policy, probe_head_name(name), vm, dev, joint_features(x_dev, read(dev.texts)))
+    h_dev = read(dev.texts)
+    keep = read_rows(h_dev)  # a row the probe cannot read is never probed: not fitted on either
+    if not keep.any():
+        raise LabelsProblem(f"virtual_models.{name}: its probe {vm.probe.backend} reads none of the dev rows")
+    fit = fit_router(policy, probe_head_name(name), vm, dev.take(keep), joint_features(x_dev[keep], h_dev[keep]))
     fit.head.meta.update(probe=probe_source(policy, vm))
     if test is None:
         return ProbeResult(fit.head, {}, float("nan"), float("nan"))
-    x_test = embed(test.texts)
-    aurocs, ece_ = _measured(fit.head.proba(joint_features(x_test, read(test.texts))), test)
-    return ProbeResult(fit.head, aurocs, ece_, float(probed(policy, vm, first, x_test, test.texts).mean()))
+    x_test, h_test = embed(test.texts), read(test.texts)
+    on = read_rows(h_test)
+    aurocs, ece_ = (
+        _measured(fit.head.proba(joint_features(x_test[on], h_test[on])), test.take(on))
+        if on.any()
+        else ({}, float("nan"))
+    )
+    share = float((probed(policy, vm, first, x_test, test.texts) & on).mean())
+    return ProbeResult(fit.head, aurocs, ece_, share)
 
 
 def probed(policy: Policy, vm: RoutedModel, head: QualityHead, x: np.ndarray, texts: list[str]) -> np.ndarray:
@@ -183,10 +197,11 @@ def train_routers(
     out: Path,
     say: Callable[[str], None] = print,
     hidden: Hidden | None = None,
+    limit: int | None = None,
 ) -> list[RouterResult]:
     results = []
     for name, vm in policy.virtual_models.items():
         if isinstance(vm, RoutedModel):
             say(f"router {name}: learning P(right) of {len(vm.candidates)} candidates from {vm.labels}")
-            results.append(train_router(policy, name, vm, data_dir, embed, out, hidden))
+            results.append(train_router(policy, name, vm, data_dir, embed, out, hidden, limit))
     return results

@@ -169,16 +169,22 @@ def embedding_cache(cfg: ClassifierSpec, threads: int, suffix: str = "") -> Embe
 
 
 def train_quality(
-    policy: Policy, policy_dir: Path, threads: int = 2, say: Progress = print, hidden: Hidden | None = None
+    policy: Policy,
+    policy_dir: Path,
+    threads: int = 2,
+    say: Progress = print,
+    hidden: Hidden | None = None,
+    limit: int | None = None,
 ) -> list[RouterResult]:
     """The quality heads of the policy's routed models (the learned router), into the heads' folder;
-    ``hidden``: the probes' readings, for a routed model with a ``probe`` (its second head)."""
+    ``hidden``: the probes' readings, for a routed model with a ``probe`` (its second head); ``limit``:
+    at most this many dev and test rows, a seeded sample."""
     assert policy.classifier is not None
     cfg = policy.classifier
     cache = embedding_cache(cfg, threads, "-labels")  # label files' prompts: a cache file of their own
     try:
         root, out = data_dir(cfg, policy_dir), artifacts_dir(cfg, policy_dir)
-        return train_routers(policy, root, cache.embed, out, say, hidden)
+        return train_routers(policy, root, cache.embed, out, say, hidden, limit)
     finally:
         cache.save()
 

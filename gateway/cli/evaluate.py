@@ -43,8 +43,13 @@ _Tiers = Annotated[
     str | None, typer.Option(help="Only these tiers of the policy's cascade, in its order (comma-separated names)")
 ]
 _TopPrice = Annotated[float, typer.Option(help="What one question to the recorded top tier costs.")]
-_DevCap = Annotated[int, typer.Option(help="Dev rows per set (a seeded sample).")]
-_TestCap = Annotated[int, typer.Option(help="Test rows per set (a seeded sample).")]
+_DevCap = Annotated[
+    int | None, typer.Option(help="Dev rows per set, a seeded sample (300; with --router: every row unless given).")
+]
+_TestCap = Annotated[
+    int | None, typer.Option(help="Test rows per set, a seeded sample (300; with --router: every row unless given).")
+]
+CAP = 300  # dev and test rows per typed set, unless --dev-cap / --test-cap say
 _Target = Annotated[
     str | None,
     typer.Option(
@@ -63,8 +68,8 @@ def evaluate(
     out: Annotated[Path, typer.Option(help="Folder for the report, the plots and the tier caches.")] = Path("out/eval"),
     top: _Top = None,
     top_price: _TopPrice = 0.0,
-    dev_cap: _DevCap = 300,
-    test_cap: _TestCap = 300,
+    dev_cap: _DevCap = None,
+    test_cap: _TestCap = None,
     slack: Annotated[float, typer.Option(help="Accuracy a cheaper tier may give up against the last one.")] = 0.0,
     target: _Target = None,
     patch: Annotated[Path | None, typer.Option(help="Write the fitted numbers here as a YAML policy patch.")] = None,
@@ -98,12 +103,13 @@ def evaluate(
         if cv_by not in ("row", "category"):
             typer.echo(f"--cv-by is 'row' or 'category', not {cv_by!r}", err=True)
             raise typer.Exit(2)
-        return evaluate_router(policy, router, out, fail_under, plots, cv_by)
+        return evaluate_router(policy, router, out, fail_under, plots, cv_by, (dev_cap, test_cap))
     data = _need_data(data, task)
     console = Console(highlight=False)
     limits = _parsed(lambda: gates.parse(fail_under or ""), "--fail-under")
     goal = _parsed(lambda: _target(target), "--target")
-    run = _Run.prepare(console, policy, data, out, (top or [], top_price), dev_cap, test_cap, _names(tiers), task or [])
+    caps = (CAP if dev_cap is None else dev_cap, CAP if test_cap is None else test_cap)
+    run = _Run.prepare(console, policy, data, out, (top or [], top_price), *caps, _names(tiers), task or [])
     if guarantee is not None and (goal is None or goal[0] not in ("of_top", "escalation", "cost")):
         typer.echo("--guarantee needs --target of_top=X, escalation=X or cost=X", err=True)
         raise typer.Exit(2)
@@ -149,8 +155,8 @@ def calibrate(
     target: _Target = None,
     top: _Top = None,
     top_price: _TopPrice = 0.0,
-    dev_cap: _DevCap = 300,
-    test_cap: _TestCap = 300,
+    dev_cap: _DevCap = None,
+    test_cap: _TestCap = None,
     router: _Router = None,
     guarantee: _Guarantee = None,
     probe_share: Annotated[
@@ -173,7 +179,7 @@ def calibrate(
         if target is None:
             typer.echo("--router needs --target strong_share=X, cost=X, quality=X or of_strong=X", err=True)
             raise typer.Exit(2)
-        return calibrate_router(policy, router, target, patch, guarantee, probe_share)
+        return calibrate_router(policy, router, target, patch, guarantee, probe_share, (dev_cap, test_cap))
     if probe_share is not None:
         typer.echo("--probe-share sets a routed model's probe margin: it needs --router NAME", err=True)
         raise typer.Exit(2)

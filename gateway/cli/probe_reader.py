@@ -1,6 +1,8 @@
 """The routed models' probes read offline (``triage train``, ``triage eval --router``): per
-``gguf_probe`` backend, a :class:`backends.hidden.HiddenCache` of its file, opened on first use, each
-prompt's reading kept on disk so that a second run reads none again."""
+``gguf_probe`` backend, a :class:`backends.hidden.HiddenCache` of its file (``reading: letters``:
+:class:`backends.letters.LetterCache`), opened on first use, each prompt's reading kept on disk so
+that a second run reads none again. A row the probe cannot read (an empty prompt; letters: one that
+is not lettered) reads as zeros: the served router does not probe it."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import numpy as np
 
 from backends import gguf
 from backends.hidden import HiddenCache
+from backends.letters import LetterCache
 from policies.schema import GGUFProbeBackendSpec, Policy
 
 
@@ -27,9 +30,11 @@ class ProbeReaders:
             assert isinstance(spec, GGUFProbeBackendSpec), "validation: a probe names a gguf_probe backend"
             path = gguf.model_file(spec.gguf.package, spec.gguf.path)
             self.say(
-                f"probe {backend}: reading prompts with {path.name} (n_ctx {spec.n_ctx}, {spec.n_threads} threads)"
+                f"probe {backend}: reading prompts ({spec.reading}) with {path.name} (n_ctx {spec.n_ctx}, "
+                f"{spec.n_threads} threads)"
             )
-            self.caches[backend] = HiddenCache(path, spec.n_ctx, spec.n_threads, say=self.say)
+            kind = LetterCache if spec.reading == "letters" else HiddenCache
+            self.caches[backend] = kind(path, spec.n_ctx, spec.n_threads, say=self.say)
         return self.caches[backend]
 
     def close(self) -> None:

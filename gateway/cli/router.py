@@ -43,8 +43,17 @@ def _embedder(pol: Policy, threads: int = 2) -> EmbeddingCache:
     return embedding_cache(pol.classifier, threads, "-labels")
 
 
+Caps = tuple[int | None, int | None]  # at most this many dev and test rows, a seeded sample (None: all)
+
+
 def evaluate_router(
-    policy: Path, name: str, out: Path, fail_under: str | None, plots: bool, cv_by: str = "row"
+    policy: Path,
+    name: str,
+    out: Path,
+    fail_under: str | None,
+    plots: bool,
+    cv_by: str = "row",
+    caps: Caps = (None, None),
 ) -> None:
     from classifiers.service import data_dir
     from eval import router_run
@@ -58,7 +67,7 @@ def evaluate_router(
     readers = ProbeReaders(pol, say=console.print)
     try:
         result = router_run.measure(
-            pol, name, vm, data_dir(pol.classifier, policy.resolve().parent), cache.embed, cv_by, readers
+            pol, name, vm, data_dir(pol.classifier, policy.resolve().parent), cache.embed, cv_by, readers, caps
         )
     finally:
         cache.save()
@@ -151,8 +160,10 @@ def calibrate_router(
     patch: Path,
     guarantee: float | None = None,
     probe_share: float | None = None,
+    caps: Caps = (None, None),
 ) -> None:
-    """Fit the knob on out-of-fold predictions of dev rows, check it on test rows, write the patch.
+    """Fit the knob on out-of-fold predictions of dev rows (at most ``caps[0]``, a seeded sample), check
+    it on test rows (at most ``caps[1]``), write the patch.
     With ``guarantee`` (DELTA): the knob is certified by Learn-then-Test (:mod:`eval.router_guarantee`).
     A routed model with a probe is fitted as served (its second head where the first's call is close);
     ``probe_share``: the probe's margin is set too, to read that share of the dev rows."""
@@ -174,7 +185,7 @@ def calibrate_router(
         typer.echo(f"--probe-share: virtual model '{name}' has no probe", err=True)
         raise typer.Exit(2)
     labels = labels_for(vm, data_dir(pol.classifier, policy.resolve().parent))
-    dev, test = labels.split("dev"), labels.split("test")
+    dev, test = labels.split("dev").sample(caps[0]), labels.split("test").sample(caps[1])
     if not len(dev) or not len(test):
         typer.echo(f"{vm.labels} has no dev/test split to fit and check a knob on", err=True)
         raise typer.Exit(2)
@@ -268,7 +279,7 @@ def _probed(
     """The predictions as a probed router serves them: the probe's head where the first head's two best
     are within the margin (the policy's, or the one that reads ``probe_share`` of the dev rows out of
     fold); which dev and test rows it reads; and the patch's line for the margin, if it was set."""
-    from classifiers.quality import joint_features
+    from classifiers.quality import joint_features, read_rows
     from gateway.cli.probe_reader import ProbeReaders
     from policies.routed import top_gap
 
@@ -281,6 +292,8 @@ def _probed(
         readers.close()
     p_dev, p_test = predictions(joint_features(x_dev, h_dev), joint_features(x_test, h_test))
     gap_dev, gap_test = top_gap(q_dev), top_gap(q_test)
+    # a row the probe cannot read (read as zeros) is not probed, as served
+    gap_dev, gap_test = np.where(read_rows(h_dev), gap_dev, np.inf), np.where(read_rows(h_test), gap_test, np.inf)
     margin = vm.probe.margin if probe_share is None else min(1.0, float(np.quantile(gap_dev, probe_share)))
     on_dev, on_test = gap_dev <= margin, gap_test <= margin
     console.print(

@@ -42,7 +42,10 @@ def train(
     policy: Annotated[Path, typer.Option(help="Policy YAML with a `classifier` section.")],
     threads: Annotated[int, typer.Option(help="Encoder threads while training.")] = 2,
     report: Annotated[Path | None, typer.Option(help="Write the measured figures as JSON here.")] = None,
-    limit: Annotated[int | None, typer.Option(help="At most this many rows per head and split (quick runs).")] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option(help="At most this many rows per head and split (quick runs; the routers' a seeded sample)."),
+    ] = None,
     routers_only: Annotated[
         bool, typer.Option("--routers-only", help="Only the routed models' quality heads.")
     ] = False,
@@ -83,7 +86,9 @@ def train(
 
         readers = ProbeReaders(pol, say=console.print)
         try:
-            trained = train_quality(pol, policy.resolve().parent, threads=threads, say=console.print, hidden=readers)
+            trained = train_quality(
+                pol, policy.resolve().parent, threads=threads, say=console.print, hidden=readers, limit=limit
+            )
         finally:
             readers.close()
         _routers(trained, console)

@@ -129,13 +129,15 @@ async def probed_route(
     probe: Probe,
 ) -> Route:
     """The learned router's route with its probe: where the first head's two best candidates are
-    within the probe's margin, the probe reads ``text`` (an empty one is not read) and its head
-    predicts instead; a reading that fails or is late is logged and the first head's choice stands.
-    The reading's cost is counted in the route's expected cost."""
+    within the probe's margin, the probe reads ``text`` (one it cannot read, e.g. an empty one, is
+    not sent) and its head predicts instead; a reading that fails or is late is logged and the first
+    head's choice stands. The reading's cost is counted in the route's expected cost."""
     out = _barred(barred)
     q = head.proba(reading.vector)[0]
-    if not text or not routed.close_call(policy, vm, q, tokens, head.dev_accuracy, out):
+    if not routed.close_call(policy, vm, q, tokens, head.dev_accuracy, out):
         return _route(policy, vm, q, head.dev_accuracy, tokens, barred, "not needed")
+    if not probe.backend.can_read(text):
+        return _route(policy, vm, q, head.dev_accuracy, tokens, barred, "not readable")
     t0 = time.perf_counter()
     try:
         hidden, _ = await probe.backend.read(text, probe.spec.timeout_s)

@@ -1,14 +1,18 @@
-"""The router-probe bench's second kind of reading (``--reading letters``): a local GGUF chat model's
-own answer to a lettered multiple-choice prompt (RouteLLM MMLU's "question, A. .. D., Answer:"), as
-the cascade's lettered scorer reads it (:class:`backends.lettered.ChatScorer`, one prefill, the
-label tokens' probabilities at the answer position). What the router is given is how sure the
-small model is, not which letter it picked: its label probabilities sorted from the highest, their
-entropy (over log of the option count) and the probability mass on the labels at all. RouteLLM's
-causal-LM router and the P(IK) cascades read a model's own confidence this way.
+"""The difficulty probe's second kind of reading (``reading: letters`` on a ``gguf_probe`` backend,
+``--reading letters`` in the router-probe bench): a local GGUF chat model's own answer to a lettered
+multiple-choice prompt (RouteLLM MMLU's "question, A. .. D., Answer:"), as the cascade's lettered
+scorer reads it (:class:`backends.lettered.ChatScorer`, one prefill, the label tokens'
+probabilities at the answer position). What the router is given is how sure the small model is,
+not which letter it picked: its label probabilities sorted from the highest, their entropy (over
+log of the option count) and the probability mass on the labels at all. RouteLLM's causal-LM
+router and the P(IK) cascades read a model's own confidence this way. A prompt that is not
+lettered has nothing to read: the router does without the probe there.
 
-Readings are kept under ``out/router-probe/`` by the prompt's SHA-256 (saved every 50), so an
-interrupted run resumes; they are made by ``--threads`` processes of one llama.cpp thread each (one
-thread is fastest a prompt on these machines, docs/design.md).
+Served, the reading runs in the file's worker process (:mod:`backends.probe`); offline
+(``triage train``, ``triage calibrate``, the bench) :class:`LetterCache` keeps each prompt's
+reading on disk by its SHA-256 (saved every 50), so an interrupted run resumes; they are made by
+``n_threads`` processes of one llama.cpp thread each (one thread is fastest a prompt on these
+machines, docs/design.md).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from backends.hidden import HiddenCache
+from policies.cascade import Question
 
 WIDTH = 4  # label probabilities kept (the highest first; fewer options: zeros)
 FEATURES = WIDTH + 2  # ... then the entropy and the label mass
@@ -42,7 +47,15 @@ def parse(prompt: str) -> tuple[str, tuple[str, ...]] | None:
     return body[:start].strip(), options
 
 
+def question(prompt: str) -> Question | None:
+    """A lettered prompt as the lettered scorer's question (type ``choice``), or None: nothing to read."""
+    found = parse(prompt)
+    return None if found is None else Question(type="choice", question=found[0], options=found[1])
+
+
 def features(logprobs: tuple[float, ...], label_mass: float) -> np.ndarray:
+    """How sure the model is of its answer: its label probabilities sorted (the first ``WIDTH``), their
+    entropy over log of the option count, and the label mass."""
     p = np.sort(np.exp(np.asarray(logprobs, dtype=np.float64)))[::-1]
     out = np.zeros(FEATURES, dtype=np.float32)
     out[: min(WIDTH, len(p))] = p[:WIDTH]
@@ -55,7 +68,7 @@ def _open(model: str, n_ctx: int) -> None:
     global _scorer
     from backends.lettered import ChatScorer
 
-    _scorer = ChatScorer(Path(model), n_ctx=n_ctx, n_threads=1)
+    _scorer = ChatScorer(Path(model), n_ctx=n_ctx, n_threads=1)  # as the worker's scorer engine (n_batch 512)
 
 
 def _read(text: str) -> tuple[list[float], float, int]:
@@ -64,15 +77,14 @@ def _read(text: str) -> tuple[list[float], float, int]:
     import time
 
     from backends.lettered import LetteredInputError
-    from policies.cascade import Question
     from policies.errors import TriageError
 
     t0 = time.perf_counter()
-    found = parse(text)
-    if found is None:
+    q = question(text)
+    if q is None:
         return [0.0] * FEATURES, math.nan, 0
     try:
-        s = _scorer.score_question(Question(type="choice", question=found[0], options=found[1]))
+        s = _scorer.score_question(q)
     except (LetteredInputError, TriageError):
         return [0.0] * FEATURES, math.nan, 0
     return features(s.logprobs, s.label_mass).tolist(), time.perf_counter() - t0, int(s.prompt_tokens)
