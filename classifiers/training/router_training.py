@@ -158,14 +158,15 @@ def _train_probe(
     """The probe's head: the same learners on MiniLM's embedding and the probe's reading side by side
     (:func:`classifiers.quality.joint_features`), fitted on every dev row (the served router asks it
     only where the first head's choice is close, but a head fitted on those rows alone would rest on
-    a few of them); measured on the test rows, with the share the margin sends to the probe (read
-    from ``first``, the first head, as served)."""
+    a few of them); measured on the test rows the probe reads, with the share the margin sends to
+    it (read from ``first``, the first head, as served)."""
     assert vm.probe is not None
     h_dev = read(dev.texts)
-    keep = read_rows(h_dev)  # a row the probe cannot read is never probed: not fitted on either
-    if not keep.any():
+    if not read_rows(h_dev).any():
         raise LabelsProblem(f"virtual_models.{name}: its probe {vm.probe.backend} reads none of the dev rows")
-    fit = fit_router(policy, probe_head_name(name), vm, dev.take(keep), joint_features(x_dev[keep], h_dev[keep]))
+    # every dev row, as `triage eval` and `triage calibrate` fit it: a row the probe cannot read (zeros)
+    # is never probed when served, and gives the head its embedding's half only
+    fit = fit_router(policy, probe_head_name(name), vm, dev, joint_features(x_dev, h_dev))
     fit.head.meta.update(probe=probe_source(policy, vm))
     if test is None:
         return ProbeResult(fit.head, {}, float("nan"), float("nan"))
