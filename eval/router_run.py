@@ -21,7 +21,7 @@ from classifiers.training.model_labels import LabelSet, folds, group_folds
 from classifiers.training.quality_training import fit_quality, quality_ece
 from classifiers.training.router_training import Hidden, fit_router, labels_for
 from eval.router_eval import RouterReport, evaluate
-from policies.routed import candidate_costs, candidate_label, prompt_tokens, top_gap
+from policies.routed import candidate_costs, candidate_label, close_rows, prompt_tokens
 from policies.routed import prune as pruned
 from policies.schema import Policy, RoutedModel
 
@@ -102,7 +102,7 @@ def measure(
         )
     read = hidden(vm.probe.backend)
     q2, chosen2, learner2 = predicted(lambda texts: joint_features(embed(texts), read(texts)))
-    probed = (top_gap(chosen_from) <= vm.probe.margin) & read_rows(read(test.texts))  # as served: read ones only
+    probed = close_rows(chosen_from, vm.probe.margin) & read_rows(read(test.texts))  # as served: read ones only
     gated_q = np.where(probed[:, None], q2, quality)
     gated = np.where(probed[:, None], chosen2, chosen_from)
     probe = ProbeRun(vm.probe.margin, float(probed.mean()), vm.probe.cost_per_call, report_of(chosen_from))

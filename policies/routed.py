@@ -248,6 +248,13 @@ def _eligible(
     return keep, prune(q[:, keep], cost[keep], acc), cost[keep]
 
 
+def close_rows(quality: np.ndarray, margin: float) -> np.ndarray:
+    """The probe's rule, per row of (pruned) predictions: the two best candidates' P(right) within
+    ``margin`` (serving, training, eval and calibration all ask it here)."""
+    out: np.ndarray = top_gap(quality) <= margin
+    return out
+
+
 def close_call(
     policy: Policy,
     vm: RoutedModel,
@@ -260,7 +267,7 @@ def close_call(
     among are within the probe's margin (arguments as :func:`choose_candidate`'s)."""
     assert vm.probe is not None
     _, q, _ = _eligible(policy, vm, quality, input_tokens, accuracy, barred)
-    return bool(top_gap(q)[0] <= vm.probe.margin)
+    return bool(close_rows(q, vm.probe.margin)[0])
 
 
 def choose_candidate(

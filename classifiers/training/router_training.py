@@ -19,7 +19,7 @@ from classifiers.quality import QualityHead, joint_features, probe_head_name, qu
 from classifiers.training import model_labels
 from classifiers.training.model_labels import LabelSet
 from classifiers.training.quality_training import Candidate, QualityFit, fit_quality, quality_ece
-from policies.routed import candidate_costs, probe_source, prompt_tokens, top_gap
+from policies.routed import candidate_costs, close_rows, probe_source, prompt_tokens
 from policies.routed import prune as pruned
 from policies.schema import Policy, RoutedModel
 
@@ -187,8 +187,7 @@ def probed(policy: Policy, vm: RoutedModel, head: QualityHead, x: np.ndarray, te
     assert vm.probe is not None
     costs = candidate_costs(policy, vm, prompt_tokens(texts))
     q = pruned(head.proba(x), costs, head.dev_accuracy if vm.prune_dominated else None)
-    out: np.ndarray = top_gap(q) <= vm.probe.margin
-    return out
+    return close_rows(q, vm.probe.margin)
 
 
 def train_routers(

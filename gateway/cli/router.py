@@ -281,7 +281,7 @@ def _probed(
     fold); which dev and test rows it reads; and the patch's line for the margin, if it was set."""
     from classifiers.quality import joint_features, read_rows
     from gateway.cli.probe_reader import ProbeReaders
-    from policies.routed import top_gap
+    from policies.routed import close_rows, top_gap
 
     assert vm.probe is not None
     readers = ProbeReaders(pol, say=console.print)
@@ -291,11 +291,11 @@ def _probed(
     finally:
         readers.close()
     p_dev, p_test = predictions(joint_features(x_dev, h_dev), joint_features(x_test, h_test))
-    gap_dev, gap_test = top_gap(q_dev), top_gap(q_test)
     # a row the probe cannot read (read as zeros) is not probed, as served
-    gap_dev, gap_test = np.where(read_rows(h_dev), gap_dev, np.inf), np.where(read_rows(h_test), gap_test, np.inf)
+    gap_dev = np.where(read_rows(h_dev), top_gap(q_dev), np.inf)
     margin = vm.probe.margin if probe_share is None else min(1.0, float(np.quantile(gap_dev, probe_share)))
-    on_dev, on_test = gap_dev <= margin, gap_test <= margin
+    on_dev = close_rows(q_dev, margin) & read_rows(h_dev)
+    on_test = close_rows(q_test, margin) & read_rows(h_test)
     console.print(
         f"probe {vm.probe.backend}: margin {margin:.6g}, reads {on_dev.mean():.1%} of dev rows (out of fold), "
         f"{on_test.mean():.1%} of test rows"
