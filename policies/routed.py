@@ -113,20 +113,27 @@ def outcome(
 
 
 def knob_grid(quality: np.ndarray, cost: np.ndarray, rule: Rule, points: int = 400) -> np.ndarray:
-    """Candidate knob values that span every choice from the best predicted to the cheapest."""
+    """Candidate knob values that span every choice from the best predicted to the cheapest: every
+    point where a row's choice changes, or, where there are more than ``points`` of them, that many
+    quantiles of them."""
+
+    def spread(values: np.ndarray) -> np.ndarray:
+        distinct = np.unique(values)
+        return distinct if distinct.size <= points else np.quantile(values, np.linspace(0, 1, points))
+
     q = np.atleast_2d(quality)
     if rule == "margin":
         gaps = q.max(1, keepdims=True) - q
-        gaps = gaps[np.isfinite(gaps)]
-        return np.unique(np.concatenate([[0.0], np.quantile(gaps, np.linspace(0, 1, points)), [1.0]]))
+        return np.unique(np.concatenate([[0.0], spread(gaps[np.isfinite(gaps)]), [1.0]]))
     c = np.broadcast_to(np.asarray(cost, dtype=np.float64), q.shape)
     with np.errstate(invalid="ignore"):  # pruned candidates are -inf
         dq = (q[:, :, None] - q[:, None, :]).ravel()
     dc = (c[:, :, None] - c[:, None, :]).ravel()
     keep = (dc > 0) & (dq > 0) & np.isfinite(dq)  # a dearer, better candidate: the lam at which the cheaper one wins
-    breaks = dq[keep] / dc[keep]
-    grid = np.quantile(breaks, np.linspace(0, 1, points)) if breaks.size else np.array([])
-    return np.unique(np.concatenate([[0.0], grid * (1 + 1e-9), [MAX_KNOB]]))
+    return np.unique(np.concatenate([[0.0], spread(dq[keep] / dc[keep]) * (1 + 1e-9), [MAX_KNOB]]))
+
+
+FIT_POINTS = 20_000  # fit_knob's grid: every choice point of a few thousand rows, quantiles beyond
 
 
 def fit_knob(
@@ -144,7 +151,7 @@ def fit_knob(
     best: Outcome | None = None
     best_key: tuple[float, float] = (-np.inf, -np.inf)
     q = np.atleast_2d(quality)
-    for knob in knob_grid(q, cost, rule):
+    for knob in knob_grid(q, cost, rule, FIT_POINTS):
         o = outcome(q, cost, rule, float(knob), strongest, correct)
         value = (
             o.accuracy

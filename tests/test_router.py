@@ -442,3 +442,20 @@ def test_the_probe_reads_no_prompt_that_alone_would_pass_its_timeout() -> None:
     long, fits = asyncio.run(scenario())
     assert isinstance(long, UpstreamError) and "8000 characters" in long.message and "1s timeout" in long.message
     assert not isinstance(fits, BaseException)
+
+
+def test_the_fitted_knob_is_the_cheapest_of_every_choice_point_not_of_a_sample() -> None:
+    from policies.routed import knob_grid
+
+    rng = np.random.default_rng(10)  # a draw where 400 quantiles of the choice points miss the cheapest
+    n = 1500  # more choice points than the eval's 400-point sweep
+    q = np.column_stack([rng.uniform(0.2, 0.9, n), rng.uniform(0.6, 0.95, n)])
+    cost = np.array([1.0, 10.0])
+    y = (rng.uniform(size=(n, 2)) < q).astype(float)
+    fitted = fit_knob(q, cost, "utility", Target("of_strong", 0.95), strongest=1, correct=y)
+    floor = 0.95 * y[:, 1].mean()
+    every = [outcome(q, cost, "utility", float(k), 1, y) for k in knob_grid(q, cost, "utility", points=10**6)]
+    cheapest = min(o.mean_cost for o in every if o.accuracy + 1e-12 >= floor)
+    assert fitted.accuracy + 1e-12 >= floor and fitted.mean_cost == pytest.approx(cheapest)
+    sampled = [outcome(q, cost, "utility", float(k), 1, y) for k in knob_grid(q, cost, "utility")]
+    assert len(sampled) < len(every)  # the sweep's grid stays a sample of them
