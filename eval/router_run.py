@@ -89,6 +89,7 @@ def measure(
     quality, chosen_from, learner = predicted(embed)
     protocol = "dev -> test" if split else f"{FOLDS}-fold cross-validation"
     protocol += ", category-disjoint folds" if cv_by == "category" and not split else ""
+    protocol += f", a seeded sample of {len(dev)} dev rows" if split and caps[0] is not None else ""
     names = [candidate_label(c.model, c.reasoning) for c in vm.candidates]
 
     def report_of(chosen: np.ndarray, extra: float = 0.0) -> RouterReport:

@@ -132,7 +132,7 @@ def test_eval_router_caps_the_rows_and_probes_lettered_rows_only(
     out = CliRunner().invoke(cli, [*args, "--dev-cap", "100", "--test-cap", "30"])
     assert out.exit_code == 0, out.output
     doc = json.loads((tmp_path / "r" / "router-lettered.json").read_text())
-    assert doc["rows"] == 30
+    assert doc["rows"] == 30 and doc["caps"] == {"dev": 100, "test": 30}
     pol = loader.parse(policy(data, heads))
     vm = pol.virtual_models["lettered"]
     assert isinstance(vm, RoutedModel)

@@ -78,6 +78,7 @@ def evaluate_router(
         "virtual_model": name,
         "labels": vm.labels,
         "protocol": result.protocol,
+        "caps": {"dev": caps[0], "test": caps[1]},  # a seeded sample of at most so many rows (None: all)
         "learner": result.learner,
         "test_ece": result.test_ece,
         **asdict(r),
