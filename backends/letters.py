@@ -18,6 +18,7 @@ machines, docs/design.md).
 from __future__ import annotations
 
 import math
+import multiprocessing
 import re
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -102,7 +103,9 @@ class LetterCache(HiddenCache):
             self.say(f"reading {len(todo)} prompts with {self.model.name} ({self.n_threads} processes)")
             init = (str(self.model), self.n_ctx)
             try:
-                with ProcessPoolExecutor(self.n_threads, initializer=_open, initargs=init) as pool:
+                # spawned, not forked: the caller holds threads (the encoder's, a server's) a fork would copy mid-lock
+                spawn = multiprocessing.get_context("spawn")
+                with ProcessPoolExecutor(self.n_threads, spawn, initializer=_open, initargs=init) as pool:
                     for k, (text, (v, sec, n)) in enumerate(zip(todo, pool.map(_read, todo, chunksize=4), strict=True)):
                         key = self.key(text)
                         self.vectors[key], self.seconds[key], self.tokens[key] = np.asarray(v, np.float32), sec, n
