@@ -133,7 +133,7 @@ def knob_grid(quality: np.ndarray, cost: np.ndarray, rule: Rule, points: int = 4
     return np.unique(np.concatenate([[0.0], spread(dq[keep] / dc[keep]) * (1 + 1e-9), [MAX_KNOB]]))
 
 
-FIT_POINTS = 20_000  # fit_knob's grid: every choice point of a few thousand rows, quantiles beyond
+FIT_POINTS = 5_000  # fit_knob's grid: every choice point of two candidates on up to 5,000 rows, quantiles beyond
 
 
 def fit_knob(
