@@ -19,15 +19,14 @@ from backends.gguf import smollm2_path
 from backends.lettered import ChatScorer
 from backends.letters import FEATURES, features, question
 from classifiers.quality import QualityHead, joint_features, probe_head_name
-from classifiers.training.router_training import labels_for, train_router
+from classifiers.training.router_training import labels_for
 from classifiers.training.train_all import embedding_cache
 from gateway.cli import app as cli
-from gateway.cli.probe_reader import ProbeReaders
 from policies import loader
 from policies.schema import RoutedModel
 from tests import lanes
 from tests.conftest import Gateway
-from tests.test_router_probe import ask, quality_of
+from tests.test_router_probe import ask, quality_of, train_probed
 from tests.test_router_probe import policy as probe_policy
 from tests.test_router_serving import toy_rows
 
@@ -60,21 +59,14 @@ def letters_data(folder: Path) -> Path:
 @lanes.model
 def trained(trained_heads: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, object]:
     data = letters_data(tmp_path_factory.mktemp("letters-data"))
-    pol = loader.parse(policy(data, trained_heads, margin=0.5))
-    vm = pol.virtual_models["lettered"]
-    assert isinstance(vm, RoutedModel) and pol.classifier is not None
-    cache = embedding_cache(pol.classifier, threads=2, suffix="-test")
-    readers = ProbeReaders(pol, say=lambda _: None)
-    try:
-        result = train_router(pol, "lettered", vm, data, cache.embed, trained_heads, readers)
-        texts = labels_for(vm, data).texts
-        readings = readers("reader")(texts)
-    finally:
-        readers.close()
-    # the plain prompts read as zeros, the lettered ones as the model's label probabilities (sorted)
+    result, texts, readings = train_probed(policy(data, trained_heads, margin=0.5), "lettered", data, trained_heads)
+    # the plain prompts read as zeros; every lettered one as four label probabilities that sum to 1 (its
+    # options' four, renormalised), an entropy within (0, 1] and some mass on the labels
     plain = np.array([question(t) is None for t in texts])
     assert 0 < plain.sum() < len(texts) and not readings[plain].any()
-    assert (readings[~plain, 0] >= readings[~plain, 1]).all() and (readings[~plain, 0] >= 0.25).all()
+    read = readings[~plain]
+    assert np.allclose(read[:, :4].sum(axis=1), 1.0, atol=1e-4), read[:3]
+    assert ((read[:, 4] > 0) & (read[:, 4] <= 1.0 + 1e-6) & (read[:, 5] > 0)).all(), read[:3]
     return data, trained_heads, result
 
 

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from backends.gguf import smollm2_path
 from backends.hidden import HiddenReader
 from classifiers.quality import QualityHead, joint_features, probe_head_name
-from classifiers.training.router_training import labels_for, train_router
+from classifiers.training.router_training import RouterResult, labels_for, train_router
 from classifiers.training.train_all import embedding_cache
 from gateway.cli import app as cli
 from gateway.cli.probe_reader import ProbeReaders
@@ -64,16 +64,25 @@ def policy(data: Path, heads: Path, margin: float = 1.0, timeout: float = 30.0, 
 def probed(trained_heads: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, object]:
     """A labels file, the heads' folder with both quality heads of ``probed`` trained, and the result."""
     data = toy_data(tmp_path_factory.mktemp("probe-data"), 160, 40, 3)
-    pol = loader.parse(policy(data, trained_heads, margin=0.5))
-    vm = pol.virtual_models["probed"]
-    assert isinstance(vm, RoutedModel) and pol.classifier is not None
+    result, _, _ = train_probed(policy(data, trained_heads, margin=0.5), "probed", data, trained_heads)
+    return data, trained_heads, result
+
+
+def train_probed(text: str, name: str, data: Path, heads: Path) -> tuple[RouterResult, list[str], np.ndarray]:
+    """Both quality heads of routed model ``name`` of policy ``text``, trained into ``heads``; the
+    labels file's prompts and its probe's readings of them."""
+    pol = loader.parse(text)
+    vm = pol.virtual_models[name]
+    assert isinstance(vm, RoutedModel) and pol.classifier is not None and vm.probe is not None
     cache = embedding_cache(pol.classifier, threads=2, suffix="-test")
     readers = ProbeReaders(pol, say=lambda _: None)
     try:
-        result = train_router(pol, "probed", vm, data, cache.embed, trained_heads, readers)
+        result = train_router(pol, name, vm, data, cache.embed, heads, readers)
+        texts = labels_for(vm, data).texts
+        readings = readers(vm.probe.backend)(texts)
     finally:
         readers.close()
-    return data, trained_heads, result
+    return result, texts, readings
 
 
 def test_training_fits_the_probes_head_beside_the_first(probed: tuple[Path, Path, object]) -> None:
