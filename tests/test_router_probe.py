@@ -171,10 +171,11 @@ def test_a_killed_probe_costs_no_request(gateway: Callable[..., Gateway], probed
     backend = gw.app.state.triage.holder.current.backends["reader"]  # type: ignore[attr-defined]
     pid = backend.engine.host.pid
     os.kill(pid, signal.SIGSEGV)
-    # the successor is at least FIRST_BACKOFF_S (0.5 s) and a model's load away: the probe's reading,
-    # bounded at 0.45 s, fails, and the first head routes
+    # while the successor loads, a reading (bounded at 0.45 s) fails and the first head routes; a
+    # successor that is up within that (a first crash restarts at once, the file in the page cache)
+    # reads it: either way every request is answered (ask checks the 200) and routed
     served = [ask(gw, f"What is {a} plus 4?") for a in range(5, 9)]
-    assert served[0]["x-triage-probe"].startswith("failed"), served[0]
+    assert all(h["x-triage-probe"].split()[0] in ("failed", "read") for h in served), served
     assert all(h["x-triage-model"] == "cheap" for h in served), served
     deadline = time.monotonic() + 60
     while not (backend.healthy() and backend.engine.host.pid not in (None, pid)):
