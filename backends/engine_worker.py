@@ -21,7 +21,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -145,6 +145,11 @@ class ScorerEngine(Engine):
             got = self.scorer.score(a["prompt"], list(a["options"]))
         elif job.method == "score_question":
             got = self.scorer.score_question(question_from_wire(a["question"]), int(a.get("reason_tokens") or 0))
+        elif job.method == "answer":  # the router's probe, reading: answer
+            steps = self.scorer.answer_steps(str(a["text"]), int(a["limit"]))
+            if job.cancel.is_set():
+                raise Cancelled
+            return asdict(steps)
         else:
             raise ValueError(f"unknown method {job.method!r}")
         if job.cancel.is_set():

@@ -32,6 +32,7 @@ PROMPT_VERSION = "1"  # the question text below; change it when the text changes
 REASONED_VERSION = "1"  # the reasoned ask and the answer cue below
 ANSWER_CUE = "Answer:"
 CUE_BYTES = ANSWER_CUE.encode()
+ANSWER_ASK = "Give only the final answer, as briefly as possible, with no explanation."  # answer_steps
 
 
 class LetteredInputError(ValueError):
@@ -49,6 +50,17 @@ class LetteredScores(OptionScores):
     label_mass: float  # P(the next token is any label's spelling), before renormalising
     generated_tokens: int = 0  # reasoned: the tokens the model wrote before its answer
     reasoning: str = ""  # reasoned: what it wrote
+
+
+@dataclass(frozen=True)
+class AnswerSteps:
+    """How sure a model was at each token of its own short, greedy answer (:meth:`ChatScorer.answer_steps`)."""
+
+    top: tuple[float, ...]  # per token written (and the step that ended it): the greedy token's probability
+    second: tuple[float, ...]  # ... the runner-up's
+    entropy: tuple[float, ...]  # ... the distribution's entropy over log of the vocabulary's size
+    prompt_tokens: int
+    ended: bool  # the model ended its turn within the limit
 
 
 def labels_for(qtype: str, options: tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -209,6 +221,41 @@ class ChatScorer(OptionScorer):
         row, reused = self._prefill(full)
         scores = self._read(row, ids, len(tokens), min(reused, len(tokens)))  # the prompt's; what it wrote apart
         return replace(scores, generated_tokens=n, reasoning=reasoning)
+
+    def answer_steps(self, text: str, limit: int) -> AnswerSteps:
+        """The model answers ``text`` (the user's turn, asked for the final answer only) greedily, up to
+        ``limit`` tokens; at each step, how sure it was (the router's ``reading: answer``)."""
+        tokens = self.prompt_tokens(({"role": "user", "content": f"{text.strip()}\n\n{ANSWER_ASK}"},))
+        if not text.strip() or len(tokens) + limit > self.n_ctx:
+            raise PromptTooLong(
+                f"the answer needs {len(tokens)} prompt tokens and {limit} to answer in, "
+                f"the scorer's context holds {self.n_ctx}"
+            )
+        row, _ = self._prefill(tokens)
+        vocab, log_v = self._model.vocab, math.log(self.n_vocab)
+        top: list[float] = []
+        second: list[float] = []
+        entropy: list[float] = []
+        ended = False
+        for _ in range(limit):
+            if self.cancelled():
+                break
+            logp = row.astype(np.float64) - _logsumexp(row.astype(np.float64))
+            two = np.argpartition(logp, -2)[-2:]
+            tok = int(two[np.argmax(logp[two])])
+            p = np.exp(logp)
+            top.append(float(p[tok]))
+            second.append(float(p[two].min()))
+            entropy.append(float(-(p * logp).sum() / log_v))
+            if self._lib.llama_vocab_is_eog(vocab, tok):
+                ended = True
+                break
+            self._batch.reset()
+            j = self._add(tok, len(self._cached), 0, True)
+            self._ctx.decode(self._batch)
+            self._cached.append(tok)
+            row = self._row(j)
+        return AnswerSteps(tuple(top), tuple(second), tuple(entropy), len(tokens), ended)
 
     def _read(self, row: np.ndarray, ids: list[list[int]], prompt_tokens: int, reused: int) -> LetteredScores:
         logp = row.astype(np.float64) - _logsumexp(row.astype(np.float64))

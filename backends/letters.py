@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import re
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,11 @@ def _open(model: str, n_ctx: int) -> None:
     _scorer = ChatScorer(Path(model), n_ctx=n_ctx, n_threads=1)  # as the worker's scorer engine (n_batch 512)
 
 
+def scorer() -> Any:
+    """This reader process's :class:`backends.lettered.ChatScorer` (opened by the pool's initializer)."""
+    return _scorer
+
+
 def _read(text: str) -> tuple[list[float], float, int]:
     """One prompt's features, the seconds it took and its prompt tokens (a prompt that is not lettered,
     or too long: zeros, its time NaN so that no median counts it)."""
@@ -91,11 +97,13 @@ def _read(text: str) -> tuple[list[float], float, int]:
     return features(s.logprobs, s.label_mass).tolist(), time.perf_counter() - t0, int(s.prompt_tokens)
 
 
-class LetterCache(HiddenCache):
-    """The readings of :func:`_read` kept as :class:`backends.hidden.HiddenCache` keeps hidden states
-    (its file, keys, times and tokens), made by ``n_threads`` processes of one llama.cpp thread each."""
+class ScorerReadings(HiddenCache):
+    """Readings made by a chat model's scorer (:class:`backends.lettered.ChatScorer`), kept as
+    :class:`backends.hidden.HiddenCache` keeps hidden states (its file, keys, times and tokens), made by
+    ``n_threads`` processes of one llama.cpp thread each. ``reader``: a module-level function of a
+    prompt to its features, seconds and prompt tokens, run in those processes (:func:`scorer`)."""
 
-    kind = "letters-"
+    reader: Callable[[str], tuple[list[float], float, int]]
 
     def __call__(self, texts: list[str]) -> np.ndarray:
         todo = [t for t in dict.fromkeys(texts) if self.key(t) not in self.vectors]
@@ -106,7 +114,8 @@ class LetterCache(HiddenCache):
                 # spawned, not forked: the caller holds threads (the encoder's, a server's) a fork would copy mid-lock
                 spawn = multiprocessing.get_context("spawn")
                 with ProcessPoolExecutor(self.n_threads, spawn, initializer=_open, initargs=init) as pool:
-                    for k, (text, (v, sec, n)) in enumerate(zip(todo, pool.map(_read, todo, chunksize=4), strict=True)):
+                    done = pool.map(type(self).reader, todo, chunksize=4)
+                    for k, (text, (v, sec, n)) in enumerate(zip(todo, done, strict=True)):
                         key = self.key(text)
                         self.vectors[key], self.seconds[key], self.tokens[key] = np.asarray(v, np.float32), sec, n
                         if (k + 1) % 50 == 0:
@@ -115,3 +124,10 @@ class LetterCache(HiddenCache):
             finally:
                 self.save()
         return np.stack([self.vectors[self.key(t)] for t in texts])
+
+
+class LetterCache(ScorerReadings):
+    """The readings of :func:`_read`: a lettered prompt's label probabilities."""
+
+    kind = "letters-"
+    reader = staticmethod(_read)

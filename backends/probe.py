@@ -1,10 +1,11 @@
 """The ``gguf_probe`` backend: the learned router's difficulty probe, a small GGUF model's reading
 of a prompt for a routed model's second quality head (``probe`` on a routed model, docs/router.md):
 ``reading: hidden``, its final hidden state, mean-pooled (:mod:`backends.hidden`); ``reading:
-letters``, how sure it is of its own answer to a lettered prompt (:mod:`backends.letters`). One
-prefill, no generation, in the file's worker process (``backends.engine_host``): a fault there
-costs the probe, which the router then does without, never the gateway. It serves no chat
-(``backends.local_engine``).
+letters``, how sure it is of its own answer to a lettered prompt (:mod:`backends.letters`), one
+prefill; ``reading: answer``, how sure it is while it writes a short answer to any prompt
+(:mod:`backends.answer`), a prefill and a few greedy tokens. In the file's worker process
+(``backends.engine_host``): a fault there costs the probe, which the router then does without, never
+the gateway. It serves no chat (``backends.local_engine``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from backends import letters
+from backends import answer, letters
 from backends.engine_host import EngineSpec
 from backends.engine_wire import question_to_wire, scores_from_wire
 from backends.hidden import CUT_CHARS_PER_TOKEN
@@ -48,21 +49,24 @@ class ProbeBackend(LocalEngineBackend):
 
     def engine_spec(self) -> EngineSpec:
         s = self.spec
-        if s.reading == "letters":  # the cascade's lettered scorer, on a context of its own
+        if s.reading in ("letters", "answer"):  # the cascade's lettered scorer, on a context of its own
             return EngineSpec("scorer", s.n_ctx, s.n_threads, 512)
         return EngineSpec("hidden", s.n_ctx, s.n_threads, s.n_ctx)
 
     def can_read(self, text: str) -> bool:
         """Whether the probe reads this prompt: a hidden state, any that is not empty; letters, a
-        lettered one (its options in one block, then "Answer:") short enough to be read whole."""
+        lettered one (its options in one block, then "Answer:") short enough to be read whole; answer,
+        any with a word in it short enough to be read whole."""
         if self.spec.reading == "hidden":
             return bool(text)
-        return len(text) <= CUT_CHARS_PER_TOKEN * self.spec.n_ctx and letters.question(text) is not None
+        if len(text) > CUT_CHARS_PER_TOKEN * self.spec.n_ctx:
+            return False
+        return bool(text.strip()) if self.spec.reading == "answer" else letters.question(text) is not None
 
     async def read(self, text: str, timeout_s: float) -> tuple[np.ndarray, int]:
         """The prompt's reading and the tokens read: a hidden state, a unit vector (a longer prompt is
-        cut at ``n_ctx``); letters, :func:`backends.letters.features` (UpstreamError for a prompt
-        :meth:`can_read` refuses)."""
+        cut at ``n_ctx``); letters, :func:`backends.letters.features`; answer,
+        :func:`backends.answer.features` (UpstreamError for a prompt :meth:`can_read` refuses)."""
         if not self.healthy():  # not loaded, or its worker down
             raise UpstreamError(f"probe {self.name} is down: {self.problem() or 'not serving yet'}")
         typical = self.typical_s
@@ -93,8 +97,8 @@ class ProbeBackend(LocalEngineBackend):
 
     def _sent(self, text: str) -> str:
         """What crosses to the worker: a hidden state's prompt cut at 8 characters a token of ``n_ctx``
-        (its first ``n_ctx`` tokens are all that is read); a lettered one whole."""
-        return text if self.spec.reading == "letters" else text[: CUT_CHARS_PER_TOKEN * self.spec.n_ctx]
+        (its first ``n_ctx`` tokens are all that is read); one to answer, whole."""
+        return text if self.spec.reading != "hidden" else text[: CUT_CHARS_PER_TOKEN * self.spec.n_ctx]
 
     async def _read(self, text: str, timeout_s: float) -> tuple[np.ndarray, int]:
         if self.spec.reading == "letters":
@@ -105,6 +109,14 @@ class ProbeBackend(LocalEngineBackend):
             if not isinstance(scores, LetteredScores):
                 raise UpstreamError(f"probe {self.name} answered no label probabilities")
             return letters.features(scores.logprobs, scores.label_mass), scores.prompt_tokens
+        if self.spec.reading == "answer":
+            if not text.strip():
+                raise UpstreamError(f"probe {self.name} has nothing to answer")
+            steps = await self.call("answer", {"text": text, "limit": answer.TOKENS}, timeout_s)
+            try:
+                return answer.from_wire(steps)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise UpstreamError(f"probe {self.name} answered no steps: {exc!r}") from None
         got = await self.call("read", {"text": text}, timeout_s)
         try:
             return np.asarray(got["vector"], dtype=np.float32), int(got["tokens"])

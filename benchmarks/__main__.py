@@ -146,8 +146,9 @@ def router_probe(
     reading: Annotated[
         str,
         typer.Option(
-            help="What the GGUF model gives: 'hidden' (its mean-pooled final hidden state) or 'letters' (how sure "
-            "its answer to a lettered multiple-choice prompt is; --threads processes of one thread)."
+            help="What the GGUF model gives: 'hidden' (its mean-pooled final hidden state), 'letters' (how sure "
+            "its answer to a lettered multiple-choice prompt is) or 'answer' (how sure it is while it writes a "
+            "short answer to any prompt); letters and answer: --threads processes of one thread."
         ),
     ] = "hidden",
 ) -> None:
@@ -155,8 +156,8 @@ def router_probe(
     both, and on both only where MiniLM's choice is close, on the same rows."""
     from benchmarks.router_probe import run
 
-    if reading not in ("hidden", "letters"):
-        raise typer.BadParameter("--reading is 'hidden' or 'letters'")
+    if reading not in ("hidden", "letters", "answer"):
+        raise typer.BadParameter("--reading is 'hidden', 'letters' or 'answer'")
     if model is None:
         from backends import gguf
 

@@ -36,6 +36,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from backends.answer import AnswerCache
 from backends.hidden import HiddenCache
 from backends.letters import LetterCache
 from benchmarks.meters import cpu_kind
@@ -155,9 +156,10 @@ def run(
         m_dev, m_test = (cache.embed(dev.texts) if not cross else None), cache.embed(test.texts)
     finally:
         cache.save()
-    gguf: HiddenCache | LetterCache
-    if reading == "letters":  # the model's own answer's confidence (backends/letters.py)
-        gguf = LetterCache(model, LETTERS_N_CTX, threads, folder=OUT, say=console.print)
+    gguf: HiddenCache
+    if reading in ("letters", "answer"):  # the model's own answer's confidence (backends/letters.py, answer.py)
+        kind = LetterCache if reading == "letters" else AnswerCache
+        gguf = kind(model, LETTERS_N_CTX, threads, folder=OUT, say=console.print)
     else:
         gguf = HiddenCache(model, N_CTX, threads, folder=OUT, say=console.print)
     try:

@@ -207,20 +207,23 @@ class GGUFScorerBackendSpec(Strict):
 
 
 class GGUFProbeBackendSpec(Strict):
-    """The learned router's difficulty probe, one prefill of a GGUF model over the prompt (no
-    generation), read by a routed model's second quality head: ``hidden``, the final hidden state
-    mean-pooled; ``letters``, how sure a chat model is of its own answer to a lettered
-    multiple-choice prompt (other prompts are not read)."""
+    """The learned router's difficulty probe, a GGUF model's reading of the prompt for a routed
+    model's second quality head: ``hidden``, the final hidden state mean-pooled (one prefill);
+    ``letters``, how sure a chat model is of its own answer to a lettered multiple-choice prompt
+    (one prefill; other prompts are not read); ``answer``, how sure it is while it writes a short
+    answer to any prompt (a prefill and up to 16 greedy tokens)."""
 
     type: Literal["gguf_probe"]
     gguf: GGUFSource
-    reading: Literal["hidden", "letters"] = Field(
-        "hidden", description="hidden: the mean-pooled hidden state; letters: the answer's label probabilities"
+    reading: Literal["hidden", "letters", "answer"] = Field(
+        "hidden",
+        description="hidden: the mean-pooled hidden state; letters: the answer's label probabilities; "
+        "answer: the probabilities of a short answer's tokens",
     )
     n_ctx: int = Field(
         512,
         ge=32,
-        description="hidden: a longer prompt is read up to this many tokens; letters: a longer one is not read",
+        description="hidden: a longer prompt is read up to this many tokens; letters, answer: a longer one is not read",
     )
     n_threads: int = Field(1, ge=1, description="1 is fastest on two cores: see docs/design.md")
 

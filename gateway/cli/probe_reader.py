@@ -1,8 +1,9 @@
 """The routed models' probes read offline (``triage train``, ``triage eval --router``): per
 ``gguf_probe`` backend, a :class:`backends.hidden.HiddenCache` of its file (``reading: letters``:
-:class:`backends.letters.LetterCache`), opened on first use, each prompt's reading kept on disk so
-that a second run reads none again. A row the probe cannot read (an empty prompt; letters: one that
-is not lettered) reads as zeros: the served router does not probe it."""
+:class:`backends.letters.LetterCache`; ``answer``: :class:`backends.answer.AnswerCache`), opened on
+first use, each prompt's reading kept on disk so that a second run reads none again. A row the probe
+cannot read (an empty prompt; letters: one that is not lettered) reads as zeros: the served router
+does not probe it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from backends import gguf
+from backends.answer import AnswerCache
 from backends.hidden import HiddenCache
 from backends.letters import LetterCache
 from policies.schema import GGUFProbeBackendSpec, Policy
@@ -33,7 +35,7 @@ class ProbeReaders:
                 f"probe {backend}: reading prompts ({spec.reading}) with {path.name} (n_ctx {spec.n_ctx}, "
                 f"{spec.n_threads} threads)"
             )
-            kind = LetterCache if spec.reading == "letters" else HiddenCache
+            kind = {"letters": LetterCache, "answer": AnswerCache}.get(spec.reading, HiddenCache)
             self.caches[backend] = kind(path, spec.n_ctx, spec.n_threads, say=self.say)
         return self.caches[backend]
 
