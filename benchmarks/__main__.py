@@ -111,6 +111,22 @@ def hidden_probe(
     run(per_set, tuple(sets or SETS), threads, data, out, tuple(dict.fromkeys(layers or ())))
 
 
+@app.command("consistency")
+def consistency(
+    per_set: Annotated[int, typer.Option(help="Dev rows and test rows per set (each, seeded by id).")] = 150,
+    threads: Annotated[int, typer.Option(help="Processes of one llama.cpp thread.")] = 2,
+    data: Annotated[Path, typer.Option(help="The shared labeled sets.")] = Path("../shared/data"),
+    out: Annotated[Path, typer.Option(help="JSON report (its rows beside it, .jsonl).")] = Path(
+        "out/bench-consistency.json"
+    ),
+) -> None:
+    """Issue 31: the scorer's answer with the options reversed, as a predictor of its right answers
+    (AUROC on test rows against its own confidence) and as a debiased answer."""
+    from benchmarks.consistency import run
+
+    run(data, per_set, threads, out)
+
+
 @app.command("delegation")
 def delegation(
     per_set: Annotated[int, typer.Option(help="Dev rows and test rows per set, as the hidden-probe run had.")] = 300,
