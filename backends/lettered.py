@@ -105,6 +105,20 @@ def lettered_prompt(q: Question, reasoned: bool = False) -> LetteredPrompt:
     return LetteredPrompt(({"role": "user", "content": f"{text}\n\n{ask}"},), labels)
 
 
+def turned(q: Question) -> Question | None:
+    """The question with its options in reverse order, for a second reading (a tier's ``orders: 2``);
+    None where there is no order to turn (yes/no, a scale: their labels say what they are)."""
+    return replace(q, options=q.options[::-1]) if q.type == "choice" and len(q.options) >= 2 else None
+
+
+def mean_of_orders(first: tuple[float, ...], reversed_: tuple[float, ...]) -> tuple[float, ...]:
+    """Per option (in the question's order), the log of its mean probability over the two orders;
+    ``reversed_`` is the reading of :func:`turned` (its options reversed). Each reading sums to one
+    over the labels, so the mean does too."""
+    a, b = np.asarray(first, dtype=np.float64), np.asarray(reversed_, dtype=np.float64)[::-1]
+    return tuple(float(v) for v in np.logaddexp(a, b) - math.log(2))
+
+
 def spellings(label: str) -> tuple[str, ...]:
     """The ways a model may write a label as its first answer token."""
     bases = (label, label.capitalize()) if label.islower() else (label,)  # never "a" for A

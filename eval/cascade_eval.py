@@ -59,6 +59,7 @@ class TierSpec:
     per_1k_tokens: float = 0.0
     gate_kind: str = "confidence"  # "learned": the thresholds are compared with the judge's P(right)
     escalation_margin: float | None = None  # learned: keep only within this of P(escalating gets it right)
+    orders: int = 1  # a lettered scorer's: its answers are the mean of this many orders of the options
     judge: ConfidenceModel | None = None  # fitted on dev rows (for the report, whatever the gate)
     judge_dev: dict[str, float] = field(default_factory=dict)  # its out-of-fold P(right) per dev row
     judge_fit: dict[str, Any] = field(default_factory=dict)  # what the fit chose and measured on dev rows
@@ -147,6 +148,7 @@ def fit_judges(tiers: Sequence[TierSpec], dev: Sequence[Row], upto: int | None =
             continue
         t.judge, t.judge_dev = fitted.model, {r.id: float(p) for r, p in zip(rows, fitted.out_of_fold, strict=True)}
         fitted.model.meta["temperature"] = dict(t.temperatures)  # the features were read at these
+        fitted.model.meta["orders"] = t.orders  # ... of answers read in this many orders
         t.judge_fit = {
             **fitted.model.meta,
             "dev_auroc_raw": round(fitted.auroc_raw, 4),

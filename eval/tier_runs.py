@@ -61,7 +61,7 @@ def encoder(policy: Policy, policy_dir: Path, clf: Classifier | None = None) -> 
 
 def scorer(policy: Policy, tier: ScorerTier) -> Compute:
     from backends import gguf
-    from backends.lettered import ChatScorer, LetteredInputError
+    from backends.lettered import ChatScorer, LetteredInputError, mean_of_orders, turned
     from backends.logprob import OptionScores, PromptTooLong
     from policies.prompts import scorer_prompt
 
@@ -83,7 +83,15 @@ def scorer(policy: Policy, tier: ScorerTier) -> Compute:
         values = got.logprobs
         if tier.length_norm == "tokens":
             values = tuple(lp / n for lp, n in zip(values, got.tokens, strict=True))
-        return TierAnswer(scores=values, usage={"prompt_tokens": got.prompt_tokens - got.reused_tokens})
+        read = got.prompt_tokens - got.reused_tokens
+        if tier.orders == 2 and (other := turned(row.question)) is not None:  # as the gateway's tier
+            try:
+                second = engine.score_question(other, tier.reasoning_budget)
+            except (PromptTooLong, LetteredInputError) as exc:
+                return TierAnswer(error=str(exc))
+            values = mean_of_orders(values, second.logprobs)
+            read += second.prompt_tokens - second.reused_tokens
+        return TierAnswer(scores=values, usage={"prompt_tokens": read})
 
     return compute
 

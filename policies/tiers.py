@@ -102,10 +102,23 @@ class ScorerTier(_Tier):
         64, ge=1, le=1024, description="reasoned mode: the most tokens written before the answer"
     )
 
+    orders: Literal[1, 2] = Field(
+        1,
+        description="lettered and reasoned modes: 2 also scores a choice question with its options reversed and "
+        "answers on the two orders' mean probabilities (a second prefill; a small model's pick leans on the "
+        "letters' positions, and where it moves with them it was guessing)",
+    )
+
     @property
     def reasoning_budget(self) -> int:
         """The tokens the model may write before its answer: 0 unless the mode is reasoned."""
         return self.reason_tokens if self.mode == "reasoned" else 0
+
+    @model_validator(mode="after")
+    def _orders_are_lettered(self) -> ScorerTier:
+        if self.orders == 2 and self.mode == "cloze":
+            raise ValueError("orders: 2 turns the letters of a lettered or reasoned tier: cloze scores no letters")
+        return self
 
     templates: ScorerTemplates = ScorerTemplates()
     length_norm: Literal["none", "tokens"] = Field(

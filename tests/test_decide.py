@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import numpy as np
 import openai
 import pytest
 import structlog
@@ -426,6 +427,38 @@ def test_a_lettered_scorer_tier_answers_from_the_letters(
     assert many.status_code == 200, many.text
     first = many.json()["trace"][0]
     assert first["tier"] == "scorer" and first["outcome"] == "failed" and "26" in first["error"], first
+
+
+@pytest.mark.engine
+def test_a_lettered_tier_in_two_orders_answers_on_their_mean(gateway: Callable[..., Gateway]) -> None:
+    """``orders: 2``: the scorer reads the options as given and reversed, and the tier's probabilities
+    are the two readings' mean per option, as SmolLM2 gives them in this process."""
+    from backends.gguf import smollm2_path
+    from backends.lettered import ChatScorer, turned
+    from policies.cascade import Question
+
+    text = cascade_policy("http://127.0.0.1:9/v1", "{choice: 0.0}").replace(
+        "type: scorer, backend: scorer,", "type: scorer, backend: scorer, mode: lettered, orders: 2,"
+    )
+    options = ["Berlin", "Paris", "Madrid", "Rome"]
+    with gateway(text).http() as http:
+        r = http.post(
+            "/v1/decide", json={"question": "What is the capital of France?", "type": "choice", "options": options}
+        )
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["tier"] == "scorer" and d["probabilities_measured"] is True
+    q = Question("choice", "What is the capital of France?", tuple(options))
+    scorer = ChatScorer(smollm2_path(), n_ctx=1024, n_threads=1)
+    try:
+        first, second = scorer.score_question(q), scorer.score_question(turned(q))  # type: ignore[arg-type]
+    finally:
+        scorer.close()
+    want = (np.exp(first.logprobs) + np.exp(second.logprobs)[::-1]) / 2
+    got = np.array([d["probabilities"][o] for o in options])
+    np.testing.assert_allclose(got, want, atol=2e-3)
+    assert d["answer"] == options[int(np.argmax(want))]
+    assert d["usage"]["prompt_tokens"] == first.prompt_tokens + second.prompt_tokens, d["usage"]
 
 
 def test_a_reasoned_tier_answers_what_the_lettered_one_doubts(

@@ -18,7 +18,9 @@ from backends.lettered import (
     LetteredPrompt,
     labels_for,
     lettered_prompt,
+    mean_of_orders,
     spellings,
+    turned,
 )
 from backends.logprob import PromptTooLong
 from backends.scorer import ScorerBackend
@@ -148,6 +150,21 @@ def test_the_tier_mode_is_a_validated_setting() -> None:
     assert ScorerTier(name="s", type="scorer", backend="b", mode="lettered", reason_tokens=32).reasoning_budget == 0
     with pytest.raises(ValidationError, match="reason_tokens"):
         ScorerTier(name="s", type="scorer", backend="b", mode="reasoned", reason_tokens=0)
+
+
+def test_two_orders_of_the_options_are_averaged_per_option() -> None:
+    other = turned(CAPITAL)
+    assert other is not None and other.options == ("Rome", "Madrid", "Paris", "Berlin")
+    assert turned(Question("yes_no", "Is Paris in France?", YES_NO)) is None  # its labels say what they are
+    first = tuple(math.log(p) for p in (0.1, 0.6, 0.2, 0.1))
+    reversed_ = tuple(math.log(p) for p in (0.3, 0.1, 0.2, 0.4))  # Rome, Madrid, Paris, Berlin
+    mean = np.exp(mean_of_orders(first, reversed_))
+    assert mean == pytest.approx([0.25, 0.4, 0.15, 0.2]) and mean.sum() == pytest.approx(1.0)
+    assert ScorerTier(name="s", type="scorer", backend="b", mode="lettered", orders=2).orders == 2
+    with pytest.raises(ValidationError, match="cloze scores no letters"):
+        ScorerTier(name="s", type="scorer", backend="b", orders=2)
+    with pytest.raises(ValidationError):
+        ScorerTier(name="s", type="scorer", backend="b", mode="lettered", orders=3)
 
 
 @pytest.mark.model

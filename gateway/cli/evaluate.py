@@ -387,6 +387,7 @@ class _Run:
                     key = f"scorer-{model}-reasoned{tier.reason_tokens}-v{REASONED_VERSION}"
                 else:
                     key = f"scorer-{model}-t{tier.templates.version}-{tier.length_norm}"
+                key += "-orders2" if tier.orders == 2 else ""
             else:
                 live = live or Live(pol, base)
                 compute, key = live.compute(tier), f"model-{tier.model}-{pol.upstream_name(tier.model)}"
@@ -403,6 +404,7 @@ class _Run:
                     escalation_margin=tier.escalation_margin,
                     thresholds=dict(tier.thresholds),
                     task_thresholds=dict(tier.task_thresholds),
+                    orders=tier.orders if isinstance(tier, ScorerTier) else 1,
                 )
             )
         if live is not None:

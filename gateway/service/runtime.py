@@ -31,6 +31,7 @@ from policies.errors import NotReady, PolicyInvalid, TriageError, Unauthorized
 from policies.fit import Fit
 from policies.schema import ApiKey, Policy, RoutedModel
 from policies.semantic_cache import Vector
+from policies.tiers import ScorerTier
 
 if TYPE_CHECKING:
     from classifiers.confidence import ConfidenceModel
@@ -430,6 +431,7 @@ def load_judges(policy: Policy, base_dir: Path) -> dict[str, ConfidenceModel]:
     problems = []
     temperatures = {t.name: dict(t.temperature) for t in c.tiers} if c is not None else {}
     margins = {t.name: t.escalation_margin for t in c.tiers} if c is not None else {}
+    orders = {t.name: t.orders if isinstance(t, ScorerTier) else 1 for t in c.tiers} if c is not None else {}
     for name in learned:
         try:
             out[name] = ConfidenceModel.load(where, name)
@@ -441,6 +443,11 @@ def load_judges(policy: Policy, base_dir: Path) -> dict[str, ConfidenceModel]:
             problems.append(
                 f"cascade.tiers.{name}: its learned gate was fitted at temperature {fitted}, the policy says "
                 f"{temperatures[name]}: run `triage train --policy POLICY` again"
+            )
+        if (read_in := out[name].meta.get("orders", 1)) != orders[name]:
+            problems.append(
+                f"cascade.tiers.{name}: its learned gate was fitted on answers read in {read_in} order(s) of the "
+                f"options, the policy reads {orders[name]}: run `triage train --policy POLICY` again"
             )
         if out[name].needs_embedding and policy.classifier is None:
             problems.append(

@@ -17,7 +17,7 @@ from dataclasses import replace
 import numpy as np
 
 from backends.base import Body
-from backends.lettered import LetteredScores
+from backends.lettered import LetteredScores, mean_of_orders, turned
 from backends.scorer import ScorerBackend
 from gateway.service.context import Context
 from gateway.service.dispatch import Served
@@ -112,6 +112,7 @@ async def _scorer(rt: Runtime, tier: ScorerTier, q: Question) -> TierAnswer | st
         return "a numeric answer needs generation"
     backend = rt.backends[tier.backend]
     assert isinstance(backend, ScorerBackend)
+    started = time.perf_counter()
     if tier.mode != "cloze":  # labels read from the next token: one token each, no length norm to apply
         scores = await backend.score_question(q, tier.timeout_s, tier.reasoning_budget)
     else:
@@ -123,6 +124,16 @@ async def _scorer(rt: Runtime, tier: ScorerTier, q: Question) -> TierAnswer | st
     usage = {"prompt_tokens": scores.prompt_tokens, "cached_tokens": scores.reused_tokens}
     if isinstance(scores, LetteredScores) and scores.generated_tokens:
         usage["completion_tokens"] = scores.generated_tokens
+    if tier.orders == 2 and (other := turned(q)) is not None:  # the options reversed, within the tier's timeout
+        left = tier.timeout_s - (time.perf_counter() - started)
+        if left <= 0:
+            return f"the first order took the tier's {tier.timeout_s:g}s timeout"
+        second = await backend.score_question(other, left, tier.reasoning_budget)
+        values = mean_of_orders(values, second.logprobs)
+        usage["prompt_tokens"] += second.prompt_tokens
+        usage["cached_tokens"] += second.reused_tokens
+        if isinstance(second, LetteredScores) and second.generated_tokens:
+            usage["completion_tokens"] = usage.get("completion_tokens", 0) + second.generated_tokens
     return TierAnswer(scores=values, usage=usage)
 
 
