@@ -124,10 +124,8 @@ async def _scorer(rt: Runtime, tier: ScorerTier, q: Question) -> TierAnswer | st
     usage = {"prompt_tokens": scores.prompt_tokens, "cached_tokens": scores.reused_tokens}
     if isinstance(scores, LetteredScores) and scores.generated_tokens:
         usage["completion_tokens"] = scores.generated_tokens
-    if tier.orders == 2 and (other := turned(q)) is not None:  # the options reversed, within the tier's timeout
-        left = tier.timeout_s - (time.perf_counter() - started)
-        if left <= 0:
-            return f"the first order took the tier's {tier.timeout_s:g}s timeout"
+    if tier.orders == 2 and (other := turned(q)) is not None:  # the options reversed, in what the timeout leaves
+        left = max(tier.timeout_s - (time.perf_counter() - started), 0.001)  # (the caller's timeout bounds both)
         second = await backend.score_question(other, left, tier.reasoning_budget)
         values = mean_of_orders(values, second.logprobs)
         usage["prompt_tokens"] += second.prompt_tokens
