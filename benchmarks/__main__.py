@@ -113,7 +113,7 @@ def hidden_probe(
 
 @app.command("consistency")
 def consistency(
-    per_set: Annotated[int, typer.Option(help="Dev rows and test rows per set (each, seeded by id).")] = 150,
+    per_set: Annotated[int, typer.Option(help="Dev rows and test rows per set (each, seeded by id).")] = 100,
     threads: Annotated[int, typer.Option(help="Processes of one llama.cpp thread.")] = 2,
     data: Annotated[Path, typer.Option(help="The shared labeled sets.")] = Path("../shared/data"),
     out: Annotated[Path, typer.Option(help="JSON report (its rows beside it, .jsonl).")] = Path(
