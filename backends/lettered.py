@@ -264,11 +264,7 @@ class ChatScorer(OptionScorer):
             if self._lib.llama_vocab_is_eog(vocab, tok):
                 ended = True
                 break
-            self._batch.reset()
-            j = self._add(tok, len(self._cached), 0, True)
-            self._ctx.decode(self._batch)
-            self._cached.append(tok)
-            row = self._row(j)
+            row = self._step(tok)
         return AnswerSteps(tuple(top), tuple(second), tuple(entropy), len(tokens), ended)
 
     def _read(self, row: np.ndarray, ids: list[list[int]], prompt_tokens: int, reused: int) -> LetteredScores:
@@ -278,6 +274,14 @@ class ChatScorer(OptionScorer):
         return LetteredScores(
             tuple(float(v) for v in mass - total), (1,) * len(ids), prompt_tokens, reused, label_mass=math.exp(total)
         )
+
+    def _step(self, tok: int) -> np.ndarray:
+        """Append ``tok`` to sequence 0 and decode it; the next token's logits."""
+        self._batch.reset()
+        j = self._add(tok, len(self._cached), 0, True)
+        self._ctx.decode(self._batch)
+        self._cached.append(tok)
+        return self._row(j)
 
     def _greedy(self, tokens: list[int], limit: int) -> tuple[bytes, int]:
         """Greedy decoding after ``tokens`` (prefilled into sequence 0) until an end-of-generation
@@ -295,9 +299,5 @@ class ChatScorer(OptionScorer):
             n += 1
             if text.rstrip().endswith(CUE_BYTES):
                 break
-            self._batch.reset()
-            j = self._add(tok, len(self._cached), 0, True)
-            self._ctx.decode(self._batch)
-            self._cached.append(tok)
-            row = self._row(j)
+            row = self._step(tok)
         return text, n

@@ -13,12 +13,10 @@ import pytest
 from backends.answer import FEATURES, TOKENS, features
 from backends.gguf import smollm2_path
 from backends.lettered import ChatScorer
-from classifiers.quality import QualityHead, joint_features, probe_head_name
-from classifiers.training.train_all import embedding_cache
-from policies import loader
+from classifiers.quality import QualityHead, probe_head_name
 from tests import lanes
 from tests.conftest import Gateway
-from tests.test_router_probe import ask, quality_of, train_probed
+from tests.test_router_probe import ask, ask_read, served_as_head, train_probed
 from tests.test_router_probe import policy as probe_policy
 from tests.test_router_serving import toy_data
 
@@ -60,21 +58,14 @@ def test_the_served_reading_is_the_answer_read_in_process(
     data, heads, _ = trained
     gw = gateway(policy(data, heads, margin=1.0))
     prompt = "How many legs does a spider have?"
-    headers = ask(gw, prompt, model="answering")
-    outcome, ms = headers["x-triage-probe"].split()
-    assert outcome == "read" and float(ms.removesuffix("ms")) > 0, headers
-    pol = loader.parse(policy(data, heads))
-    assert pol.classifier is not None
-    x = embedding_cache(pol.classifier, threads=1, suffix="-test").embed([prompt])
+    headers = ask_read(gw, prompt, model="answering")
     scorer = ChatScorer(smollm2_path(), 512, 1)
     try:
         steps = scorer.answer_steps(prompt, TOKENS)
     finally:
         scorer.close()
     assert 1 <= len(steps.top) <= TOKENS and steps.prompt_tokens > 0
-    head = QualityHead.load(heads, probe_head_name("answering"))
-    expected = head.proba(joint_features(x, features(steps.top, steps.second, steps.entropy, steps.ended)))[0]
-    served = np.array([quality_of(headers), quality_of(headers, "strongest")])
-    assert np.abs(served - expected).max() < 0.002, (served, expected)
+    reading = features(steps.top, steps.second, steps.entropy, steps.ended)
+    served_as_head(headers, policy(data, heads), heads, "answering", prompt, reading)
     # a prompt with no word in it is not sent
     assert ask(gw, "   ", model="answering")["x-triage-probe"] == "not-readable"

@@ -18,15 +18,14 @@ from typer.testing import CliRunner
 from backends.gguf import smollm2_path
 from backends.lettered import ChatScorer
 from backends.letters import FEATURES, features, question
-from classifiers.quality import QualityHead, joint_features, probe_head_name
+from classifiers.quality import QualityHead, probe_head_name
 from classifiers.training.router_training import labels_for
-from classifiers.training.train_all import embedding_cache
 from gateway.cli import app as cli
 from policies import loader
 from policies.schema import RoutedModel
 from tests import lanes
 from tests.conftest import Gateway
-from tests.test_router_probe import ask, quality_of, train_probed
+from tests.test_router_probe import ask, ask_read, quality_of, served_as_head, train_probed
 from tests.test_router_probe import policy as probe_policy
 from tests.test_router_serving import toy_rows
 
@@ -90,23 +89,15 @@ def test_a_lettered_prompt_is_read_and_a_plain_one_is_not(
     data, heads, _ = trained
     gw = gateway(policy(data, heads, margin=1.0))
     prompt = lettered("What colour is the sky on a clear day?")
-    headers = ask(gw, prompt, model="lettered")
-    outcome, ms = headers["x-triage-probe"].split()
-    assert outcome == "read" and float(ms.removesuffix("ms")) > 0, headers
+    headers = ask_read(gw, prompt, model="lettered")
     # the served P(right) is the probe head's on MiniLM's embedding and the answer's confidence, read
     # here in this process by the lettered scorer from the same file
-    pol = loader.parse(policy(data, heads))
-    assert pol.classifier is not None
-    x = embedding_cache(pol.classifier, threads=1, suffix="-test").embed([prompt])
     scorer = ChatScorer(smollm2_path(), 512, 1)
     q = question(prompt)
     assert q is not None
     got = scorer.score_question(q)
     reading = features(got.logprobs, got.label_mass)  # type: ignore[attr-defined]
-    head = QualityHead.load(heads, probe_head_name("lettered"))
-    expected = head.proba(joint_features(x, reading))[0]
-    served = np.array([quality_of(headers), quality_of(headers, "strongest")])
-    assert np.abs(served - expected).max() < 0.002, (served, expected)
+    served_as_head(headers, policy(data, heads), heads, "lettered", prompt, reading)
     # a plain prompt, however close the call, is not sent: the first head decides at once
     plain = ask(gw, "What colour is the sky on a clear day?", model="lettered")
     assert plain["x-triage-probe"] == "not-readable", plain

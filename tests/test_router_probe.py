@@ -111,30 +111,45 @@ def quality_of(headers: dict[str, str], which: str = "chosen") -> float:
     return float(dict(part.split("=") for part in headers["x-triage-quality"].split())[which])
 
 
+def ask_read(gw: Gateway, prompt: str, model: str = "probed") -> dict[str, str]:
+    """:func:`ask`, the probe having read the prompt (``x-triage-probe: read <ms>``)."""
+    headers = ask(gw, prompt, model)
+    outcome, ms = headers["x-triage-probe"].split()
+    assert outcome == "read" and float(ms.removesuffix("ms")) > 0, headers
+    return headers
+
+
+def served_as_head(
+    headers: dict[str, str], text: str, heads: Path, name: str, prompt: str, reading: np.ndarray
+) -> np.ndarray:
+    """The served P(right) of the chosen and the strongest candidate, checked against the probe head
+    of routed model ``name`` (policy ``text``) on MiniLM's embedding of ``prompt`` and ``reading``,
+    the probe's reading made here in this process from the same file."""
+    pol = loader.parse(text)
+    assert pol.classifier is not None
+    x = embedding_cache(pol.classifier, threads=1, suffix="-test").embed([prompt])
+    expected = QualityHead.load(heads, probe_head_name(name)).proba(joint_features(x, reading))[0]
+    served = np.array([quality_of(headers), quality_of(headers, "strongest")])
+    assert np.abs(served - expected).max() < 0.002, (served, expected)
+    return served
+
+
 def test_a_close_call_is_read_by_the_probe_and_its_head_decides(
     gateway: Callable[..., Gateway], probed: tuple[Path, Path, object]
 ) -> None:
     data, heads, _ = probed
     gw = gateway(policy(data, heads, margin=1.0))
     prompt = "What is 17 plus 25?"
-    headers = ask(gw, prompt)
-    outcome, ms = headers["x-triage-probe"].split()
-    assert outcome == "read" and float(ms.removesuffix("ms")) > 0, headers
+    headers = ask_read(gw, prompt)
     assert headers["x-triage-model"] == "cheap"
     # the chosen candidate's P(right) is the probe head's on MiniLM's embedding and SmolLM2's
     # reading of the prompt, read here in this process from the same file
-    pol = loader.parse(policy(data, heads))
-    assert pol.classifier is not None
-    x = embedding_cache(pol.classifier, threads=1, suffix="-test").embed([prompt])
     reader = HiddenReader(smollm2_path(), 256, 1)
     try:
         hidden, _ = reader.read(prompt)
     finally:
         reader.close()
-    head = QualityHead.load(heads, probe_head_name("probed"))
-    cheap, dear = head.proba(joint_features(x, hidden))[0]
-    served = np.array([quality_of(headers), quality_of(headers, "strongest")])
-    assert np.abs(served - [cheap, dear]).max() < 0.002, (served, cheap, dear)
+    served = served_as_head(headers, policy(data, heads), heads, "probed", prompt, hidden)
     # not the first head's predictions: the same prompt, not probed, is predicted otherwise
     first = ask(gateway(policy(data, heads, margin=0.0)), prompt)
     unprobed = np.array([quality_of(first), quality_of(first, "strongest")])
