@@ -105,18 +105,36 @@ def lettered_prompt(q: Question, reasoned: bool = False) -> LetteredPrompt:
     return LetteredPrompt(({"role": "user", "content": f"{text}\n\n{ask}"},), labels)
 
 
-def turned(q: Question) -> Question | None:
-    """The question with its options in reverse order, for a second reading (a tier's ``orders: 2``);
-    None where there is no order to turn (yes/no, a scale: their labels say what they are)."""
-    return replace(q, options=q.options[::-1]) if q.type == "choice" and len(q.options) >= 2 else None
+def orderings(n: int, k: int) -> tuple[tuple[int, ...], ...]:
+    """Up to ``k`` distinct orders of ``n`` options for ``k`` readings (a tier's ``orders``), each the
+    option shown at each position: as given, reversed, turned by half (the second half first), and
+    that reversed. Four put each of four options at every position once; two options have two."""
+    given = tuple(range(n))
+    half = given[n // 2 :] + given[: n // 2]
+    return tuple(dict.fromkeys((given, given[::-1], half, half[::-1])))[: max(k, 1)]
 
 
-def mean_of_orders(first: tuple[float, ...], reversed_: tuple[float, ...]) -> tuple[float, ...]:
-    """Per option (in the question's order), the log of its mean probability over the two orders;
-    ``reversed_`` is the reading of :func:`turned` (its options reversed). Each reading sums to one
-    over the labels, so the mean does too."""
-    a, b = np.asarray(first, dtype=np.float64), np.asarray(reversed_, dtype=np.float64)[::-1]
-    return tuple(float(v) for v in np.logaddexp(a, b) - math.log(2))
+def orders_for(q: Question, k: int) -> tuple[tuple[int, ...], ...]:
+    """The orders a question is read in: a choice question's :func:`orderings`; a yes/no question or a
+    scale once, as given (their labels say what they are)."""
+    return orderings(len(q.options), k if q.type == "choice" and len(q.options) >= 2 else 1)
+
+
+def in_order(q: Question, order: tuple[int, ...]) -> Question:
+    """The question with its options shown in ``order`` (one of :func:`orderings`)."""
+    return replace(q, options=tuple(q.options[i] for i in order))
+
+
+def mean_of_orders(readings: list[tuple[tuple[int, ...], tuple[float, ...]]]) -> tuple[float, ...]:
+    """Per option (in the question's order), the log of its mean probability over the readings, each
+    an order and the log-probabilities read in it (per position). Each reading sums to one over the
+    labels, so the mean does too."""
+    n = len(readings[0][0])
+    rows = np.empty((len(readings), n), dtype=np.float64)
+    for r, (order, logprobs) in enumerate(readings):
+        rows[r, list(order)] = logprobs
+    m = rows.max(axis=0)
+    return tuple(float(v) for v in m + np.log(np.exp(rows - m).mean(axis=0)))
 
 
 def spellings(label: str) -> tuple[str, ...]:

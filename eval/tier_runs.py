@@ -61,7 +61,7 @@ def encoder(policy: Policy, policy_dir: Path, clf: Classifier | None = None) -> 
 
 def scorer(policy: Policy, tier: ScorerTier) -> Compute:
     from backends import gguf
-    from backends.lettered import ChatScorer, LetteredInputError, mean_of_orders, turned
+    from backends.lettered import ChatScorer, LetteredInputError, in_order, mean_of_orders, orders_for
     from backends.logprob import OptionScores, PromptTooLong
     from policies.prompts import scorer_prompt
 
@@ -84,13 +84,17 @@ def scorer(policy: Policy, tier: ScorerTier) -> Compute:
         if tier.length_norm == "tokens":
             values = tuple(lp / n for lp, n in zip(values, got.tokens, strict=True))
         read = got.prompt_tokens - got.reused_tokens
-        if tier.orders == 2 and (other := turned(row.question)) is not None:  # as the gateway's tier
-            try:
-                second = engine.score_question(other, tier.reasoning_budget)
-            except (PromptTooLong, LetteredInputError) as exc:
-                return TierAnswer(error=str(exc))
-            values = mean_of_orders(values, second.logprobs)
-            read += second.prompt_tokens - second.reused_tokens
+        orders = orders_for(row.question, tier.orders)  # as the gateway's tier
+        readings = [(orders[0], values)]
+        try:
+            for order in orders[1:]:
+                other = engine.score_question(in_order(row.question, order), tier.reasoning_budget)
+                readings.append((order, other.logprobs))
+                read += other.prompt_tokens - other.reused_tokens
+        except (PromptTooLong, LetteredInputError) as exc:
+            return TierAnswer(error=str(exc))
+        if len(readings) > 1:
+            values = mean_of_orders(readings)
         return TierAnswer(scores=values, usage={"prompt_tokens": read})
 
     return compute

@@ -102,11 +102,13 @@ class ScorerTier(_Tier):
         64, ge=1, le=1024, description="reasoned mode: the most tokens written before the answer"
     )
 
-    orders: Literal[1, 2] = Field(
+    orders: int = Field(
         1,
-        description="lettered and reasoned modes: 2 also scores a choice question with its options reversed and "
-        "answers on the two orders' mean probabilities (a second prefill; a small model's pick leans on the "
-        "letters' positions, and where it moves with them it was guessing)",
+        ge=1,
+        le=4,
+        description="lettered and reasoned modes: read a choice question in this many orders of its options (as "
+        "given, reversed, turned by half, that reversed) and answer on their mean probabilities (a prefill each; "
+        "a small model's pick leans on the letters' positions, and where it moves with them it was guessing)",
     )
 
     @property
@@ -116,8 +118,8 @@ class ScorerTier(_Tier):
 
     @model_validator(mode="after")
     def _orders_are_lettered(self) -> ScorerTier:
-        if self.orders == 2 and self.mode == "cloze":
-            raise ValueError("orders: 2 turns the letters of a lettered or reasoned tier: cloze scores no letters")
+        if self.orders > 1 and self.mode == "cloze":
+            raise ValueError("orders turns the letters of a lettered or reasoned tier: cloze scores no letters")
         return self
 
     templates: ScorerTemplates = ScorerTemplates()

@@ -430,15 +430,15 @@ def test_a_lettered_scorer_tier_answers_from_the_letters(
 
 
 @pytest.mark.engine
-def test_a_lettered_tier_in_two_orders_answers_on_their_mean(gateway: Callable[..., Gateway]) -> None:
-    """``orders: 2``: the scorer reads the options as given and reversed, and the tier's probabilities
-    are the two readings' mean per option, as SmolLM2 gives them in this process."""
+def test_a_lettered_tier_in_four_orders_answers_on_their_mean(gateway: Callable[..., Gateway]) -> None:
+    """``orders: 4``: the scorer reads the options as given, reversed, turned by half and that reversed,
+    and the tier's probabilities are the readings' mean per option, as SmolLM2 gives them in this process."""
     from backends.gguf import smollm2_path
-    from backends.lettered import ChatScorer, turned
+    from backends.lettered import ChatScorer, in_order, orderings
     from policies.cascade import Question
 
     text = cascade_policy("http://127.0.0.1:9/v1", "{choice: 0.0}").replace(
-        "type: scorer, backend: scorer,", "type: scorer, backend: scorer, mode: lettered, orders: 2,"
+        "type: scorer, backend: scorer,", "type: scorer, backend: scorer, mode: lettered, orders: 4,"
     )
     options = ["Berlin", "Paris", "Madrid", "Rome"]
     with gateway(text).http() as http:
@@ -450,15 +450,18 @@ def test_a_lettered_tier_in_two_orders_answers_on_their_mean(gateway: Callable[.
     assert d["tier"] == "scorer" and d["probabilities_measured"] is True
     q = Question("choice", "What is the capital of France?", tuple(options))
     scorer = ChatScorer(smollm2_path(), n_ctx=1024, n_threads=1)
+    want, prompt_tokens = np.zeros(4), 0
     try:
-        first, second = scorer.score_question(q), scorer.score_question(turned(q))  # type: ignore[arg-type]
+        for order in orderings(4, 4):
+            read = scorer.score_question(in_order(q, order))
+            want[list(order)] += np.exp(read.logprobs) / 4  # back to the options' own order
+            prompt_tokens += read.prompt_tokens
     finally:
         scorer.close()
-    want = (np.exp(first.logprobs) + np.exp(second.logprobs)[::-1]) / 2
     got = np.array([d["probabilities"][o] for o in options])
     np.testing.assert_allclose(got, want, atol=2e-3)
     assert d["answer"] == options[int(np.argmax(want))]
-    assert d["usage"]["prompt_tokens"] == first.prompt_tokens + second.prompt_tokens, d["usage"]
+    assert d["usage"]["prompt_tokens"] == prompt_tokens, d["usage"]
 
 
 def test_a_reasoned_tier_answers_what_the_lettered_one_doubts(

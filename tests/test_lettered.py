@@ -16,11 +16,13 @@ from backends.lettered import (
     ChatScorer,
     LetteredInputError,
     LetteredPrompt,
+    in_order,
     labels_for,
     lettered_prompt,
     mean_of_orders,
+    orderings,
+    orders_for,
     spellings,
-    turned,
 )
 from backends.logprob import PromptTooLong
 from backends.scorer import ScorerBackend
@@ -152,19 +154,31 @@ def test_the_tier_mode_is_a_validated_setting() -> None:
         ScorerTier(name="s", type="scorer", backend="b", mode="reasoned", reason_tokens=0)
 
 
-def test_two_orders_of_the_options_are_averaged_per_option() -> None:
-    other = turned(CAPITAL)
-    assert other is not None and other.options == ("Rome", "Madrid", "Paris", "Berlin")
-    assert turned(Question("yes_no", "Is Paris in France?", YES_NO)) is None  # its labels say what they are
+def test_orders_of_the_options_put_each_option_at_every_position() -> None:
+    assert orderings(4, 2) == ((0, 1, 2, 3), (3, 2, 1, 0))
+    four = orderings(4, 4)
+    assert four == ((0, 1, 2, 3), (3, 2, 1, 0), (2, 3, 0, 1), (1, 0, 3, 2))
+    assert all(sorted(o.index(i) for o in four) == [0, 1, 2, 3] for i in range(4))  # a Latin square
+    assert orderings(2, 4) == ((0, 1), (1, 0))  # two options have two orders
+    assert len(set(orderings(10, 4))) == 4 and orderings(10, 1) == (tuple(range(10)),)
+    assert in_order(CAPITAL, (3, 2, 1, 0)).options == ("Rome", "Madrid", "Paris", "Berlin")
+    assert orders_for(Question("yes_no", "Is Paris in France?", YES_NO), 4) == ((0, 1),)  # its labels say what they are
+    assert len(orders_for(CAPITAL, 3)) == 3
+
+
+def test_orders_of_the_options_are_averaged_per_option() -> None:
     first = tuple(math.log(p) for p in (0.1, 0.6, 0.2, 0.1))
-    reversed_ = tuple(math.log(p) for p in (0.3, 0.1, 0.2, 0.4))  # Rome, Madrid, Paris, Berlin
-    mean = np.exp(mean_of_orders(first, reversed_))
+    reversed_ = tuple(math.log(p) for p in (0.3, 0.1, 0.2, 0.4))  # shown as Rome, Madrid, Paris, Berlin
+    mean = np.exp(mean_of_orders([((0, 1, 2, 3), first), ((3, 2, 1, 0), reversed_)]))
     assert mean == pytest.approx([0.25, 0.4, 0.15, 0.2]) and mean.sum() == pytest.approx(1.0)
-    assert ScorerTier(name="s", type="scorer", backend="b", mode="lettered", orders=2).orders == 2
+    half = tuple(math.log(p) for p in (0.7, 0.1, 0.1, 0.1))  # shown as Madrid, Rome, Berlin, Paris
+    mean = np.exp(mean_of_orders([((0, 1, 2, 3), first), ((3, 2, 1, 0), reversed_), ((2, 3, 0, 1), half)]))
+    assert mean == pytest.approx([0.6 / 3, 0.9 / 3, 1.0 / 3, 0.5 / 3])
+    assert ScorerTier(name="s", type="scorer", backend="b", mode="lettered", orders=4).orders == 4
     with pytest.raises(ValidationError, match="cloze scores no letters"):
         ScorerTier(name="s", type="scorer", backend="b", orders=2)
     with pytest.raises(ValidationError):
-        ScorerTier(name="s", type="scorer", backend="b", mode="lettered", orders=3)
+        ScorerTier(name="s", type="scorer", backend="b", mode="lettered", orders=5)
 
 
 @pytest.mark.model

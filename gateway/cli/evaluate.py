@@ -387,7 +387,7 @@ class _Run:
                     key = f"scorer-{model}-reasoned{tier.reason_tokens}-v{REASONED_VERSION}"
                 else:
                     key = f"scorer-{model}-t{tier.templates.version}-{tier.length_norm}"
-                key += "-orders2" if tier.orders == 2 else ""
+                key += f"-orders{tier.orders}" if tier.orders > 1 else ""
             else:
                 live = live or Live(pol, base)
                 compute, key = live.compute(tier), f"model-{tier.model}-{pol.upstream_name(tier.model)}"

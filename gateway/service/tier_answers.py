@@ -17,7 +17,7 @@ from dataclasses import replace
 import numpy as np
 
 from backends.base import Body
-from backends.lettered import LetteredScores, mean_of_orders, turned
+from backends.lettered import LetteredScores, in_order, mean_of_orders, orders_for
 from backends.scorer import ScorerBackend
 from gateway.service.context import Context
 from gateway.service.dispatch import Served
@@ -124,14 +124,18 @@ async def _scorer(rt: Runtime, tier: ScorerTier, q: Question) -> TierAnswer | st
     usage = {"prompt_tokens": scores.prompt_tokens, "cached_tokens": scores.reused_tokens}
     if isinstance(scores, LetteredScores) and scores.generated_tokens:
         usage["completion_tokens"] = scores.generated_tokens
-    if tier.orders == 2 and (other := turned(q)) is not None:  # the options reversed, in what the timeout leaves
-        left = max(tier.timeout_s - (time.perf_counter() - started), 0.001)  # (the caller's timeout bounds both)
-        second = await backend.score_question(other, left, tier.reasoning_budget)
-        values = mean_of_orders(values, second.logprobs)
-        usage["prompt_tokens"] += second.prompt_tokens
-        usage["cached_tokens"] += second.reused_tokens
-        if isinstance(second, LetteredScores) and second.generated_tokens:
-            usage["completion_tokens"] = usage.get("completion_tokens", 0) + second.generated_tokens
+    orders = orders_for(q, tier.orders)
+    readings = [(orders[0], values)]
+    for order in orders[1:]:  # the other orders of the options, in what the timeout leaves (the caller's bounds all)
+        left = max(tier.timeout_s - (time.perf_counter() - started), 0.001)
+        other = await backend.score_question(in_order(q, order), left, tier.reasoning_budget)
+        readings.append((order, other.logprobs))
+        usage["prompt_tokens"] += other.prompt_tokens
+        usage["cached_tokens"] += other.reused_tokens
+        if isinstance(other, LetteredScores) and other.generated_tokens:
+            usage["completion_tokens"] = usage.get("completion_tokens", 0) + other.generated_tokens
+    if len(readings) > 1:
+        values = mean_of_orders(readings)
     return TierAnswer(scores=values, usage=usage)
 
 
