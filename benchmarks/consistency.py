@@ -159,6 +159,40 @@ def _served(dev: dict[str, np.ndarray], test: dict[str, np.ndarray], sets: np.nd
     return out
 
 
+def _to_top(data: Path, per_set: int, docs: list[dict[str, Any]], orders: int) -> dict[str, Any]:
+    """The scorer -> top step of the cascade on the sets with a recorded top tier
+    (:data:`benchmarks.delegation.TOPS`): each way of serving (one order's answer ranked by its top
+    probability, the mean answers of two and of every order ranked by their mean probability) escalates
+    its least sure first. Per way: APGR and the least share escalated for 97% of always-top on the test
+    rows' own curve, and the share a threshold fitted on dev (the least that keeps 97% there) escalates
+    on the test rows, with the accuracy it keeps there as a share of the top's."""
+    from benchmarks.delegation import SHARES, TARGET, curve, measures, top_right
+
+    top = top_right(data, per_set)
+    at = [d for d in docs if f"{d['split']}:{d['id']}" in top]
+    cols = {split: _columns([d for d in at if d["split"] == split]) for split in ("dev", "test")}
+    tops = {split: np.array([top[f"{split}:{d['id']}"] for d in at if d["split"] == split]) for split in cols}
+    ways = {"one order": ("right", "top"), "two orders": ("right_mean", "mean_top")}
+    if orders > 2:
+        ways[f"{orders} orders"] = ("right_all", "all_top")
+    out: dict[str, Any] = {"rows": {k: len(v) for k, v in tops.items()}, "top_accuracy": float(tops["test"].mean())}
+    for name, (right, keep) in ways.items():
+        dev_acc = curve(-cols["dev"][keep], cols["dev"][right], tops["dev"])
+        reach = np.flatnonzero(dev_acc >= TARGET * tops["dev"].mean() - 1e-12)
+        share = float(SHARES[reach[0]]) if reach.size else 1.0
+        threshold = float(np.quantile(cols["dev"][keep], share)) if share < 1.0 else np.inf
+        sent = cols["test"][keep] < threshold
+        kept = np.where(sent, tops["test"], cols["test"][right])
+        test_acc = curve(-cols["test"][keep], cols["test"][right], tops["test"])
+        out[name] = {
+            "accuracy": float(cols["test"][right].mean()),
+            **measures(test_acc, float(cols["test"][right].mean()), float(tops["test"].mean())),
+            "escalated_at_dev_threshold": float(sent.mean()),
+            "of_top_at_dev_threshold": float(kept.mean() / tops["test"].mean()),
+        }
+    return out
+
+
 def _f(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
 
@@ -243,6 +277,7 @@ def run(data: Path, per_set: int, threads: int, out: Path, orders: int = 2) -> N
         },
         "sets": per_set_rows,
     }
+    result["scorer_to_top"] = _to_top(data, per_set, docs, orders)
     if orders > 2:
         result["served_all_orders"] = _served(dev, test, np.array([d["set"] for d in test_docs]))
     save(console, out, result)
@@ -260,6 +295,7 @@ def run(data: Path, per_set: int, threads: int, out: Path, orders: int = 2) -> N
         )
     console.print(t)
     console.print(f"intervals (95%, and the difference from top): {json.dumps(intervals, indent=None)}")
+    console.print(f"scorer -> top: {json.dumps(result['scorer_to_top'], indent=None)}")
     if orders > 2:
         served = result["served_all_orders"]
         console.print(f"served on the mean of {orders} orders: {json.dumps(served, indent=None)}")
