@@ -32,6 +32,7 @@ from policies.cascade import Question
 
 WIDTH = 4  # label probabilities kept (the highest first; fewer options: zeros)
 FEATURES = WIDTH + 2  # ... then the entropy and the label mass
+FEATURES_TWO = FEATURES + 2  # two orders: of their mean, then whether they agree and the second's P(first pick)
 _OPTION = re.compile(r"\n([A-J])\. ")
 _scorer: Any = None  # one per worker process
 
@@ -66,6 +67,24 @@ def features(logprobs: tuple[float, ...], label_mass: float) -> np.ndarray:
     return out
 
 
+def features_of_orders(first: tuple[float, ...], turned: tuple[float, ...], label_mass: float) -> np.ndarray:
+    """Two orders' reading (the options as given and reversed, ``turned`` mapped back to the given
+    order): :func:`features` of the two readings' mean, whether the reversed order picks the same
+    option, and its probability of the first order's pick. Where the pick moves with the letters, the
+    model was guessing (``python -m benchmarks consistency``)."""
+    from backends.lettered import mean_of_orders
+
+    n = len(first)
+    given = tuple(range(n))
+    mean = mean_of_orders([(given, first), (given, turned)])
+    pick = int(np.argmax(first))
+    out = np.zeros(FEATURES_TWO, dtype=np.float32)
+    out[:FEATURES] = features(mean, label_mass)
+    out[FEATURES] = float(int(np.argmax(turned)) == pick)
+    out[FEATURES + 1] = math.exp(turned[pick])
+    return out
+
+
 def _open(model: str, n_ctx: int) -> None:
     global _scorer
     from backends.lettered import ChatScorer
@@ -95,6 +114,29 @@ def _read(text: str) -> tuple[list[float], float, int]:
     except (LetteredInputError, TriageError):
         return [0.0] * FEATURES, math.nan, 0
     return features(s.logprobs, s.label_mass).tolist(), time.perf_counter() - t0, int(s.prompt_tokens)
+
+
+def _read_two(text: str) -> tuple[list[float], float, int]:
+    """:func:`_read` in two orders: :func:`features_of_orders` (zeros where :func:`_read` has them)."""
+    import time
+
+    from backends.lettered import LetteredInputError, in_order, orderings
+    from policies.errors import TriageError
+
+    t0 = time.perf_counter()
+    q = question(text)
+    if q is None:
+        return [0.0] * FEATURES_TWO, math.nan, 0
+    order = orderings(len(q.options), 2)[1]
+    try:
+        a, b = _scorer.score_question(q), _scorer.score_question(in_order(q, order))
+    except (LetteredInputError, TriageError):
+        return [0.0] * FEATURES_TWO, math.nan, 0
+    back = [0.0] * len(order)
+    for position, option in enumerate(order):
+        back[option] = b.logprobs[position]
+    v = features_of_orders(a.logprobs, tuple(back), (a.label_mass + b.label_mass) / 2)
+    return v.tolist(), time.perf_counter() - t0, int(a.prompt_tokens + b.prompt_tokens)
 
 
 class ScorerReadings(HiddenCache):
@@ -131,3 +173,10 @@ class LetterCache(ScorerReadings):
 
     kind = "letters-"
     reader = staticmethod(_read)
+
+
+class TwoOrderLetterCache(ScorerReadings):
+    """The readings of :func:`_read_two`: a lettered prompt read as given and with its options reversed."""
+
+    kind = "letters2-"
+    reader = staticmethod(_read_two)

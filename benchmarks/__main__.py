@@ -166,8 +166,9 @@ def router_probe(
         str,
         typer.Option(
             help="What the GGUF model gives: 'hidden' (its mean-pooled final hidden state), 'letters' (how sure "
-            "its answer to a lettered multiple-choice prompt is) or 'answer' (how sure it is while it writes a "
-            "short answer to any prompt); letters and answer: --threads processes of one thread."
+            "its answer to a lettered multiple-choice prompt is), 'letters2' (the same read as given and with "
+            "the options reversed) or 'answer' (how sure it is while it writes a short answer to any prompt); "
+            "all but hidden: --threads processes of one thread."
         ),
     ] = "hidden",
 ) -> None:
@@ -175,8 +176,8 @@ def router_probe(
     both, and on both only where MiniLM's choice is close, on the same rows."""
     from benchmarks.router_probe import run
 
-    if reading not in ("hidden", "letters", "answer"):
-        raise typer.BadParameter("--reading is 'hidden', 'letters' or 'answer'")
+    if reading not in ("hidden", "letters", "letters2", "answer"):
+        raise typer.BadParameter("--reading is 'hidden', 'letters', 'letters2' or 'answer'")
     if model is None:
         from backends import gguf
 

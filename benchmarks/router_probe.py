@@ -38,7 +38,7 @@ from rich.table import Table
 
 from backends.answer import AnswerCache
 from backends.hidden import HiddenCache
-from backends.letters import LetterCache
+from backends.letters import LetterCache, TwoOrderLetterCache
 from benchmarks.meters import cpu_kind
 from benchmarks.report import save
 from classifiers.quality import joint_features
@@ -157,8 +157,8 @@ def run(
     finally:
         cache.save()
     gguf: HiddenCache
-    if reading in ("letters", "answer"):  # the model's own answer's confidence (backends/letters.py, answer.py)
-        kind = LetterCache if reading == "letters" else AnswerCache
+    if reading in ("letters", "letters2", "answer"):  # the model's own answer's confidence (letters.py, answer.py)
+        kind = {"letters": LetterCache, "letters2": TwoOrderLetterCache, "answer": AnswerCache}[reading]
         gguf = kind(model, LETTERS_N_CTX, threads, folder=OUT, say=console.print)
     else:
         gguf = HiddenCache(model, N_CTX, threads, folder=OUT, say=console.print)
