@@ -392,6 +392,23 @@ def test_a_letters_probe_reads_lettered_prompts_only() -> None:
     assert hidden.engine_spec().kind == "hidden"
 
 
+def test_a_two_order_letters_reading_says_whether_the_pick_moved_with_the_letters() -> None:
+    import math
+
+    from backends.letters import FEATURES, FEATURES_TWO, features, features_of_orders
+
+    def logs(*p: float) -> tuple[float, ...]:
+        return tuple(math.log(v) for v in p)
+
+    first, turned = logs(0.1, 0.6, 0.2, 0.1), logs(0.4, 0.2, 0.1, 0.3)  # turned: mapped back to the given order
+    moved = features_of_orders(first, turned, 0.9)
+    assert moved.shape == (FEATURES_TWO,)
+    assert moved[:FEATURES] == pytest.approx(features(logs(0.25, 0.4, 0.15, 0.2), 0.9))  # of the mean
+    assert moved[FEATURES] == 0 and moved[FEATURES + 1] == pytest.approx(0.2)  # the reversed order picked A
+    kept = features_of_orders(first, first, 0.9)
+    assert kept[:FEATURES] == pytest.approx(features(first, 0.9)) and kept[FEATURES:] == pytest.approx([1, 0.6])
+
+
 def test_an_answer_probe_reads_any_prompt_with_a_word_and_says_how_sure_its_answer_was() -> None:
     from backends.answer import FEATURES, TOKENS, features
     from backends.probe import ProbeBackend
