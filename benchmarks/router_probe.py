@@ -101,10 +101,16 @@ def _two_model(q: np.ndarray, cost: np.ndarray, right: np.ndarray, rule: Rule, s
 
 
 def paired_bootstrap(
-    predicted: dict[str, np.ndarray], cost: np.ndarray, correct: np.ndarray, rule: Rule, strongest: int, seed: int = 31
+    predicted: dict[str, np.ndarray],
+    cost: np.ndarray,
+    correct: np.ndarray,
+    rule: Rule,
+    strongest: int,
+    seed: int = 31,
+    base: str = "minilm",
 ) -> dict[str, dict[str, float]]:
     """Standard errors of each variant's APGR and share for 95%, and of their differences from
-    ``minilm``'s, over resamples of the test rows (the same resample for every variant)."""
+    ``base``'s, over resamples of the test rows (the same resample for every variant)."""
     right = np.nan_to_num(np.asarray(correct, dtype=np.float64), nan=0.0)
     c = np.broadcast_to(cost, right.shape)
     rng = np.random.default_rng(seed)
@@ -113,15 +119,15 @@ def paired_bootstrap(
         idx = rng.integers(0, len(right), len(right))
         for k, q in predicted.items():
             draws[k].append(_two_model(q[idx], c[idx], right[idx], rule, strongest))
-    base = np.array(draws["minilm"])
+    against = np.array(draws[base])
     out = {}
     for k, d in draws.items():
         a = np.array(d)
         out[k] = {
             "apgr_se": float(np.nanstd(a[:, 0])),
             "share_se": float(np.nanstd(a[:, 1])),
-            "apgr_diff_se": float(np.nanstd(a[:, 0] - base[:, 0])),
-            "share_diff_se": float(np.nanstd(a[:, 1] - base[:, 1])),
+            "apgr_diff_se": float(np.nanstd(a[:, 0] - against[:, 0])),
+            "share_diff_se": float(np.nanstd(a[:, 1] - against[:, 1])),
         }
     return out
 
@@ -167,6 +173,16 @@ def run(
         g_dev = gguf(dev.texts) if not cross else None
     finally:
         gguf.close()
+    variants: dict[str, tuple[np.ndarray | None, np.ndarray]] = {"minilm": (m_dev, m_test), "gguf": (g_dev, g_test)}
+    if reading == "letters2":  # the one-order reading beside it, on the same rows (its readings kept or made)
+        one = LetterCache(model, LETTERS_N_CTX, threads, folder=OUT, say=console.print)
+        try:
+            o_test, o_dev = one(test.texts), (one(dev.texts) if not cross else None)
+        finally:
+            one.close()
+        variants["gguf one order"] = (o_dev, o_test)
+        both_one = None if m_dev is None or o_dev is None else joint_features(m_dev, o_dev)
+        variants["minilm+gguf one order"] = (both_one, joint_features(m_test, o_test))
     c_test = candidate_costs(policy, vm, input_tokens(test.texts))
     c_dev = candidate_costs(policy, vm, input_tokens(dev.texts)) if not cross else None
     fold = group_folds(test.categories, FOLDS) if cv_by == "category" else folds(test.ids, FOLDS)
@@ -185,7 +201,7 @@ def run(
     rows: dict[str, dict[str, Any]] = {}
     predicted: dict[str, np.ndarray] = {}
     both = (None if m_dev is None or g_dev is None else joint_features(m_dev, g_dev), joint_features(m_test, g_test))
-    for variant, (xd, xt) in {"minilm": (m_dev, m_test), "gguf": (g_dev, g_test), "minilm+gguf": both}.items():
+    for variant, (xd, xt) in {**variants, "minilm+gguf": both}.items():
         chosen, learner = predict(xd, xt)
         predicted[variant] = chosen
         report = evaluate(
@@ -225,6 +241,12 @@ def run(
         strongest = int(np.lexsort((np.broadcast_to(c_test, test.correct.shape).mean(axis=0), -right_dev))[0])
         for k, se in paired_bootstrap(predicted, c_test, test.correct, vm.rule, strongest).items():
             rows[k].update(se)
+        for two, one in (("gguf", "gguf one order"), ("minilm+gguf", "minilm+gguf one order")):
+            if one in predicted:  # letters2: the second order's worth, paired with the one-order reading's
+                pair = {two: predicted[two], one: predicted[one]}
+                se = paired_bootstrap(pair, c_test, test.correct, vm.rule, strongest, base=one)[two]
+                rows[two]["apgr_diff_se_vs_one_order"] = se["apgr_diff_se"]
+                rows[two]["share_diff_se_vs_one_order"] = se["share_diff_se"]
     read = [*dev.texts, *test.texts]
     result = {
         "date": time.strftime("%Y-%m-%d"),
@@ -273,6 +295,15 @@ def _print(console: Console, res: dict[str, Any]) -> None:
             _f(r.get("probed_share", 1.0 if "gguf" in name else 0.0)),
         )
     console.print(t)
+    for two in ("gguf", "minilm+gguf"):
+        r, one = res["rows"][two], res["rows"].get(f"{two} one order")
+        if one is not None and "apgr_diff_se_vs_one_order" in r:
+            console.print(
+                f"{two}, two orders against one: APGR {r['apgr'] - one['apgr']:+.3f} "
+                f"(SE {r['apgr_diff_se_vs_one_order']:.3f}), strong share for 95% "
+                f"{r['strong_share_for_95pct'] - one['strong_share_for_95pct']:+.3f} "
+                f"(SE {r['share_diff_se_vs_one_order']:.3f})"
+            )
     console.print(
         f"the probe's prefill: {_f(res['probe_ms_p50'])} ms p50 a prompt ({_f(res['probe_tokens_mean'])} tokens on "
         f"average, {res['threads']} threads, {res['cpu']})"
