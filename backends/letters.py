@@ -12,7 +12,9 @@ Served, the reading runs in the file's worker process (:mod:`backends.probe`); o
 (``triage train``, ``triage calibrate``, the bench) :class:`LetterCache` keeps each prompt's
 reading on disk by its SHA-256 (saved every 50), so an interrupted run resumes; they are made by
 ``n_threads`` processes of one llama.cpp thread each (one thread is fastest a prompt on these
-machines, docs/design.md).
+machines, docs/design.md). :class:`TwoOrderLetterCache` reads a prompt as given and with its options
+reversed, for the bench only (``--reading letters2``): measured to move the router by nothing at twice
+the reading's time, it is not served.
 """
 
 from __future__ import annotations
@@ -85,6 +87,15 @@ def features_of_orders(first: tuple[float, ...], turned: tuple[float, ...], labe
     return out
 
 
+def turned_back(order: tuple[int, ...], logprobs: tuple[float, ...]) -> tuple[float, ...]:
+    """A reading of the options shown in ``order`` (:func:`backends.lettered.orderings`), per option in
+    their given order."""
+    back = [0.0] * len(order)
+    for position, option in enumerate(order):
+        back[option] = logprobs[position]
+    return tuple(back)
+
+
 def _open(model: str, n_ctx: int) -> None:
     global _scorer
     from backends.lettered import ChatScorer
@@ -132,10 +143,7 @@ def _read_two(text: str) -> tuple[list[float], float, int]:
         a, b = _scorer.score_question(q), _scorer.score_question(in_order(q, order))
     except (LetteredInputError, TriageError):
         return [0.0] * FEATURES_TWO, math.nan, 0
-    back = [0.0] * len(order)
-    for position, option in enumerate(order):
-        back[option] = b.logprobs[position]
-    v = features_of_orders(a.logprobs, tuple(back), (a.label_mass + b.label_mass) / 2)
+    v = features_of_orders(a.logprobs, turned_back(order, b.logprobs), (a.label_mass + b.label_mass) / 2)
     return v.tolist(), time.perf_counter() - t0, int(a.prompt_tokens + b.prompt_tokens)
 
 
