@@ -125,14 +125,18 @@ def in_order(q: Question, order: tuple[int, ...]) -> Question:
     return replace(q, options=tuple(q.options[i] for i in order))
 
 
+def in_given_order(order: tuple[int, ...], values: tuple[float, ...] | np.ndarray) -> np.ndarray:
+    """A reading of the options shown in ``order`` (per position), per option in their given order."""
+    out = np.empty(len(order), dtype=np.float64)
+    out[list(order)] = values
+    return out
+
+
 def mean_of_orders(readings: list[tuple[tuple[int, ...], tuple[float, ...]]]) -> tuple[float, ...]:
     """Per option (in the question's order), the log of its mean probability over the readings, each
     an order and the log-probabilities read in it (per position). Each reading sums to one over the
     labels, so the mean does too."""
-    n = len(readings[0][0])
-    rows = np.empty((len(readings), n), dtype=np.float64)
-    for r, (order, logprobs) in enumerate(readings):
-        rows[r, list(order)] = logprobs
+    rows = np.stack([in_given_order(order, logprobs) for order, logprobs in readings])
     m = rows.max(axis=0)
     return tuple(float(v) for v in m + np.log(np.exp(rows - m).mean(axis=0)))
 

@@ -69,31 +69,18 @@ def features(logprobs: tuple[float, ...], label_mass: float) -> np.ndarray:
     return out
 
 
-def features_of_orders(first: tuple[float, ...], turned: tuple[float, ...], label_mass: float) -> np.ndarray:
+def features_of_orders(first: tuple[float, ...], turned: np.ndarray, label_mass: float) -> np.ndarray:
     """Two orders' reading (the options as given and reversed, ``turned`` mapped back to the given
     order): :func:`features` of the two readings' mean, whether the reversed order picks the same
     option, and its probability of the first order's pick. Where the pick moves with the letters, the
     model was guessing (``python -m benchmarks consistency``)."""
-    from backends.lettered import mean_of_orders
-
-    n = len(first)
-    given = tuple(range(n))
-    mean = mean_of_orders([(given, first), (given, turned)])
-    pick = int(np.argmax(first))
+    a, b = np.exp(np.asarray(first, dtype=np.float64)), np.exp(np.asarray(turned, dtype=np.float64))
+    pick = int(np.argmax(a))
     out = np.zeros(FEATURES_TWO, dtype=np.float32)
-    out[:FEATURES] = features(mean, label_mass)
-    out[FEATURES] = float(int(np.argmax(turned)) == pick)
-    out[FEATURES + 1] = math.exp(turned[pick])
+    out[:FEATURES] = features(tuple(np.log((a + b) / 2)), label_mass)
+    out[FEATURES] = float(int(np.argmax(b)) == pick)
+    out[FEATURES + 1] = b[pick]
     return out
-
-
-def turned_back(order: tuple[int, ...], logprobs: tuple[float, ...]) -> tuple[float, ...]:
-    """A reading of the options shown in ``order`` (:func:`backends.lettered.orderings`), per option in
-    their given order."""
-    back = [0.0] * len(order)
-    for position, option in enumerate(order):
-        back[option] = logprobs[position]
-    return tuple(back)
 
 
 def _open(model: str, n_ctx: int) -> None:
@@ -108,43 +95,36 @@ def scorer() -> Any:
     return _scorer
 
 
-def _read(text: str) -> tuple[list[float], float, int]:
-    """One prompt's features, the seconds it took and its prompt tokens (a prompt that is not lettered,
-    or too long: zeros, its time NaN so that no median counts it)."""
+def _read(text: str, orders: int = 1) -> tuple[list[float], float, int]:
+    """One prompt's features (:func:`features`; two orders: :func:`features_of_orders`), the seconds it
+    took and its prompt tokens (a prompt that is not lettered, or too long: zeros, its time NaN so that
+    no median counts it)."""
     import time
 
-    from backends.lettered import LetteredInputError
+    from backends.lettered import LetteredInputError, in_given_order, in_order, orderings
     from policies.errors import TriageError
 
+    width = FEATURES if orders == 1 else FEATURES_TWO
     t0 = time.perf_counter()
     q = question(text)
     if q is None:
-        return [0.0] * FEATURES, math.nan, 0
+        return [0.0] * width, math.nan, 0
     try:
-        s = _scorer.score_question(q)
+        read = [(o, _scorer.score_question(in_order(q, o))) for o in orderings(len(q.options), orders)]
     except (LetteredInputError, TriageError):
-        return [0.0] * FEATURES, math.nan, 0
-    return features(s.logprobs, s.label_mass).tolist(), time.perf_counter() - t0, int(s.prompt_tokens)
+        return [0.0] * width, math.nan, 0
+    (_, a), *rest = read
+    tokens = sum(int(s.prompt_tokens) for _, s in read)
+    if not rest:
+        return features(a.logprobs, a.label_mass).tolist(), time.perf_counter() - t0, tokens
+    order, b = rest[0]
+    v = features_of_orders(a.logprobs, in_given_order(order, b.logprobs), (a.label_mass + b.label_mass) / 2)
+    return v.tolist(), time.perf_counter() - t0, tokens
 
 
 def _read_two(text: str) -> tuple[list[float], float, int]:
-    """:func:`_read` in two orders: :func:`features_of_orders` (zeros where :func:`_read` has them)."""
-    import time
-
-    from backends.lettered import LetteredInputError, in_order, orderings
-    from policies.errors import TriageError
-
-    t0 = time.perf_counter()
-    q = question(text)
-    if q is None:
-        return [0.0] * FEATURES_TWO, math.nan, 0
-    order = orderings(len(q.options), 2)[1]
-    try:
-        a, b = _scorer.score_question(q), _scorer.score_question(in_order(q, order))
-    except (LetteredInputError, TriageError):
-        return [0.0] * FEATURES_TWO, math.nan, 0
-    v = features_of_orders(a.logprobs, turned_back(order, b.logprobs), (a.label_mass + b.label_mass) / 2)
-    return v.tolist(), time.perf_counter() - t0, int(a.prompt_tokens + b.prompt_tokens)
+    """:func:`_read` in two orders, as given and with the options reversed."""
+    return _read(text, 2)
 
 
 class ScorerReadings(HiddenCache):

@@ -65,12 +65,9 @@ def _probs(logprobs: tuple[float, ...]) -> np.ndarray:
 
 def _read(q: Any, order: tuple[int, ...]) -> list[float]:
     """One reading of a question in an order, its probabilities mapped back to the set's order."""
-    from backends.lettered import in_order
+    from backends.lettered import in_given_order, in_order
 
-    p = _probs(_scorer.score_question(in_order(q, order)).logprobs)
-    back = np.empty_like(p)
-    back[list(order)] = p
-    return back.tolist()
+    return in_given_order(order, _probs(_scorer.score_question(in_order(q, order)).logprobs)).tolist()
 
 
 def _score(job: tuple[Row, dict[str, Any] | None, int]) -> dict[str, Any]:
@@ -281,7 +278,7 @@ def run(data: Path, per_set: int, threads: int, out: Path, orders: int = 2) -> N
     if orders > 2:
         result["served_all_orders"] = _served(dev, test, np.array([d["set"] for d in test_docs]))
     save(console, out, result)
-    t = Table(title=f"the scorer's two orders: {result['test_rows']} test rows ({result['cpu']})")
+    t = Table(title=f"the scorer's first order and the reversed: {result['test_rows']} test rows ({result['cpu']})")
     for col in ("set", "n", "accuracy (first / reversed / both)", "agree", "AUROC top", "both orders", "agree", "fit"):
         t.add_column(col)
     pooled: dict[str, Any] = {**result["pooled"], "n": result["test_rows"]}  # type: ignore[dict-item]
