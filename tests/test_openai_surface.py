@@ -47,7 +47,8 @@ def test_chat_completion(gw: Gateway) -> None:
 
 def test_parameters_reach_the_engine(gw: Gateway) -> None:
     client = gw.client()
-    short = client.chat.completions.create(model="smollm2", messages=MSG, max_tokens=2, temperature=0)
+    story = [{"role": "user", "content": "Write a long story, at least 300 words, about a dragon."}]
+    short = client.chat.completions.create(model="smollm2", messages=story, max_tokens=2, temperature=0)
     assert short.usage.completion_tokens <= 2 and short.choices[0].finish_reason == "length"
     a = client.chat.completions.create(model="smollm2", messages=MSG, max_tokens=12, temperature=0)
     b = client.chat.completions.create(model="smollm2", messages=MSG, max_tokens=12, temperature=0)
