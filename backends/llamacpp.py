@@ -77,7 +77,10 @@ def _kwargs(call: Call) -> dict[str, Any]:
 def _constraint(body: dict[str, Any]) -> dict[str, Any]:
     """Constrained decoding llama-cpp-python takes: a GBNF ``grammar`` (the cascade's model tier with
     ``constrain: grammar``, or a client's), and OpenAI's ``response_format: json_schema``, which it
-    knows only as ``json_object`` with a ``schema`` (passed as is, it would be ignored)."""
+    knows only as ``json_object`` with a ``schema`` (passed as is, it would be ignored). Every schema
+    and grammar that reaches the engine passes ``backends.schema_bounds`` first (docs/operations.md,
+    'Local engines'): the response format's, and each tool's ``parameters`` (a forced tool's become
+    the grammar)."""
     out: dict[str, Any] = {}
     fmt = body.get("response_format")
     schema: Any = None
@@ -92,11 +95,9 @@ def _constraint(body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(schema, dict):
             raise InvalidRequest(f"{where} must be an object", param="response_format")
     if schema is not None:
-        try:  # what the engine survives: docs/operations.md, 'Local engines'
-            schema_bounds.check(schema, where)
-        except schema_bounds.SchemaOutOfBounds as exc:
-            raise InvalidRequest(str(exc), param="response_format", code="schema_out_of_bounds") from None
+        _bounded(schema, where)
         out["response_format"] = {"type": "json_object", "schema": schema}
+    _check_tools(body.get("tools"), body.get("tool_choice"))
     grammar = body.get("grammar")
     if grammar is not None:
         # llama.cpp parses a grammar only when sampling starts, and a grammar that does not parse
@@ -106,8 +107,48 @@ def _constraint(body: dict[str, Any]) -> dict[str, Any]:
                 'grammar: the local backend takes only literal alternatives, root ::= "A" | "B" | ...',
                 param="grammar",
             )
+        try:
+            schema_bounds.check_grammar(grammar, "grammar")
+        except schema_bounds.SchemaOutOfBounds as exc:
+            raise InvalidRequest(str(exc), param="grammar", code="schema_out_of_bounds") from None
         out["grammar"] = grammar  # compiled in the worker
     return out
+
+
+def _bounded(schema: Any, where: str) -> None:
+    try:
+        schema_bounds.check(schema, where)
+    except schema_bounds.SchemaOutOfBounds as exc:
+        raise InvalidRequest(str(exc), param=exc.where or where, code="schema_out_of_bounds") from None
+
+
+def _check_tools(tools: Any, choice: Any) -> None:
+    """Each tool's ``parameters``: llama-cpp-python compiles a forced tool's into the grammar (and
+    some chat formats every tool's); a ``tool_choice`` naming a function must name one of them,
+    with parameters."""
+    if tools is None:
+        return
+    if not isinstance(tools, list):
+        raise InvalidRequest("tools must be a list", param="tools")
+    params: dict[str, Any] = {}
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise InvalidRequest(f"tools[{i}] must be a function tool with a name", param=f"tools[{i}]")
+        where = f"tools[{i}].function.parameters"
+        schema = params[fn["name"]] = fn.get("parameters")
+        if schema is None:
+            continue
+        if not isinstance(schema, dict):
+            raise InvalidRequest(f"{where} must be an object", param=where)
+        _bounded(schema, where)
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if name not in params:
+            raise InvalidRequest("tool_choice must name a function of tools", param="tool_choice")
+        if params[name] is None:  # the forced tool's schema is read with no default
+            raise InvalidRequest(f"the forced tool {name!r} needs parameters on the local backend", param="tools")
 
 
 class LlamaCppBackend:
