@@ -87,10 +87,13 @@ test: $(FAST_STAMP) services $(STAMP) vllm
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "engine or model"
 
 # schemathesis on the OpenAPI document against a running gateway, FUZZ_EXAMPLES per operation
-# (tests/test_fuzz.py; the normal suite runs 25)
+# (tests/test_fuzz.py; the normal suite runs 25); SCHEMA_FUZZ_EXAMPLES generated JSON schemas
+# through the local engine in its worker (tests/test_schema_fuzz.py; the normal suite runs 120)
 FUZZ_EXAMPLES ?= 5000
+SCHEMA_FUZZ_EXAMPLES ?= 10000
 fuzz: $(STAMP)
-	HF_HUB_OFFLINE=1 FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest tests/test_fuzz.py -q -p no:cacheprovider
+	HF_HUB_OFFLINE=1 FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) SCHEMA_FUZZ_EXAMPLES=$(SCHEMA_FUZZ_EXAMPLES) \
+		$(BIN)/python -m pytest tests/test_fuzz.py tests/test_schema_fuzz.py -q -p no:cacheprovider
 
 # the console's screenshots in docs/console.md, made in Debian's headless chromium as its tests drive it
 console-shots: $(FAST_STAMP) services

@@ -189,7 +189,7 @@ class LlamaCppBackend:
 
     async def complete(self, call: Call) -> Completion:
         engine = self._engine()
-        args = _kwargs(call)
+        args = await asyncio.to_thread(_kwargs, call)  # the schema check reads a grammar: ms to tenths of s
         watch = Stopwatch()
         try:
             body = await engine.call(call.kind, args, self.spec.timeouts.total_s)
@@ -204,7 +204,7 @@ class LlamaCppBackend:
 
     async def open_stream(self, call: Call) -> ChunkStream:
         engine = self._engine()
-        args = _kwargs(call)  # validated before waiting for the model
+        args = await asyncio.to_thread(_kwargs, call)  # validated before waiting for the model, off the loop
         t = self.spec.timeouts
         watch = Stopwatch()
         chunks = engine.stream(call.kind, args, t.first_byte_s, t.idle_s, t.total_s)
