@@ -161,12 +161,16 @@ def parse(text: str, file: str = "<policy>", base_dir: Path | None = None) -> Po
     return policy
 
 
+SECRET_FIELDS = frozenset({"api_key", "sha256", "admin_key", "url", "database"})  # those that take env:NAME
+
+
 def _secret_refs(node: Any, loc: Loc = ()) -> list[tuple[Loc, str]]:
-    """Every ``env:NAME`` reference in the policy's secret fields (``api_key``, a key's ``sha256``)."""
+    """Every ``env:NAME`` reference in the policy's secret fields (``api_key``, a key's ``sha256``,
+    ``access.admin_key``, ``state.url`` and ``state.database``)."""
     if isinstance(node, dict):
         found = []
         for k, v in node.items():
-            if k in ("api_key", "sha256") and isinstance(v, str) and v.startswith("env:"):
+            if k in SECRET_FIELDS and isinstance(v, str) and v.startswith("env:"):
                 found.append(((*loc, k), v.removeprefix("env:")))
             else:
                 found.extend(_secret_refs(v, (*loc, k)))

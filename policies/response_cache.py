@@ -5,10 +5,11 @@ A request is looked up only where its answer is reproducible (temperature 0 or a
 policy (``when: always``) or the request (``x-triage-cache: allow``) accepts a kept answer; one
 whose content the key cannot hold (an image by URL, a file reference: their bytes are not in the
 body) is passed through and said so. The key is the policy's version, the requested model, the
-scope (the key's name, or shared) and every field of the body that decides the answer; fields
+scope (the key's sha256, or shared) and every field of the body that decides the answer; fields
 that only say how to deliver it (``stream``, ``stream_options``, ``user``, ``metadata``) are left
 out, so a streamed and a whole request share their answer, on any surface (the Responses API and
-Messages are chat bodies by the time they are keyed).
+Messages are chat bodies by the time they are keyed); numbers are keyed by value (``temperature: 0``
+and ``0.0`` are one entry).
 """
 
 from __future__ import annotations
@@ -77,10 +78,23 @@ def unkeyable(kind: str, body: Mapping[str, Any]) -> str | None:
     return None
 
 
+def normal(value: Any) -> Any:
+    """``value`` with every number that equals an integer written as that integer (``0.0`` is ``0``,
+    ``1.0`` is ``1``), in every object and list: equal requests are one entry, however a client
+    writes its numbers. Text is left as it is."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and abs(value) < 2**53 else value
+    if isinstance(value, dict):
+        return {k: normal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [normal(v) for v in value]
+    return value
+
+
 def key(version: str, scope: str, kind: str, body: Mapping[str, Any]) -> str:
-    """The exact cache's key: the policy's version, the scope (a key's name, or shared), the kind
-    and every field that decides the answer (the requested model included)."""
-    fields = {k: v for k, v in body.items() if k not in DELIVERY}
+    """The exact cache's key: the policy's version, the scope (a key's sha256, or shared), the kind
+    and every field that decides the answer (the requested model included), its numbers normal."""
+    fields = {k: normal(v) for k, v in body.items() if k not in DELIVERY}
     parts = [FORMAT, version, scope, kind, fields]
     return "answer:" + hashlib.sha256(orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
@@ -90,9 +104,9 @@ def context_key(version: str, scope: str, kind: str, body: Mapping[str, Any]) ->
     a similar question is answered only in the same context (system prompt, earlier turns, fields)."""
     messages = list(body.get("messages") or [])
     last = max((i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("role") == "user"), default=-1)
-    fields = {k: v for k, v in body.items() if k not in DELIVERY and k != "messages"}
-    before = messages[:last] if last >= 0 else messages
-    after = messages[last + 1 :] if last >= 0 else []
+    fields = {k: normal(v) for k, v in body.items() if k not in DELIVERY and k != "messages"}
+    before = normal(messages[:last] if last >= 0 else messages)
+    after = normal(messages[last + 1 :] if last >= 0 else [])
     parts = [FORMAT, version, scope, kind, fields, before, after]
     return "ctx:" + hashlib.sha256(orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)).hexdigest()
 

@@ -193,6 +193,9 @@ class ScriptedBackendSpec(Strict):
         None, description="a chat request that carries tools is answered with this call instead of text"
     )
     context_length: int | None = Field(None, ge=1, description="the context it says it has (None: it says nothing)")
+    stream_usage: bool = Field(
+        True, description="a stream that asks for usage gets its chunk (false: none ever, as llama.cpp's server)"
+    )
     timeouts: Timeouts = Timeouts()
 
 
@@ -713,6 +716,15 @@ class ConsoleSpec(Strict):
     recent: int = Field(2000, ge=100, le=100_000, description="requests kept in memory (per process) for its pages")
     reports: str | None = Field(
         None, description="a folder of `triage eval` reports and plots to list, relative to the policy file"
+    )
+    recent_bytes: int = Field(
+        64 * 2**20,
+        ge=2**20,
+        le=2**34,
+        description="at most this many bytes (an estimate) kept by those requests: the oldest leave first",
+    )
+    prompt_chars: int = Field(
+        4096, ge=0, le=2**20, description="with log_prompts: each prompt kept as its first N characters"
     )
     session_s: float = Field(8 * 3600.0, ge=60, le=7 * 86400, description="how long a login lasts")
 

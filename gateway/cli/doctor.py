@@ -1,7 +1,8 @@
-"""``triage doctor``: can this machine serve this policy? The CPU, the kernels each engine was
-built with, one token through every local model (in its worker process: a fault is reported with
-its signal, not suffered), the encoder's ONNX Runtime providers, the state stores. A table; exit
-1 with what to do when something would fail."""
+"""``triage doctor``: can this machine serve this policy? What ``triage serve`` checks before it
+starts (its own function: unset secrets, limits a worker would keep alone), the CPU, the kernels
+each engine was built with, one token through every local model (in its worker process: a fault
+is reported with its signal, not suffered), the encoder's ONNX Runtime providers, the state
+stores. A table; exit 1 with what to do when something would fail."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gateway.cli.policy_arg import load_or_exit
+from gateway.cli.policy_arg import load_or_exit, start_problems
 from gateway.cli.serve import default_policy_path
 from policies.schema import LOCAL_GGUF, Policy
 
@@ -139,24 +140,39 @@ async def _database_check(database: str) -> Check:
     return Check("database", OK, "postgresql: reachable")
 
 
+def start_checks(path: Path, policy: Policy, workers: int) -> list[Check]:
+    """What ``triage serve`` checks before it starts, by its own function: a row for each problem."""
+    problems = start_problems(path, policy, workers)
+    todo = "set it in the environment `triage serve` runs in, or fix the policy"
+    if not problems:
+        return [Check("policy", OK, f"{path.name}: valid, its secrets set, {workers} worker(s)")]
+    return [Check("policy", FAIL, problem, todo) for problem in problems]
+
+
 def doctor(
     policy: Annotated[
         Path | None, typer.Option(help="Policy YAML (default: the embedded local policy).", envvar="TRIAGE_POLICY")
     ] = None,
+    workers: Annotated[
+        int, typer.Option(min=1, envvar="TRIAGE_WORKERS", help="The worker processes `triage serve` would run.")
+    ] = 1,
 ) -> None:
-    """Check that this machine can serve the policy; exit 1 with what to do if not."""
+    """Check that this machine can serve the policy (everything `triage serve` checks first, then
+    the engines and stores); exit 1 with what to do if not."""
     from gateway.obs import logs
     from policies.schema import Logging
 
     logs.configure(Logging(level="error", format="console"))
     path = policy or default_policy_path()
     loaded = load_or_exit(path)
-    checks = [*cpu_checks(), onnx_check()]
+    starts = start_checks(path, loaded, workers)
+    checks = [*starts, *cpu_checks(), onnx_check()]
 
     async def live() -> list[Check]:
         return [*await engine_checks(loaded), *await store_checks(loaded)]
 
-    checks += asyncio.run(live())
+    if all(c.status != FAIL for c in starts):  # the engines and stores need what is missing
+        checks += asyncio.run(live())
     table = Table(title=f"triage doctor: {path.name}")
     for column in ("check", "status", "detail"):
         table.add_column(column)

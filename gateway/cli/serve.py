@@ -40,19 +40,17 @@ def serve(
     ] = 1,
 ) -> None:
     """Serve the OpenAI-compatible API. SIGHUP reloads the policy (in every worker)."""
+    from gateway.cli.policy_arg import start_problems
     from gateway.http import workers as several
     from gateway.http.settings import Settings
     from gateway.obs import logs
     from policies import loader
     from policies.errors import PolicyInvalid
-    from policies.processes import per_process_problems
 
     settings = Settings(policy_path=policy or default_policy_path(), watch_policy=watch, freeze_gc=True)
     try:
         loaded = loader.load(settings.policy_path)  # refuse to start on a bad policy, with every problem
-        if missing := loader.unset_secrets(settings.policy_path):  # or on secrets this host does not have
-            raise PolicyInvalid(missing)
-        if problems := per_process_problems(loaded, workers):  # or on limits a worker would keep alone
+        if problems := start_problems(settings.policy_path, loaded, workers):  # or one this host cannot start
             raise PolicyInvalid(problems)
     except PolicyInvalid as exc:
         for problem in exc.problems:

@@ -199,11 +199,12 @@ async def feedback(call: Call) -> Response:
         err = exc.errors(include_url=False)[0]
         param = ".".join(str(p) for p in err["loc"]) or None
         raise InvalidRequest(f"Invalid value for '{param}': {err['msg']}", param=param) from None
-    owner = ex.key.name if ex.key is not None else None
+    owner = ex.key.sha256 if ex.key is not None else None  # a record is its key's secret's, as it was kept
     if not await _watched(ex.rt).feedback(req.request_id, owner, req.verdict, req.score):
         raise NotFound(f"no request '{req.request_id}' of this key is recorded", param="request_id")
     return json_response(
-        {"object": "feedback", "request_id": req.request_id, "verdict": req.verdict, "score": req.score}
+        {"object": "feedback", "request_id": req.request_id, "verdict": req.verdict, "score": req.score},
+        headers={"x-request-id": ex.request_id},
     )
 
 

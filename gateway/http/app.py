@@ -8,7 +8,8 @@ import asyncio
 import contextlib
 import gc
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import structlog
@@ -227,6 +228,21 @@ def _exact(routes: list[HTTPRoute]) -> dict[tuple[str, str], Endpoint]:
     return {(m, r.path): r.endpoint for r in routes if "{" not in r.path for m in r.methods or ()}
 
 
+REQUEST_ID = b"x-request-id"
+
+
+def with_request_id(scope: Scope, headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """An answer's headers with an ``x-request-id``, errors' included: a door's (its exchange's id)
+    is kept; any other answer (a 404 for no route, a 400 FastAPI's validation gave, a 500 of the
+    edge, a page) gets the one the client sent, else a new one."""
+    out = list(headers)
+    if any(name.lower() == REQUEST_ID for name, _ in out):
+        return out
+    sent = next((v for k, v in scope.get("headers") or () if k == REQUEST_ID), None)
+    out.append((REQUEST_ID, sent or uuid.uuid4().hex.encode()))
+    return out
+
+
 class _Edge:
     """The edge: the one place that catches everything, so the server keeps serving. An exception a
     route lets out becomes a 500 in the API's shape and a log event with its traceback, and goes no
@@ -253,7 +269,9 @@ class _Edge:
 
         async def watch(message: Message) -> None:
             nonlocal started
-            started = started or message["type"] == "http.response.start"
+            if message["type"] == "http.response.start":
+                started = True
+                message["headers"] = with_request_id(scope, message.get("headers") or [])
             await send(message)
 
         try:
@@ -269,7 +287,7 @@ class _Edge:
             if started:
                 raise
             failed = TriageError("The server had an error while processing your request")
-            await error_response(failed, scope.get("path"))(scope, receive, send)
+            await error_response(failed, scope.get("path"))(scope, receive, watch)
         finally:
             for step in after:  # also where sending failed: the slot and the runtime pin are given back
                 try:

@@ -243,11 +243,12 @@ async def find_request(request: Request, rt: Runtime, session: console_auth.Sess
 @page
 async def request_page(request: Request, rt: Runtime, session: console_auth.Session, request_id: str) -> Response:
     ring = gateway_state(request).metrics.recent
-    seen = ring.find(request_id)
+    seen = ring.find(request_id, request.query_params.get("key"))  # ids are the client's: one per key
     csrf = session.csrf(console_auth.secret())
     if seen is None:
         return _render("trace.html", request, status=404, csrf=csrf, t=None, request_id=request_id, kept=ring.size)
-    return _render("trace.html", request, csrf=csrf, t=seen.trace(), request_id=request_id, kept=ring.size)
+    keys = [k for k in ring.keys_of(request_id) if k != seen.key]  # other keys that sent the same id
+    return _render("trace.html", request, csrf=csrf, t=seen.trace(), request_id=request_id, kept=ring.size, keys=keys)
 
 
 @router.get("/keys")

@@ -188,7 +188,9 @@ def door(
                 response = await handler(Call(request, ex, raw, body))
             except TriageError as exc:
                 await after_answer(request, ex, exc.status, exc)
-                return error_response(exc, request.url.path)
+                failed = error_response(exc, request.url.path)
+                failed.headers["x-request-id"] = ex.request_id  # an error is found by its id as an answer is
+                return failed
             except BaseException:
                 await ex.finish(500)
                 raise

@@ -232,10 +232,10 @@ class Exchange:
     def _remember(self, status: int, latency_s: float, error: TriageError | None) -> None:
         """The request in the console's ring (policy: ``console``)."""
         console = self.rt.policy.console
-        if not console.enabled:
-            return
+        if not console.enabled or (self.key is None and self.rt.keys_required):
+            return  # a request without a valid key keeps nothing: it cannot push real ones out
         recent = self.metrics.recent
-        recent.size = console.recent
+        recent.bound(console.recent, console.recent_bytes, console.prompt_chars)
         show = self.rt.policy.logging.log_prompts
         recent.add(
             Seen(

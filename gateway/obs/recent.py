@@ -8,23 +8,36 @@ the router's choices, cost against always-top) and one request's trace by its id
 
 Per process: under ``triage serve --workers N`` each worker keeps its own ring, and a page shows the
 worker that answered it (``/metrics`` is the fleet-wide view). Prompts and answers are kept only
-where the policy logs prompts (``show``, fixed when the request is seen).
+where the policy logs prompts (``show``, fixed when the request is seen), a prompt as its first
+``console.prompt_chars`` characters.
+
+Bounded twice: by count (``console.recent``) and by the bytes its entries hold (``console.recent_bytes``,
+an estimate of each entry's strings and objects: :func:`weight`), so large bodies cannot grow it past
+its bound. An entry is found by its request id and its key's name: a client that chooses its
+``x-request-id`` replaces only its own key's entry of that id, never another key's.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import orjson
+
 from backends.base import Attempt
 from policies.cascade import Decision
 from policies.semantic import Route
 
 WINDOW_S = 60.0  # the traffic page's window
+ENTRY_BYTES = 1200  # an entry's own objects (its dataclass, dict slot, usage, an attempt or two), roughly
+ATTEMPT_BYTES = 200  # each upstream try
+STEP_BYTES = 400  # each step of a decision's trace
+ID_CHARS = 256  # a client-chosen id, model name or error kept at most this long
 
 
 @dataclass(slots=True)
@@ -104,30 +117,93 @@ def _route(route: Route) -> dict[str, Any]:
     return out
 
 
-class Recent:
-    """The last ``size`` requests, oldest first, and each findable by id."""
+def prefix(prompt: Any, chars: int) -> str | None:
+    """A prompt as kept: its text (a message list as JSON), at most its first ``chars`` characters
+    and a mark that says how much more there was."""
+    if prompt is None or chars <= 0:
+        return None
+    text = prompt if isinstance(prompt, str) else orjson.dumps(prompt).decode()
+    if len(text) <= chars:
+        return text
+    return f"{text[:chars]}... [{len(text) - chars} more characters not kept]"
 
-    def __init__(self, size: int = 2000, now: Callable[[], float] = time.time) -> None:
+
+def _clip(text: str | None) -> str | None:
+    return text if text is None or len(text) <= ID_CHARS else text[:ID_CHARS] + "..."
+
+
+def weight(seen: Seen) -> int:
+    """About the bytes an entry holds: its strings as Python keeps them, its decision's options and
+    answers, its tries. An estimate (a bound against large bodies, not an exact count)."""
+    size = ENTRY_BYTES + len(seen.attempts) * ATTEMPT_BYTES
+    for text in (seen.request_id, seen.model, seen.served, seen.key, seen.error, seen.prompt):
+        if isinstance(text, str):
+            size += sys.getsizeof(text)
+    d = seen.decision
+    if d is not None:
+        size += sys.getsizeof(d.answer) + STEP_BYTES * len(d.trace)
+        size += sum(sys.getsizeof(option) + 100 for option in d.probabilities)
+        size += sum(sys.getsizeof(s.answer or "") + sys.getsizeof(s.error or "") for s in d.trace)
+    if seen.route is not None:
+        q = seen.route.quality
+        size += STEP_BYTES + (sum(sys.getsizeof(label) + 100 for label, _, _ in q.predictions) if q is not None else 0)
+    return size
+
+
+class Recent:
+    """The last ``size`` requests (and at most ``max_bytes`` of them, by :func:`weight`), oldest
+    first, each findable by its id and key."""
+
+    def __init__(
+        self,
+        size: int = 2000,
+        now: Callable[[], float] = time.time,
+        max_bytes: int = 64 * 2**20,
+        prompt_chars: int = 4096,
+    ) -> None:
         self.size = size
+        self.max_bytes = max_bytes
+        self.prompt_chars = prompt_chars
         self.now = now
-        self._by_id: OrderedDict[str, Seen] = OrderedDict()
+        self._by_id: OrderedDict[tuple[str | None, str], tuple[Seen, int]] = OrderedDict()
+        self.bytes = 0  # what the entries hold, by weight()
         self.total = 0  # requests seen since start
 
-    def add(self, seen: Seen) -> None:
-        self.total += 1
-        by_id = self._by_id
-        by_id.pop(seen.request_id, None)  # an id a client sent twice: the last one is kept
-        by_id[seen.request_id] = seen
-        if len(by_id) > self.size:
-            by_id.popitem(last=False)
+    def bound(self, size: int, max_bytes: int, prompt_chars: int) -> None:
+        """The policy's bounds (``console``): they hold from the next entry on."""
+        self.size, self.max_bytes, self.prompt_chars = size, max_bytes, prompt_chars
 
-    def find(self, request_id: str) -> Seen | None:
-        return self._by_id.get(request_id)
+    def add(self, seen: Seen) -> None:
+        """Keep ``seen``: its prompt as a bounded prefix, client-chosen strings clipped; the oldest
+        entries leave while the ring is over its count or its bytes."""
+        self.total += 1
+        seen.request_id, seen.model, seen.error = _clip(seen.request_id) or "", _clip(seen.model), _clip(seen.error)
+        seen.prompt = prefix(seen.prompt, self.prompt_chars) if seen.show else None
+        by_id, at = self._by_id, (seen.key, seen.request_id)
+        old = by_id.pop(at, None)  # an id a key sent twice: its last one is kept (another key's stays)
+        if old is not None:
+            self.bytes -= old[1]
+        size = weight(seen)
+        by_id[at] = (seen, size)
+        self.bytes += size
+        while len(by_id) > 1 and (len(by_id) > self.size or self.bytes > self.max_bytes):
+            self.bytes -= by_id.popitem(last=False)[1][1]
+
+    def find(self, request_id: str, key: str | None = None) -> Seen | None:
+        """The entry with this id of the key named ``key``; without ``key``, the latest of any key."""
+        if key is not None:
+            found = self._by_id.get((key, request_id))
+            return found[0] if found is not None else None
+        return next((s for s, _ in reversed(self._by_id.values()) if s.request_id == request_id), None)
+
+    def keys_of(self, request_id: str) -> list[str | None]:
+        """The keys with an entry of this id (a client-chosen id two keys sent), newest first."""
+        return [s.key for s, _ in reversed(self._by_id.values()) if s.request_id == request_id]
 
     def latest(self, n: int) -> list[Seen]:
         """The ``n`` latest, newest first."""
         out: list[Seen] = []
-        for seen in reversed(self._by_id.values()):
+        for seen, _ in reversed(self._by_id.values()):
             if len(out) >= n:
                 break
             out.append(seen)
@@ -136,7 +212,7 @@ class Recent:
     def since(self, t: float) -> list[Seen]:
         """Those that finished after ``t``, oldest first."""
         out: list[Seen] = []
-        for seen in reversed(self._by_id.values()):
+        for seen, _ in reversed(self._by_id.values()):
             if seen.at <= t:
                 break
             out.append(seen)
@@ -144,7 +220,7 @@ class Recent:
         return out
 
     def all(self) -> list[Seen]:
-        return list(self._by_id.values())
+        return [seen for seen, _ in self._by_id.values()]
 
 
 def percentile(sorted_values: list[float], q: float) -> float | None:
@@ -205,6 +281,7 @@ def traffic(recent: Recent, window_s: float = WINDOW_S) -> dict[str, Any]:
 def _brief(s: Seen) -> dict[str, Any]:
     return {
         "request_id": s.request_id,
+        "key": s.key,
         "at": s.at,
         "surface": s.surface,
         "model": s.model,

@@ -44,7 +44,7 @@ from gateway.state.batches import Batches
 from gateway.state.stores import StoreDown
 from policies import spend
 from policies.cascade import CascadeExhausted
-from policies.errors import PolicyInvalid, TriageError
+from policies.errors import BudgetExhausted, PolicyInvalid, TriageError
 from policies.plans import public_models
 from policies.schema import ApiKey, BatchSettings, Policy
 
@@ -452,9 +452,15 @@ async def answer_line(
 ) -> tuple[int, dict[str, Any], Charges]:
     """One batch request through the gateway's own paths; an error is a status and an OpenAI error
     body. With it, what it cost: each model it asked at its prices (a cascade's every tier).
-    ``key``: the batch's owner, whose models hold for every line (403 for a line that names another)."""
+    ``key``: the batch's owner, whose models hold for every line (403 for a line that names another)
+    and whose budget too: once it is spent, each line left is a 429 error line (lines already in
+    flight, ``batches.concurrency`` at most, finish and are charged)."""
     models, service = rt.policy.models, Service(rt)
     ctx = Context(request_id, key=key, surface="batch", affinity=affinity)
+    try:
+        await quotas.check_budget(rt, key)  # a store that is down: the line stays pending (StoreDown goes on)
+    except BudgetExhausted as exc:
+        return exc.status, exc.body(), []
     try:
         if endpoint == "/v1/decide":
             q, overrides = decisions.parse_one(rt, body)  # the route's checks and statuses

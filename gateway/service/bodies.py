@@ -181,7 +181,9 @@ class FeedbackRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     request_id: str = Field(min_length=1, max_length=200, description="the request's x-request-id")
     verdict: Literal["right", "wrong"] | None = None
-    score: float | None = Field(None, ge=-1e6, le=1e6, allow_inf_nan=False)
+    score: float | None = Field(
+        None, ge=0, le=1, allow_inf_nan=False, strict=True, description="how good the answer was, 0 to 1"
+    )
 
     @model_validator(mode="after")
     def _something(self) -> FeedbackRequest:

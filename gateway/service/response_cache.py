@@ -212,7 +212,8 @@ def begin(rt: Runtime, kind: Kind, body: Body, ctx: Context, requested: str) -> 
     v = rules.verdict(spec, kind, body, ctx.cache)
     if not (v.read or v.write):
         return Lookup(rt, spec, kind, "", False, False, Note("bypass", why=v.why))
-    scope = ctx.key.name if spec.scope == "key" and ctx.key is not None else "*"
+    # a key's answers are its secret's (its sha256), not its name's: a name made again with a new secret starts empty
+    scope = ctx.key.sha256 if spec.scope == "key" and ctx.key is not None else "*"
     found = Lookup(rt, spec, kind, rules.key(rt.version, scope, kind, body), v.read, v.write, Note("miss"))
     semantic = rt.semantic
     if semantic is not None and requested in semantic.models and (text := rules.last_user_text(body)):

@@ -145,6 +145,18 @@ class Runtime:
         return any(getattr(b, "admission", None) is not None for b in self.backends.values())
 
 
+def secret_problems(policy: Policy) -> list[str]:
+    """What the keys' and the admin key's secrets lack (unset, or not a hex sha256): what the start
+    refuses, said before it (``triage serve``, ``triage doctor``)."""
+    problems = []
+    for check in (_key_hashes, _admin_digest):
+        try:
+            check(policy)
+        except PolicyInvalid as exc:
+            problems += exc.problems
+    return problems
+
+
 def _key_hashes(policy: Policy) -> list[tuple[str, str]]:
     """Each key's name and hex sha256 (names may repeat: a key being rotated)."""
     hashes: list[tuple[str, str]] = []
@@ -259,7 +271,8 @@ async def build(
         raise
     hashes = frozenset(digest for _, digest in keys)
     operators = frozenset(digest for name, digest in keys if name in policy.access.operator_keys)
-    by_digest = {digest: policy.keys[i] for i, (_, digest) in enumerate(keys)}
+    # each key as looked up carries its sha256 itself (an `env:` one resolved): what it owns is kept under it
+    by_digest = {digest: policy.keys[i].model_copy(update={"sha256": digest}) for i, (_, digest) in enumerate(keys)}
     return Runtime(
         policy,
         backends,

@@ -37,7 +37,7 @@ ANSWER_CHARS = 2000  # what of an open answer is embedded to compare it
 
 
 def _owner(ctx: Context) -> str | None:
-    return ctx.key.name if ctx.key is not None else None
+    return ctx.key.sha256 if ctx.key is not None else None
 
 
 def decided(rt: Runtime, w: watch.Watch, q: Question, d: Decision, ctx: Context, serve_chat: ServeChat) -> None:

@@ -59,7 +59,7 @@
         { text: (r) => dash(r.client_errors) }, { text: (r) => dash(r.server_errors) },
       ]);
       fill("latest-table", t.latest, [
-        { text: (r) => r.request_id, href: (r) => "/console/requests/" + encodeURIComponent(r.request_id) },
+        { text: (r) => r.request_id, href: (r) => "/console/requests/" + encodeURIComponent(r.request_id) + (r.key == null ? "" : "?key=" + encodeURIComponent(r.key)) },
         { text: (r) => r.surface }, { text: (r) => dash(r.model) }, { text: (r) => dash(r.served) },
         { text: (r) => dash(r.status) }, { text: (r) => dash(r.latency_ms) }, { text: (r) => money(r.cost) },
       ]);
