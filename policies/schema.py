@@ -714,9 +714,6 @@ class ConsoleSpec(Strict):
 
     enabled: bool = Field(True, description="serve /console and keep its ring of recent requests")
     recent: int = Field(2000, ge=100, le=100_000, description="requests kept in memory (per process) for its pages")
-    reports: str | None = Field(
-        None, description="a folder of `triage eval` reports and plots to list, relative to the policy file"
-    )
     recent_bytes: int = Field(
         64 * 2**20,
         ge=2**20,
@@ -725,6 +722,9 @@ class ConsoleSpec(Strict):
     )
     prompt_chars: int = Field(
         4096, ge=0, le=2**20, description="with log_prompts: each prompt kept as its first N characters"
+    )
+    reports: str | None = Field(
+        None, description="a folder of `triage eval` reports and plots to list, relative to the policy file"
     )
     session_s: float = Field(8 * 3600.0, ge=60, le=7 * 86400, description="how long a login lasts")
 
