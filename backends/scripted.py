@@ -136,7 +136,7 @@ class ScriptedBackend:
             out["choices"][0]["delta"]["tool_calls"] = [delta]
             yield out
         options = call.body.get("stream_options") or {}
-        if options.get("include_usage"):
+        if options.get("include_usage") and self.spec.stream_usage:
             yield shapes.usage_chunk(call.kind, cid, model, self._usage(call))
 
 

@@ -22,7 +22,7 @@ from backends.base import Attempt, Stopwatch
 from gateway.obs import logs, tracing
 from gateway.obs.metrics import Metrics
 from gateway.obs.recent import Seen
-from gateway.service import quotas, response_cache
+from gateway.service import metering, quotas, response_cache
 from gateway.service.context import Context, Wait
 from gateway.service.runtime import Runtime, RuntimeHolder
 from gateway.service.service import Outcome, Service
@@ -77,6 +77,7 @@ class Exchange:
     cost: float | None = None
     charges: list[tuple[str, Mapping[str, int] | None, float]] = field(default_factory=list)  # typed: per model tier
     cache: response_cache.Note | None = None  # what the response cache did
+    meter: metering.StreamMeter | None = None  # a stream's count (what it used, what was written as it ran)
     _slot: bool = False
     _done: bool = False
 
@@ -115,6 +116,14 @@ class Exchange:
             self.usage = usage if isinstance(usage, dict) else None
             self.cost = quotas.price(self.rt, served.model, self.usage)
 
+    def metered(self, meter: metering.StreamMeter) -> None:
+        """A relayed stream's count, at its end: its usage (the engine's, or the estimate) and cost.
+        A cache hit is charged as recorded (no engine ran)."""
+        if self.served is None or (self.cache is not None and self.cache.result == "hit"):
+            return
+        self.meter, self.usage = meter, meter.usage()
+        self.cost = quotas.price(self.rt, self.served, self.usage)
+
     def decided(self, *decisions: Decision) -> None:
         """Typed decisions this request answered (one: it is the request's): every model tier they
         asked is charged at its model's prices, escalated and failed ones too."""
@@ -139,7 +148,7 @@ class Exchange:
             self.metrics.in_flight.dec()
         owed: list[tuple[str, Mapping[str, int] | None, float]] = []
         try:
-            if status < 400:
+            if status < 400 or self.meter is not None:  # a stream that started is charged what it relayed
                 owed = self._charges()
             elif isinstance(error, CascadeExhausted):  # no answer, but the tiers it asked were paid for
                 owed = self.charges = spend.trace_charges(self.rt.policy.models, error.trace)
@@ -165,6 +174,8 @@ class Exchange:
             return []
         if self.cost is None:
             self.cost = quotas.price(self.rt, self.served, self.usage)
+        if self.meter is not None:  # less what a limited key's stream wrote as it ran
+            return [(self.served, *self.meter.rest(self.usage, self.cost))]
         return [(self.served, self.usage, self.cost)]
 
     async def _settle(self, owed: list[tuple[str, Mapping[str, int] | None, float]]) -> None:
@@ -222,6 +233,8 @@ class Exchange:
         if self.usage:
             event["prompt_tokens"] = self.usage.get("prompt_tokens")
             event["completion_tokens"] = self.usage.get("completion_tokens")
+            if self.meter is not None and self.meter.estimated:
+                event["usage_estimated"] = True  # the engine reported none: counted from what was relayed
         if error is not None:
             event["error"] = {"type": error.type, "code": error.code, "message": error.message}
         if self.prompt is not None and self.rt.policy.logging.log_prompts:

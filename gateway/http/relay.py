@@ -14,6 +14,7 @@ from fastapi.responses import StreamingResponse
 from backends.base import Body
 from gateway.http.exchange import Exchange
 from gateway.http.tool_arguments import Calls
+from gateway.service import metering
 from gateway.service.dispatch import Served
 from policies.errors import TriageError
 
@@ -35,17 +36,20 @@ def events(data: bytes, headers: dict[str, str]) -> Response:
     return Response(data, media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
 
 
-def chat_chunks(ex: Exchange, served: Served) -> AsyncGenerator[bytes, None]:
-    """Chat chunks relayed; a failure after the stream started becomes an SSE error event, then [DONE]."""
-    return _relay(ex, served, None)
+def chat_chunks(ex: Exchange, served: Served, kind: str, asked_usage: bool) -> AsyncGenerator[bytes, None]:
+    """Chat (or text completion) chunks relayed; a failure after the stream started becomes an SSE
+    error event, then [DONE]. The usage chunk is relayed only when the client asked for it."""
+    return _relay(ex, served, None, metering.StreamMeter(ex.rt, ex.key, served.model, kind, ex.prompt, asked_usage))
 
 
 def translated(ex: Exchange, served: Served, translator: Translator) -> AsyncGenerator[bytes, None]:
     """Another API's event stream over a chat stream: a failure after the start is that API's error event."""
-    return _relay(ex, served, translator)
+    return _relay(ex, served, translator, metering.StreamMeter(ex.rt, ex.key, served.model, "chat", ex.prompt, True))
 
 
-async def _relay(ex: Exchange, served: Served, translator: Translator | None) -> AsyncGenerator[bytes, None]:
+async def _relay(
+    ex: Exchange, served: Served, translator: Translator | None, meter: metering.StreamMeter
+) -> AsyncGenerator[bytes, None]:
     assert served.stream is not None
     status, error = 499, None  # until the upstream finishes, a stop is the client going away
     calls = Calls()
@@ -53,24 +57,28 @@ async def _relay(ex: Exchange, served: Served, translator: Translator | None) ->
         if translator is not None:
             yield translator.start()
         async for chunk in served.stream:
-            if chunk.get("usage"):
-                ex.usage = chunk["usage"]
+            passes = meter.feed(chunk)
             calls.feed(chunk)
             if translator is None:
-                chunk["model"] = served.model
-                yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+                if passes:
+                    chunk["model"] = served.model
+                    yield b"data: " + orjson.dumps(meter.strip(chunk)) + b"\n\n"
             elif data := translator.feed(chunk):
                 yield data
+            await meter.checkpoint()  # a limited key's stream stops here at its limit
         status = 200
         calls.flag(ex.request_id, served.model, served.backend)
         if translator is not None:
+            if meter.estimated:  # the engine said nothing: the translator's usage is the estimate
+                translator.feed({"choices": [], "usage": meter.usage()})
             yield translator.end()
     except TriageError as exc:
         status, error = exc.status, exc
-        log.warning("stream_failed", request_id=ex.request_id, error=exc.message)
+        log.warning("stream_failed", request_id=ex.request_id, error=exc.message, code=exc.code)
         yield b"data: " + orjson.dumps(exc.body()) + b"\n\n" if translator is None else translator.fail(exc)
     finally:
         await served.stream.aclose()
+        ex.metered(meter)
         await ex.finish(status, error)
     if translator is None:
         yield b"data: [DONE]\n\n"

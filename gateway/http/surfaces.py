@@ -17,7 +17,7 @@ from gateway.http.app_state import GatewayState
 from gateway.http.doors import Call
 from gateway.http.exchange import Exchange
 from gateway.http.relay import as_chunk, chat_chunks, translated
-from gateway.service import typed
+from gateway.service import metering, typed
 from gateway.service.bodies import check
 from gateway.service.dispatch import Served
 from gateway.service.runtime import Runtime
@@ -47,7 +47,7 @@ class OpenAI:
         return chunks + b"data: [DONE]\n\n"
 
     def relay(self, ex: Exchange, served: Served) -> AsyncGenerator[bytes, None]:
-        return chat_chunks(ex, served)
+        return chat_chunks(ex, served, self.kind, metering.asked_usage(self.chat))
 
 
 class Responses:

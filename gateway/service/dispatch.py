@@ -67,6 +67,10 @@ async def dispatch(
             upstream_body, switch = reasoning.apply(upstream_body, spec, route.reasoning)
         elif route is not None:
             switch = "engine"  # the candidate leaves reasoning to the engine's default
+        if upstream_body.get("stream") is True and kind in ("chat", "completion"):
+            # every stream is counted: the engine is asked for its usage whether the client did or not
+            # (gateway.service.metering: the client gets the usage chunk only when it asked)
+            upstream_body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         call = Call(kind, upstream_body, request_id, attempts, affinity)
         try:
             if call.stream:

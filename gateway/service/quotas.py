@@ -84,6 +84,13 @@ async def check_budget(rt: Runtime, key: ApiKey | None) -> None:
     await admit(rt, budget_only, None)
 
 
+async def recheck(rt: Runtime, key: ApiKey) -> None:
+    """``key``'s tpm and budgets checked again while its request runs (a stream's checkpoint):
+    the limit's error when one is crossed; nothing counted against ``rpm``."""
+    again = key.model_copy(update={"limits": key.limits.model_copy(update={"rpm": None})})
+    await admit(rt, again, None)
+
+
 async def recovered(rt: Runtime, every_s: float = 1.0) -> bool:
     """A store that was down at start (degraded mode), asked again at most every ``every_s``: True
     once it answers (the gateway then counts limits again)."""
