@@ -3,7 +3,12 @@ is known: a cheap candidate right with its predicted probability p (uniform on [
 one right 90% of the time and predicted so; the margin rule sends a request to the cheap one where
 p is within the margin of 0.9. Over 200 resamplings of the calibration rows, the target holds on
 the population at the certified knob in at least 1 - delta of them; the plain fit on the same rows
-misses more often; too few rows are refused."""
+misses more often; too few rows are refused.
+
+A test draws what it needs: a certified knob takes about 0.05 s, the plain fit (1,500 knobs walked)
+0.4 s, so the plain fit is drawn on the first NAIVE resamplings only. It holds about half the time
+(measured 0.525 and 0.45 on 40), the certified knob 0.9 (0.905, 0.835 at delta 0.2, 0.89 on the
+budget): a gap of over three standard errors of 40 draws (3.9 at delta 0.2)."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from policies.routed import Target, fit_knob
 
 STRONG = 0.9
 COST = np.array([1.0, 10.0])
+NAIVE = 40  # resamplings on which the plain fit is compared
 
 
 def true_accuracy(margin: float) -> float:
@@ -44,10 +50,11 @@ def test_a_share_of_the_strong_model_holds_in_at_least_one_minus_delta_of_resamp
         assert cert.knob is not None, "1,500 rows are enough here"
         chosen.append(cert.knob)
         held += true_accuracy(cert.knob) >= 0.95 * STRONG
-        naive = fit_knob(quality, COST, "margin", target, 1, correct).knob  # the plain fit: no bound
-        naive_held += true_accuracy(naive) >= 0.95 * STRONG
+        if k < NAIVE:
+            naive = fit_knob(quality, COST, "margin", target, 1, correct).knob  # the plain fit: no bound
+            naive_held += true_accuracy(naive) >= 0.95 * STRONG
     assert held / 200 >= 1 - delta, (held, delta)
-    assert naive_held / 200 < held / 200  # the bound is what holds it
+    assert naive_held / NAIVE < held / 200 - 3 * (0.25 / NAIVE) ** 0.5, (naive_held, held)  # the bound holds it
     assert np.mean(chosen) > 0.15  # and it is not the trivial answer (everything to the strong model)
 
 
@@ -62,9 +69,11 @@ def test_a_budget_holds_and_the_rows_order_the_walk_from_the_cheapest() -> None:
         cert = certify_knob(quality, COST, "margin", Target("cost", 4.0), 1, correct, 0.1, seed=k)
         assert cert.knob is not None and cert.p_values[0][0] == 1.0  # the walk starts at the cheapest
         held += true_cost(cert.knob) <= 4.0
-        naive_held += true_cost(fit_knob(quality, COST, "margin", Target("cost", 4.0), 1, correct).knob) <= 4.0
+        if k < NAIVE:
+            naive = fit_knob(quality, COST, "margin", Target("cost", 4.0), 1, correct).knob
+            naive_held += true_cost(naive) <= 4.0
     assert held / 200 >= 0.9 - 2 * (0.9 * 0.1 / 200) ** 0.5, held
-    assert naive_held / 200 < 0.7 < held / 200, (naive_held, held)
+    assert naive_held / NAIVE < 0.7 < held / 200, (naive_held, held)
 
 
 def test_a_utility_rule_walks_a_fixed_log_grid() -> None:
