@@ -12,9 +12,12 @@ opens an engine, a context of its own, in that process. This module is the gatew
   in the worker (at its next token), and a worker that does not let go of it within
   ``HANG_GRACE_S`` is killed and replaced;
 - when the worker dies (SIGSEGV, SIGABRT, SIGKILL, out of memory), the jobs it was running fail
-  with :class:`~policies.errors.EngineCrashed` (502, the model named, no internals), the jobs it
-  had not started are sent again to its successor, and it is restarted with a backoff that
-  doubles while it keeps dying before serving anything (up to ``MAX_BACKOFF_S``).
+  with :class:`~policies.errors.EngineCrashed` (502, the model named, no internals), and what they
+  asked is remembered (``backends.crash_guard``: the same request is refused for a while, a key
+  that keeps crashing engines is slowed); the jobs it had not started are sent again to its
+  successor, however many workers die before they run (each ends at its own deadline at the
+  latest); the worker is restarted with a backoff that doubles while it keeps dying before serving
+  anything (up to ``MAX_BACKOFF_S``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from typing import Any, Literal
 import orjson
 import structlog
 
+from backends import crash_guard
+from backends.crash_guard import Caller, Suspect
 from backends.engine_wire import frame, frame_length
 from backends.remote import too_long
 from policies.errors import EngineCrashed, EngineUnavailable, InvalidRequest, UpstreamError, UpstreamTimeout
@@ -43,7 +48,6 @@ HANG_GRACE_S = 10.0  # a cancelled job's worker must let go within this (a long 
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 60.0
 OPEN_TIMEOUT_S = 300.0  # loading a file and one token (a cold 1.5B model from a slow disk)
-RESENDS = 1  # a job the dead worker had not started is sent to its successor this many times
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class _Job:
     stream: bool
     result: asyncio.Future[Any]
     chunks: asyncio.Queue[tuple[str, Any]] | None = None
+    caller: Caller | None = None  # whose request (crash_guard.CALLER when it was submitted)
     started: bool = False
     sent: int = 0  # to how many workers
     abandoned: bool = False  # the caller stopped waiting (deadline, client gone)
@@ -172,9 +177,11 @@ class Host:
             raise EngineUnavailable(f"local model {self.label} is unavailable: {self.problems[eid]}")
         if eid not in self.specs:
             raise UpstreamError(f"local model {self.label} is not open")
+        kind = self.specs[eid].kind
+        crash_guard.guard().admit(self.label, lambda: crash_guard.fingerprint(kind, method, args))
         self._next_id += 1
         loop = asyncio.get_running_loop()
-        job = _Job(self._next_id, eid, method, args, stream, loop.create_future())
+        job = _Job(self._next_id, eid, method, args, stream, loop.create_future(), caller=crash_guard.CALLER.get())
         if stream:
             job.chunks = asyncio.Queue()
         self._jobs[job.id] = job
@@ -278,6 +285,7 @@ class Host:
         )
         self._proc = proc
         self._served = False
+        self._stderr.clear()  # a crash's log shows its own worker's last words
         log.info("engine_started", model=self.label, pid=proc.pid, engines=sorted(self.specs))
         self._spawn_task(self._read(proc))
         self._spawn_task(self._tail(proc))
@@ -333,8 +341,10 @@ class Host:
             ):  # chat first: its model is shared
                 self._send_open(eid)
             self._up.set()
-            for job in list(self._jobs.values()):  # waiting for this worker
-                if not job.abandoned and job.sent <= RESENDS and job.engine in self.specs:
+            for job in list(self._jobs.values()):  # waiting for this worker: none has run yet
+                if job.abandoned or job.engine not in self.specs:
+                    self._finish(job, UpstreamError(f"local model {self.label} was closed"))
+                else:
                     self._send_job(job)
             return
         if ev in ("opened", "open_failed"):
@@ -383,7 +393,8 @@ class Host:
         loading = [e for e, f in self.opened.items() if not f.done()]
         for eid in loading:  # died opening it: the file or its first token kills the process
             self.problems[eid] = f"the worker died ({why}) loading the model or running its first token"
-        running = [j for j in self._jobs.values() if j.started or j.sent > RESENDS or j.abandoned]
+        running = [j for j in self._jobs.values() if j.started or j.abandoned]  # the rest never ran: sent again
+        guard = crash_guard.guard()
         log.error(
             "engine_crashed",
             model=self.label,
@@ -392,8 +403,9 @@ class Host:
             running=len(running),
             waiting=len(self._jobs) - len(running),
             loading=loading,
-            stderr=list(self._stderr)[-5:],
+            **guard.stderr(list(self._stderr)[-5:]),
         )
+        guard.crashed(self.label, [self._suspect(j) for j in running if j.started])
         for fut in self.opened.values():
             if not fut.done():
                 fut.set_exception(EngineCrashed(f"local model {self.label} crashed ({why})"))
@@ -406,6 +418,10 @@ class Host:
             self._failures += 1
         delay = min(FIRST_BACKOFF_S * 2 ** max(self._failures - 1, 0), MAX_BACKOFF_S) if self._failures else 0.0
         self._restart = asyncio.get_running_loop().create_task(self._respawn(delay))
+
+    def _suspect(self, job: _Job) -> Suspect:
+        kind = self.specs[job.engine].kind if job.engine in self.specs else "closed"
+        return Suspect(lambda: crash_guard.fingerprint(kind, job.method, job.args), job.caller)
 
     async def _respawn(self, delay: float) -> None:
         try:

@@ -218,3 +218,22 @@ class EngineUnavailable(UpstreamError):
     status = 503
     type = "server_error"
     default_code = "engine_unavailable"
+
+
+class CrashingRequest(UpstreamError):
+    """The same request (its content, as it reached the engine) crashed a local engine moments
+    ago: refused for a while rather than sent into another crash. A 400, so that clients do not
+    retry it; an UpstreamError, so that a fallback model down the chain may still take it."""
+
+    status = 400
+    type = "invalid_request_error"
+    default_code = "request_crashed_engine"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
+class CrashCooldown(KeyRateLimited):
+    """A key's requests crashed local engines again and again: the engines refuse it for a while."""
+
+    default_code = "engine_crash_cooldown"

@@ -124,9 +124,10 @@ class Call:
         return unless_gone(self.request, work)
 
     def context(self, always: bool = False) -> Context:
-        """The service's context; it watches for a client that leaves where a request can queue
-        (``always``: a decision, which may ask several tiers)."""
-        watch = always or self.ex.rt.admission
+        """The service's context; it watches for a client that leaves where a request can queue (a
+        waiting room, a local engine's turn: an abandoned plain request gives the model back at
+        once, as a stream does) or ``always`` (a decision, which may ask several tiers)."""
+        watch = always or self.ex.rt.admission or self.ex.rt.local_engines
         ctx = self.ex.context(self.wait if watch else None)
         if self.ex.rt.policy.response_cache is not None:
             ctx.cache = directive(self.request.headers.get("x-triage-cache"))

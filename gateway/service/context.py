@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from backends.base import Attempt
+from backends.crash_guard import Caller, calling
 from policies.response_cache import Directive
 from policies.schema import ApiKey
 
@@ -37,5 +38,14 @@ class Context:
         return dataclasses.replace(self, request_id=f"{self.request_id}-{i}")
 
     def waited(self, work: Awaitable[T]) -> Awaitable[T]:
-        """``work`` as this request awaits it (no coroutine of its own: the hot path's frames are few)."""
+        """``work`` as this request awaits it: the local engines know whose it is (a key's crashes
+        slow it: ``backends.crash_guard``), and the edge stops it when the client leaves. No
+        coroutine of its own without a key or a watch: the hot path's frames are few."""
+        if self.key is not None:
+            work = _as(Caller(self.key.name, self.key.sha256), work)
         return work if self.wait is None else self.wait(work)
+
+
+async def _as(caller: Caller, work: Awaitable[T]) -> T:
+    with calling(caller):
+        return await work

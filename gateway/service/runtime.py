@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from backends import registry
+from backends import crash_guard, registry
 from backends.base import Backend
+from backends.engine_host import EngineHandle
 from backends.secrets import MissingSecret, lookup
 from gateway.service.keyring import Keyring, as_key
 from gateway.service.semantic_cache import SemanticCache
@@ -143,6 +144,12 @@ class Runtime:
     def admission(self) -> bool:
         """A backend holds requests in a waiting room (``admission``)."""
         return any(getattr(b, "admission", None) is not None for b in self.backends.values())
+
+    @functools.cached_property
+    def local_engines(self) -> bool:
+        """A backend runs a local engine (one request at a time per context: the others wait their
+        turn, and a request whose client left must give its turn back at once)."""
+        return any(isinstance(getattr(b, "engine", None), EngineHandle) for b in self.backends.values())
 
 
 def secret_problems(policy: Policy) -> list[str]:
@@ -273,6 +280,7 @@ async def build(
     operators = frozenset(digest for name, digest in keys if name in policy.access.operator_keys)
     # each key as looked up carries its sha256 itself (an `env:` one resolved): what it owns is kept under it
     by_digest = {digest: policy.keys[i].model_copy(update={"sha256": digest}) for i, (_, digest) in enumerate(keys)}
+    crash_guard.guard().log_content = policy.logging.log_prompts  # the engines' crash logs
     return Runtime(
         policy,
         backends,
