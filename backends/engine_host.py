@@ -16,8 +16,10 @@ opens an engine, a context of its own, in that process. This module is the gatew
   asked is remembered (``backends.crash_guard``: the same request is refused for a while, a key
   that keeps crashing engines is slowed); the jobs it had not started are sent again to its
   successor, however many workers die before they run (each ends at its own deadline at the
-  latest); the worker is restarted with a backoff that doubles while it keeps dying before serving
-  anything (up to ``MAX_BACKOFF_S``).
+  latest); jobs that were running side by side (a chat and a scorer context) when it died, not
+  streamed, are run again, each alone in the next worker, so that the one that did not crash it
+  is answered (one that crashes it alone fails); the worker is restarted with a backoff that
+  doubles while it keeps dying before serving anything (up to ``MAX_BACKOFF_S``).
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class _Job:
     caller: Caller | None = None  # whose request (crash_guard.CALLER when it was submitted)
     started: bool = False
     sent: int = 0  # to how many workers
+    on: int | None = None  # the worker (its generation) it was last sent to
+    alone: bool = False  # it was running beside another job when their worker died: run it again, alone
     abandoned: bool = False  # the caller stopped waiting (deadline, client gone)
 
 
@@ -105,6 +109,8 @@ class Host:
     _served: bool = False
     _closing: bool = False
     _restart: asyncio.Task[None] | None = None
+    _generation: int = 0  # the workers started so far
+    _alone: list[_Job] = field(default_factory=list)  # suspects to run one at a time, nothing beside them
 
     # ---- engines -----------------------------------------------------------------------------
 
@@ -185,12 +191,13 @@ class Host:
         if stream:
             job.chunks = asyncio.Queue()
         self._jobs[job.id] = job
-        if self._up.is_set():
+        if self._up.is_set() and not self._alone:
             self._send_job(job)
-        return job  # else sent when the worker is back
+        return job  # else sent when the worker is back, or once the jobs to run alone are done
 
     def _send_job(self, job: _Job) -> None:
         job.sent += 1
+        job.on = self._generation
         msg = {"op": "run", "id": job.id, "engine": job.engine, "method": job.method, "args": job.args}
         self._write({**msg, "stream": job.stream})
 
@@ -200,7 +207,7 @@ class Host:
         if job.result.done() or job.abandoned:
             return
         job.abandoned = True
-        if not job.sent:
+        if job.on != self._generation or self._proc is None:  # this worker never had it
             self._finish(job)
             return
         self._write({"op": "cancel", "id": job.id})
@@ -217,6 +224,9 @@ class Host:
 
     def _finish(self, job: _Job, exc: BaseException | None = None, value: Any = None) -> None:
         self._jobs.pop(job.id, None)
+        if job in self._alone:
+            self._alone.remove(job)
+            self._send_waiting()
         if job.result.done():
             return
         if exc is not None:
@@ -284,6 +294,7 @@ class Host:
             limit=2**20,
         )
         self._proc = proc
+        self._generation += 1
         self._served = False
         self._stderr.clear()  # a crash's log shows its own worker's last words
         log.info("engine_started", model=self.label, pid=proc.pid, engines=sorted(self.specs))
@@ -333,6 +344,15 @@ class Host:
             pass
         await self._died(proc)
 
+    def _send_waiting(self) -> None:
+        """Send the worker what it does not hold yet: the next job to run alone while there is one
+        (nothing beside it), else every job waiting."""
+        if not self._up.is_set():
+            return
+        for job in self._alone[:1] if self._alone else list(self._jobs.values()):
+            if job.on != self._generation:
+                self._send_job(job)
+
     def _on_message(self, m: dict[str, Any]) -> None:
         ev = m.get("ev")
         if ev == "hello":
@@ -341,11 +361,10 @@ class Host:
             ):  # chat first: its model is shared
                 self._send_open(eid)
             self._up.set()
-            for job in list(self._jobs.values()):  # waiting for this worker: none has run yet
+            for job in list(self._jobs.values()):  # waiting for this worker: none has run to its end
                 if job.abandoned or job.engine not in self.specs:
                     self._finish(job, UpstreamError(f"local model {self.label} was closed"))
-                else:
-                    self._send_job(job)
+            self._send_waiting()
             return
         if ev in ("opened", "open_failed"):
             fut = self.opened.get(m["engine"])
@@ -393,7 +412,9 @@ class Host:
         loading = [e for e, f in self.opened.items() if not f.done()]
         for eid in loading:  # died opening it: the file or its first token kills the process
             self.problems[eid] = f"the worker died ({why}) loading the model or running its first token"
-        running = [j for j in self._jobs.values() if j.started or j.abandoned]  # the rest never ran: sent again
+        started = [j for j in self._jobs.values() if j.started]
+        again = [j for j in started if len(started) > 1 and not (j.stream or j.abandoned or j.alone)]
+        running = [j for j in self._jobs.values() if (j.started or j.abandoned) and j not in again]
         guard = crash_guard.guard()
         log.error(
             "engine_crashed",
@@ -405,7 +426,10 @@ class Host:
             loading=loading,
             **guard.stderr(list(self._stderr)[-5:]),
         )
-        guard.crashed(self.label, [self._suspect(j) for j in running if j.started])
+        guard.crashed(self.label, [self._suspect(j) for j in started])
+        for job in again:  # either may have crashed it: each runs again with nothing beside it
+            job.alone = True
+            self._alone.append(job)
         for fut in self.opened.values():
             if not fut.done():
                 fut.set_exception(EngineCrashed(f"local model {self.label} crashed ({why})"))

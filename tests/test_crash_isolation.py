@@ -2,7 +2,9 @@
 fingerprint is refused for a while, a key that keeps crashing engines is slowed, and the requests
 and batch lines queued behind crashes survive any number of them. The crashes are real: SIGSEGV
 sent to a real SmolLM2 worker while it runs the request (``tests.test_engines``' way), under a real
-uvicorn, asked by the official client. The guard's own rules are checked on a fake clock first."""
+uvicorn, asked by the official client, and one of llama.cpp's own (a grammar it cannot parse, sent
+past the gateway's check) for what the crash log shows. The guard's own rules are checked on a
+fake clock first."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import asyncio
 import concurrent.futures
 import hashlib
 import json
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +27,17 @@ from backends.crash_guard import Caller, CrashGuard, Suspect
 from policies.errors import CrashCooldown, CrashingRequest, EngineCrashed
 from tests import lanes
 from tests.conftest import Gateway, GatewayRunner
-from tests.test_engines import COUNTING, POLICY, back_up, batch_through_kills, host_of, kill_when_running, wait_for
+from tests.test_engines import (
+    COUNTING,
+    POLICY,
+    QUESTION,
+    back_up,
+    batch_through_kills,
+    host_of,
+    kill_when_running,
+    running,
+    wait_for,
+)
 
 # --- the guard's rules, on a fake clock ----------------------------------------------------------------------
 
@@ -128,7 +142,7 @@ def test_crash_logs_show_no_request_content_unless_prompts_may_be_logged() -> No
 
 # --- real crashes of a real worker ---------------------------------------------------------------------------
 
-KEYS = {name: f"{name}-key" for name in ("retrier", "crasher", "bystander", "culprit", "patient")}
+KEYS = {name: f"{name}-key" for name in ("retrier", "crasher", "bystander", "culprit", "patient", "pair")}
 KEYED = (
     POLICY
     + "keys:\n"
@@ -161,7 +175,7 @@ def crash(gw: Gateway, ask: Any) -> openai.APIStatusError:
 
 
 def long_completion(client: openai.OpenAI, prompt: str, **extra: Any) -> Any:
-    return client.completions.create(model="smollm2", prompt=prompt, max_tokens=900, **({"temperature": 0} | extra))
+    return client.completions.create(model="smollm2", prompt=prompt, **({"max_tokens": 900, "temperature": 0} | extra))
 
 
 def test_the_request_that_crashed_the_engine_is_refused_not_sent_again(keyed: Gateway) -> None:
@@ -242,6 +256,28 @@ def test_requests_queued_behind_three_crashes_are_all_answered(keyed: Gateway) -
                 f.result(120)
         answers = [f.result(120).choices[0].message.content for f in good]
     assert all(a is not None for a in answers), answers
+
+
+def test_two_requests_running_side_by_side_at_a_crash_are_each_run_again_alone(keyed: Gateway) -> None:
+    """A chat completion and a decision (the scorer's context on the same file) both running when
+    the worker dies: either may have crashed it, so each runs again in the next worker with
+    nothing beside it, and both are answered (the innocent one used to fail with the culprit)."""
+    client, host = keyed.client(KEYS["pair"]), host_of(keyed)
+    with keyed.http() as http, concurrent.futures.ThreadPoolExecutor(2) as pool:
+        chat = pool.submit(long_completion, client, f"{COUNTING} 500,", max_tokens=300)
+        wait_for(lambda: running(host), what="the completion to start")
+        decision = pool.submit(
+            http.post, "/v1/decide", json=QUESTION, headers={"Authorization": f"Bearer {KEYS['pair']}"}
+        )
+        wait_for(lambda: sum(j.started for j in list(host._jobs.values())) == 2, what="both to run")
+        pid = host.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSEGV)
+        assert chat.result(120).choices[0].text
+        answered = decision.result(120)
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["answer"] in QUESTION["options"]
+    assert host.pid != pid
 
 
 @pytest.mark.engine
