@@ -88,7 +88,7 @@ test: $(FAST_STAMP) services $(STAMP) vllm
 
 # schemathesis on the OpenAPI document against a running gateway, FUZZ_EXAMPLES per operation
 # (tests/test_fuzz.py; the normal suite runs 25); SCHEMA_FUZZ_EXAMPLES generated JSON schemas
-# through the local engine in its worker (tests/test_schema_fuzz.py; the normal suite runs 120)
+# through the local engine in its worker (tests/test_schema_fuzz.py; the normal suite runs 500)
 FUZZ_EXAMPLES ?= 5000
 SCHEMA_FUZZ_EXAMPLES ?= 10000
 fuzz: $(STAMP)

@@ -16,6 +16,7 @@ raises :class:`GrammarRefused` for each of the above. Pure; nothing runs on an e
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 
@@ -25,6 +26,10 @@ _ESCAPES = {"t": "\t", "r": "\r", "n": "\n", "\\": "\\", '"': '"', "[": "[", "]"
 _HEX = {"x": 2, "u": 4, "U": 8}
 _WORD = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
 _DIGITS = frozenset("0123456789")
+_NAME = re.compile(r"[a-zA-Z0-9-]+")
+_BLANK = re.compile(r"[ \t]*")
+_BLANK_NL = re.compile(r"[ \t\r\n]*")
+_PLAIN = re.compile(r'[^"\\]+')
 Element = tuple[int, int]
 
 
@@ -70,21 +75,20 @@ class _Parser:
         return n
 
     def space(self, i: int, newline_ok: bool) -> int:
-        while (c := self.at(i)) in (" ", "\t", "#") or (newline_ok and c in ("\r", "\n")):
-            if c == "#":
-                while self.at(i) not in ("", "\r", "\n"):
-                    i += 1
-            else:
+        blank = _BLANK_NL if newline_ok else _BLANK
+        while True:
+            m = blank.match(self.src, i)  # a * pattern: always a match
+            i = m.end() if m else i
+            if self.at(i) != "#":
+                return i
+            while self.at(i) not in ("", "\r", "\n"):
                 i += 1
-        return i
 
     def name(self, i: int) -> int:
-        j = i
-        while self.at(j) in _WORD and self.at(j):
-            j += 1
-        if j == i:
+        m = _NAME.match(self.src, i)
+        if m is None:
             raise self.fail("expecting a name", i)
-        return j
+        return m.end()
 
     def char(self, i: int) -> tuple[int, int]:
         c = self.at(i)
@@ -152,6 +156,10 @@ class _Parser:
                 i += 1
                 last, n_prev = len(rule), 1
                 while self.at(i) != '"':
+                    if plain := _PLAIN.match(self.src, i):  # a run without escapes, at once
+                        rule += [(CHAR, ord(ch)) for ch in plain.group()]
+                        i = plain.end()
+                        continue
                     value, i = self.char(i)
                     rule.append((CHAR, value))
                 i = self.space(i + 1, nested)

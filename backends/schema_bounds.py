@@ -6,7 +6,8 @@ bodies by then). llama-cpp-python turns the schema into a GBNF grammar (its conv
 Python) and llama.cpp parses and samples it natively, where a fault ends the worker process with
 every request in it. The check refuses, with a 400 naming the field:
 
-- what the converter cannot visit: a boolean sub-schema (``{"items": true}``, ``{"anyOf":
+- what the converter cannot visit: a ``pattern`` with an unmatched ``]`` or ``}`` (it loops for
+  ever on one), a boolean sub-schema (``{"items": true}``, ``{"anyOf":
   [false]}``; only ``additionalProperties`` may be one), a non-local ``$ref`` or one that names no
   schema, a keyword of the wrong shape;
 - empty alternatives (``{"enum": []}``, ``{"anyOf": []}``, ``{"type": []}``): the converter writes an
@@ -77,6 +78,41 @@ def _dead_text(value: Any) -> str | None:
     return None
 
 
+def _pattern_stuck_at(pattern: str) -> int | None:
+    """Where llama-cpp-python 0.3.36's pattern converter would loop for ever (a ``]`` or ``}``
+    outside a character class or a count: its scan neither takes nor skips one), scanning as it
+    scans; None where it goes through."""
+    if not (pattern.startswith("^") and pattern.endswith("$")):
+        return None  # refused by the converter itself
+    body, i = pattern[1:-1], 0
+    while i < len(body):
+        c = body[i]
+        if c == "[":
+            i += 1
+            while i < len(body) and body[i] != "]":
+                i += 2 if body[i] == "\\" else 1
+            i += 1
+        elif c == "{":
+            while i < len(body) and body[i] != "}":
+                i += 1
+            i += 1
+        elif c in "]}":
+            return i + 1
+        else:
+            i += 2 if c == "\\" else 1
+    return None
+
+
+def _has_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        return any("\ud800" <= ch <= "\udfff" for ch in value)
+    if isinstance(value, list):
+        return any(_has_surrogate(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
+    return False
+
+
 class _Walk:
     """Every sub-schema the converter may visit, each checked once (``$ref`` targets included)."""
 
@@ -138,6 +174,14 @@ class _Walk:
         if "const" in node and (found := _dead_text(node["const"])):
             at = f"{where}.const"
             raise SchemaOutOfBounds(f"{at} holds the character {found}, which the local engine cannot write", at)
+        pattern = node.get("pattern")
+        if isinstance(pattern, str) and (at_char := _pattern_stuck_at(pattern)) is not None:
+            at = f"{where}.pattern"
+            raise SchemaOutOfBounds(
+                f"{at} has an unmatched {pattern[at_char]!r} at character {at_char}, which the local engine's "
+                "grammar converter cannot read (escape it)",
+                at,
+            )
         required = node.get("required")
         if required is not None and not (isinstance(required, list) and all(isinstance(r, str) for r in required)):
             raise SchemaOutOfBounds(f"{where}.required must be a list of property names", f"{where}.required")
@@ -223,6 +267,8 @@ def check_grammar(grammar: str, where: str) -> gbnf.Grammar:
 
 def check(schema: Any, where: str = "schema") -> str:
     """The grammar the schema compiles to, or SchemaOutOfBounds naming the field at fault."""
+    if _has_surrogate(schema):  # not UTF-8: it cannot even cross the pipe to the engine's worker
+        raise SchemaOutOfBounds(f"{where} holds a lone UTF-16 surrogate, which the local engine cannot take", where)
     _Walk(schema).schema(schema, where)
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 

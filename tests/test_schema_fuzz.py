@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -31,8 +32,9 @@ from backends.llamacpp import _kwargs
 from policies.errors import EngineCrashed, InvalidRequest, UpstreamError, UpstreamTimeout
 from tests import lanes
 
-EXAMPLES = int(os.environ.get("SCHEMA_FUZZ_EXAMPLES", "120"))
+EXAMPLES = int(os.environ.get("SCHEMA_FUZZ_EXAMPLES", "500"))
 DEADLINE_S = 30.0  # a schema whose two tokens take longer than this fails the run too
+CHECK_S = 10.0  # and a check that takes longer than this (llama-cpp-python's converter can loop for ever)
 
 # --- the schemas -------------------------------------------------------------------------------------------
 
@@ -145,7 +147,7 @@ SCHEMAS = st.one_of(
 @dataclass
 class Tally:
     outcomes: Counter[str] = field(default_factory=Counter)
-    deaths: list[str] = field(default_factory=list)  # the schemas (JSON, cut) that crashed or hung the worker
+    deaths: list[str] = field(default_factory=list)  # the schemas (JSON, cut) that crashed or hung the worker or check
     seconds: float = 0.0
 
 
@@ -198,12 +200,31 @@ def body_for(schema: dict[str, Any], as_tool: bool, temperature: float) -> dict[
     return body
 
 
+class CheckHung(Exception):
+    pass
+
+
+def _hung(signum: int, frame: Any) -> None:
+    raise CheckHung
+
+
 def run_one(bench: Bench, tally: Tally, schema: dict[str, Any], as_tool: bool, temperature: float) -> None:
+    if sum(tally.outcomes.values()) % 1000 == 999:
+        print(f"schema fuzz: {sum(tally.outcomes.values()) + 1} schemas, {dict(tally.outcomes)}", flush=True)
+    previous = signal.signal(signal.SIGALRM, _hung)  # the check is pure Python: an endless loop there is caught
+    signal.setitimer(signal.ITIMER_REAL, CHECK_S)
     try:
         args = _kwargs(Call("chat", body_for(schema, as_tool, temperature), "schema-fuzz"))
     except InvalidRequest:
         tally.outcomes["refused"] += 1
         return
+    except CheckHung:
+        tally.outcomes["hung check"] += 1
+        tally.deaths.append(f"the check ran past {CHECK_S:g}s: {json.dumps(schema)[:400]}")
+        return
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
     started = time.monotonic()
     got = bench.send(args)
     tally.seconds += time.monotonic() - started

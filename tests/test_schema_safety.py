@@ -28,8 +28,10 @@ CRASHERS = [
     ({"enum": ["a\x00b"]}, "enum"),
     ({"const": "\x00"}, "const"),
     ({"type": "string", "maxLength": 10000}, "maxLength"),
+    ({"type": "string", "pattern": "^a]$"}, "pattern"),  # found by the fuzzer: the converter loops for ever
 ]
 CRASHER_IDS = ["empty-enum", "empty-anyOf", "empty-type", "empty-enum-inside", "nul-enum", "nul-const", "maxLength"]
+CRASHER_IDS += ["stray-bracket"]
 BOOLEANS = [
     ({"anyOf": [False]}, "anyOf[0]"),
     ({"anyOf": [True]}, "anyOf[0]"),
@@ -209,6 +211,20 @@ def test_batch_lines_with_crashing_schemas_get_400_lines_and_the_others_are_answ
     for cid in ("ok-1", "ok-2", "ok-3"):
         assert out[cid]["response"]["status_code"] == 200, (cid, out.get(cid), errors.get(cid))
     assert host.restarts == before
+
+
+@pytest.mark.engine  # llama-cpp-python's converter
+def test_a_lone_surrogate_anywhere_in_a_schema_is_refused_before_the_wire() -> None:
+    """The JSON parsers of the HTTP edge refuse one; a schema from the library would otherwise
+    fail to cross the pipe to the worker."""
+    from backends.base import Call
+    from backends.llamacpp import _kwargs
+    from policies.errors import InvalidRequest
+
+    _, body = chat_format({"type": "object", "properties": {"a": {}}, "required": ["\ud800"]})
+    with pytest.raises(InvalidRequest) as refused:
+        _kwargs(Call("chat", body, "r"))
+    assert refused.value.param == "response_format.json_schema.schema"
 
 
 # --- the grammar reader (pure: no engine) ---------------------------------------------------------------------
