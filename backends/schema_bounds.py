@@ -81,7 +81,8 @@ def _dead_text(value: Any) -> str | None:
 def _pattern_stuck_at(pattern: str) -> int | None:
     """Where llama-cpp-python 0.3.36's pattern converter would loop for ever (a ``]`` or ``}``
     outside a character class or a count: its scan neither takes nor skips one), scanning as it
-    scans; None where it goes through."""
+    scans; None where it goes through. SchemaOutOfBounds for a count it would write out past
+    MAX_COUNT times (``x{0,100000000}`` is a string of gigabytes before any grammar is read)."""
     if not (pattern.startswith("^") and pattern.endswith("$")):
         return None  # refused by the converter itself
     body, i = pattern[1:-1], 0
@@ -93,8 +94,12 @@ def _pattern_stuck_at(pattern: str) -> int | None:
                 i += 2 if body[i] == "\\" else 1
             i += 1
         elif c == "{":
+            start = i
             while i < len(body) and body[i] != "}":
                 i += 1
+            counts = [n.strip() for n in body[start + 1 : i].split(",")]
+            if any(n.isdigit() and int(n) > MAX_COUNT for n in counts):  # it writes them out, repeated
+                raise SchemaOutOfBounds(f"the count {body[start : i + 1]}")
             i += 1
         elif c in "]}":
             return i + 1
@@ -175,8 +180,12 @@ class _Walk:
             at = f"{where}.const"
             raise SchemaOutOfBounds(f"{at} holds the character {found}, which the local engine cannot write", at)
         pattern = node.get("pattern")
-        if isinstance(pattern, str) and (at_char := _pattern_stuck_at(pattern)) is not None:
-            at = f"{where}.pattern"
+        at = f"{where}.pattern"
+        try:
+            at_char = _pattern_stuck_at(pattern) if isinstance(pattern, str) else None
+        except SchemaOutOfBounds as exc:
+            raise SchemaOutOfBounds(f"{at} has {exc}; the local engine takes at most {MAX_COUNT}", at) from None
+        if isinstance(pattern, str) and at_char is not None:
             raise SchemaOutOfBounds(
                 f"{at} has an unmatched {pattern[at_char]!r} at character {at_char}, which the local engine's "
                 "grammar converter cannot read (escape it)",

@@ -29,9 +29,10 @@ CRASHERS = [
     ({"const": "\x00"}, "const"),
     ({"type": "string", "maxLength": 10000}, "maxLength"),
     ({"type": "string", "pattern": "^a]$"}, "pattern"),  # found by the fuzzer: the converter loops for ever
+    ({"type": "string", "pattern": "^(ab){0,200000000}$"}, "pattern"),  # the converter writes gigabytes
 ]
 CRASHER_IDS = ["empty-enum", "empty-anyOf", "empty-type", "empty-enum-inside", "nul-enum", "nul-const", "maxLength"]
-CRASHER_IDS += ["stray-bracket"]
+CRASHER_IDS += ["stray-bracket", "pattern-count"]
 BOOLEANS = [
     ({"anyOf": [False]}, "anyOf[0]"),
     ({"anyOf": [True]}, "anyOf[0]"),
