@@ -1,5 +1,5 @@
 """``python -m benchmarks semantic-replay``: the intent sets' test rows through the gateway's own
-semantic cache (``gateway.service.semantic_cache.SemanticCache``), with the gateway's grouping.
+semantic cache (``gateway.service.cache.semantic.SemanticCache``), with the gateway's grouping.
 
 The fit (:mod:`eval.cache_fit`) groups entries by their intent label. The gateway cannot: it
 groups an entry with a kept one whose *answer's* embedding is within ``AGREE`` of its own. Here
@@ -27,7 +27,7 @@ import numpy as np
 from benchmarks.semantic_cache import cpu_kind
 from classifiers.training.train_all import embedding_cache
 from eval.cache_fit import OUT_OF_SCOPE, SETS, Replay, read_rows, seeded, streams
-from gateway.service.semantic_cache import SemanticCache
+from gateway.service.cache.semantic import SemanticCache
 from gateway.state.stores import MemoryStore
 from policies.loader import load
 from policies.schema import SemanticCacheSpec

@@ -256,7 +256,7 @@ def test_dispatch_keeps_the_order_and_never_waits_for_a_group_to_end() -> None:
     barrier between groups would deadlock here: the slow one ends only after the last)."""
     import asyncio
 
-    from gateway.service.batch_runner import in_order
+    from gateway.batch.runner import in_order
 
     async def main() -> list[str]:
         last_done = asyncio.Event()

@@ -15,7 +15,7 @@ import numpy as np
 import openai
 import pytest
 
-from gateway.service import runtime
+from gateway.service import assemble
 from policies import loader, routed
 from policies.errors import PolicyInvalid
 from policies.fit import Fit, estimate, shape_of, surely_fits, takes, too_long
@@ -187,7 +187,7 @@ def test_a_declared_context_larger_than_the_engines_is_a_start_up_problem(tmp_pa
     path = tmp_path / "policy.yaml"
     path.write_text(policy(extra_models="  bold: {backend: small, context_length: 4096}\n"))
     with pytest.raises(PolicyInvalid) as info:
-        asyncio.run(runtime.build(loader.load(path), base_dir=tmp_path, source=path))
+        asyncio.run(assemble.build(loader.load(path), base_dir=tmp_path, source=path))
     [problem] = info.value.problems
     line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if t.startswith("  bold:"))
     assert problem.startswith(f"{path}:{line}:") and "models.bold.context_length" in problem
@@ -198,7 +198,7 @@ def test_a_declared_context_is_what_counts_and_the_engines_otherwise() -> None:
     text = policy(extra_models="  modest: {backend: roomy, context_length: 1024}\n")
 
     async def fits() -> dict[str, Fit]:
-        rt = await runtime.build(loader.parse(text))
+        rt = await assemble.build(loader.parse(text))
         try:
             return rt.fits
         finally:
@@ -248,7 +248,7 @@ models:
 """
 
     async def fit() -> Fit:
-        rt = await runtime.build(loader.parse(text))
+        rt = await assemble.build(loader.parse(text))
         try:
             return rt.fits["smollm2"]
         finally:

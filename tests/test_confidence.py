@@ -204,7 +204,7 @@ def test_eval_fits_the_gate_and_a_learned_one_keeps_quality_at_a_third_of_the_es
 
 
 def test_a_learned_gate_without_its_model_stops_the_start(tmp_path: Path) -> None:
-    from gateway.service.runtime import load_judges
+    from gateway.service.assemble import load_judges
     from policies.schema import Policy
 
     policy = Policy.model_validate(
@@ -272,7 +272,7 @@ def test_the_gateway_gates_on_the_learned_probability(gateway, tmp_path: Path) -
 
 
 def test_a_gate_fitted_at_other_temperatures_stops_the_start(tmp_path: Path) -> None:
-    from gateway.service.runtime import load_judges
+    from gateway.service.assemble import load_judges
     from policies.loader import load
 
     model = _constant("first", 0.9)
@@ -431,7 +431,7 @@ def test_each_question_type_with_enough_rows_gets_its_own_calibration(tmp_path: 
 def test_a_scalar_gate_that_keeps_a_record_of_escalating_still_judges_without_an_embedding(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from gateway.service.runtime import load_judges
+    from gateway.service.assemble import load_judges
     from policies.cascade import judged, read
 
     sigs, right = _signals(200)

@@ -22,7 +22,7 @@ import asyncpg
 import openai
 import pytest
 
-from gateway.service.batch_lines import plan_rows
+from gateway.batch.lines import plan_rows
 from gateway.state.batch_model import Row
 from tests.conftest import Gateway, free_port, wait_http
 from tests.servers import PgServer
@@ -327,7 +327,7 @@ def test_two_gateways_at_once_claim_each_group_once(database: str, tmp_path: Pat
 
 def test_a_prefix_group_goes_to_one_replica_from_every_gateway(tmp_path: Path) -> None:
     from backends.prefix import approx_tokens
-    from gateway.service import runtime
+    from gateway.service import assemble
     from gateway.service.runtime import RuntimeHolder
     from policies import loader
 
@@ -357,7 +357,7 @@ models: {m: {backend: pool}}
 
     async def picks() -> list[list[str]]:
         policy = loader.parse(text, "fleet.yaml", tmp_path)
-        holders = [RuntimeHolder(await runtime.build(policy, base_dir=tmp_path)) for _ in range(2)]  # two gateways
+        holders = [RuntimeHolder(await assemble.build(policy, base_dir=tmp_path)) for _ in range(2)]  # two gateways
         try:
             return [[h.current.backends["pool"].replicas.pick(set(), key).api_base for key in keys] for h in holders]
         finally:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from gateway.service import runtime
+from gateway.service import assemble
 from policies import loader
 from policies.errors import PolicyInvalid
 from tests.conftest import Gateway, LlamaServer, free_port
@@ -59,5 +59,5 @@ def test_missing_secret_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRIAGE_TEST_LITELLM_KEY", raising=False)
     policy = loader.parse(litellm_policy("http://127.0.0.1:9/v1"))
     with pytest.raises(PolicyInvalid) as info:
-        asyncio.run(runtime.build(policy))
+        asyncio.run(assemble.build(policy))
     assert info.value.problems == ["backends.via-litellm: environment variable TRIAGE_TEST_LITELLM_KEY is not set"]

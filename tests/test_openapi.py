@@ -101,7 +101,7 @@ def test_the_batch_body_model_takes_the_endpoints_the_runner_serves(
 ) -> None:
     import typing
 
-    from gateway.service.batch_runner import ENDPOINTS
+    from gateway.batch.runner import ENDPOINTS
     from gateway.service.bodies import BatchCreate
 
     assert typing.get_args(BatchCreate.model_fields["endpoint"].annotation) == ENDPOINTS

@@ -14,7 +14,7 @@ import anthropic
 import httpx
 import pytest
 
-from gateway.service import response_cache
+from gateway.service.cache import response as response_cache
 from policies import response_cache as rules
 from policies.schema import ResponseCacheSpec
 from tests.conftest import SHARED_DATA, Gateway
@@ -397,7 +397,7 @@ def test_audited_wrong_hits_tighten_the_rule() -> None:
 
     import numpy as np
 
-    from gateway.service.semantic_cache import MIN_AUDITS, SemanticCache, bounds
+    from gateway.service.cache.semantic import MIN_AUDITS, SemanticCache, bounds
     from gateway.state.stores import MemoryStore
     from policies.schema import SemanticCacheSpec
 

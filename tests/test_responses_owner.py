@@ -32,7 +32,7 @@ def test_a_key_cannot_read_delete_or_continue_another_keys_stored_response(gatew
 
 
 def test_the_responses_store_is_bounded_by_bytes_in_all_and_per_key() -> None:
-    from gateway.http.responses import ResponseStore
+    from gateway.state.responses import ResponseStore
 
     store = ResponseStore(max_bytes=10_000, max_bytes_per_owner=4_000)
     turn = [{"role": "user", "content": "x" * 900}]

@@ -19,7 +19,7 @@ import pytest
 import structlog
 
 from classifiers.training.export import ensure_exported
-from gateway.service import runtime
+from gateway.service import assemble
 from policies import loader
 from policies.errors import PolicyInvalid
 from tests.conftest import SHARED_DATA, Gateway, LlamaServer
@@ -243,7 +243,7 @@ def test_a_rule_label_no_head_answers_is_a_clear_startup_error(heads: Path, tmp_
     typo = RULES.replace("labels: [choice]", "labels: [multiple_choice]")
     pol = loader.parse(with_rules(policy_yaml(heads, "http://127.0.0.1:9/v1"), typo))
     with pytest.raises(PolicyInvalid) as info:
-        asyncio.run(runtime.build(pol))
+        asyncio.run(assemble.build(pol))
     expected = (
         "virtual_models.auto.rules[0].labels: head 'question_type' has no class 'multiple_choice' "
         "(has: choice, open, score, yes_no)"
@@ -261,7 +261,7 @@ def test_heads_trained_on_other_encoder_layers_are_a_clear_startup_error(heads: 
     text = policy_yaml(heads, "http://127.0.0.1:9/v1").replace("  heads: [", "  encoder: {layers: 3}\n  heads: [")
     pol = loader.parse(text)
     with pytest.raises(PolicyInvalid) as info:
-        asyncio.run(runtime.build(pol))
+        asyncio.run(assemble.build(pol))
     [problem] = info.value.problems
     assert "trained on 6 encoder layers, the policy keeps 3: retrain with `triage train --policy" in problem
 
@@ -284,7 +284,7 @@ def test_question_type_reads_the_prompt_layout_and_refuses_other_layout_features
     (other / "question_type.json").write_text(json.dumps({**doc, "meta": {**doc["meta"], "layout": "layout-v0"}}))
     pol = loader.parse(policy_yaml(other, "http://127.0.0.1:9/v1"))
     with pytest.raises(PolicyInvalid) as info:
-        asyncio.run(runtime.build(pol))
+        asyncio.run(assemble.build(pol))
     [problem] = info.value.problems
     assert f"reads layout features 'layout-v0', this triage computes '{layout.NAME}': retrain with" in problem
 
@@ -294,6 +294,6 @@ def test_missing_head_artifact_is_a_clear_startup_error(tmp_path: Path) -> None:
     ensure_exported()
     pol = loader.parse(policy_yaml(tmp_path / "nothing", "http://127.0.0.1:9/v1"))
     with pytest.raises(PolicyInvalid) as info:
-        asyncio.run(runtime.build(pol))
+        asyncio.run(assemble.build(pol))
     [problem] = info.value.problems
     assert "question_type.json is missing" in problem and "triage train --policy" in problem

@@ -18,7 +18,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway.service.metering import CHECK_EVERY
+from gateway.service.keys.metering import CHECK_EVERY
 from gateway.state.stores import MemoryStore
 from policies import spend
 from policies.fit import BYTES_PER_TOKEN, estimate, shape_of

@@ -208,7 +208,7 @@ def fit_gates(console: Console, policy: Path, data: list[Path], dev_cap: int, ou
     fitted on the dev rows of ``data`` from the tiers' answers (cached in ``out/cache``, shared with
     ``triage eval --out out``), at the policy's own temperatures; saved where the runtime reads it."""
     from eval import cascade_eval
-    from gateway.service.runtime import judges_dir
+    from gateway.service.assemble import judges_dir
 
     pol = load_or_exit(policy, "cascade")
     assert pol.cascade is not None  # load_or_exit: the policy has one

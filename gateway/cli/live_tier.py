@@ -10,7 +10,7 @@ from pathlib import Path
 
 from eval.tier_outputs import Row
 from eval.tier_runs import Compute
-from gateway.service import runtime
+from gateway.service import assemble
 from gateway.service.context import Context
 from gateway.service.service import Service
 from gateway.service.tier_answers import answer
@@ -25,7 +25,7 @@ class Live:
 
     def __init__(self, policy: Policy, base_dir: Path) -> None:
         self._loop = asyncio.new_event_loop()
-        self._rt = self._loop.run_until_complete(runtime.build(policy, None, base_dir))
+        self._rt = self._loop.run_until_complete(assemble.build(policy, None, base_dir))
 
     def compute(self, tier: ModelTier) -> Compute:
         def run(row: Row) -> TierAnswer:

@@ -32,7 +32,7 @@ def start_problems(path: Path, policy: Policy, workers: int = 1) -> list[str]:
     all at once: a secret referenced by an environment variable that is not set, a key's or the
     admin key's variable that holds no sha256, limits a worker of ``--workers N`` would keep alone.
     The one check of both ``triage serve`` and ``triage doctor``."""
-    from gateway.service.runtime import secret_problems
+    from gateway.service.assemble import secret_problems
 
     problems = loader.unset_secrets(path)
     if not problems:  # each unset one is said once, with its place in the file

@@ -40,8 +40,8 @@ def serve(
     ] = 1,
 ) -> None:
     """Serve the OpenAI-compatible API. SIGHUP reloads the policy (in every worker)."""
+    from gateway import supervisor as several
     from gateway.cli.policy_arg import start_problems
-    from gateway.http import workers as several
     from gateway.http.settings import Settings
     from gateway.obs import logs
     from policies import loader

@@ -17,8 +17,8 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.http.doors import read_body
-from gateway.service import key_admin
 from gateway.service.bodies import parse_json
+from gateway.service.keys import admin as key_admin
 from gateway.service.runtime import Runtime
 from policies import quality
 from policies.errors import InvalidRequest, NotFound, Unauthorized

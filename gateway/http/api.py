@@ -22,11 +22,12 @@ from gateway.http.doors import Call, door, error_response, gateway_state, json_r
 from gateway.http.exchange import Exchange
 from gateway.http.relay import Relay, events
 from gateway.http.tool_arguments import Calls
-from gateway.service import decisions, embeddings, quotas
+from gateway.service import decisions, embeddings
 from gateway.service.bodies import FeedbackRequest
+from gateway.service.keys import quotas
+from gateway.service.quality.watch import Watch
 from gateway.service.runtime import Runtime
 from gateway.service.service import Outcome
-from gateway.service.watch import Watch
 from policies import spend
 from policies.cascade import CascadeExhausted, Decision
 from policies.errors import InvalidRequest, ModelNotFound, NotFound, TriageError

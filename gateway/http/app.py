@@ -20,6 +20,7 @@ from starlette.routing import Match
 from starlette.routing import Route as HTTPRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.batch.runner import BatchRunner
 from gateway.http import admin, batch_api, console
 from gateway.http.api import HOT_ROUTES, router
 from gateway.http.app_state import GatewayState
@@ -27,8 +28,7 @@ from gateway.http.doors import AFTER, error_response
 from gateway.http.settings import Settings
 from gateway.obs import logs, tracing
 from gateway.obs.metrics import Metrics
-from gateway.service import runtime
-from gateway.service.batch_runner import BatchRunner
+from gateway.service import assemble
 from gateway.service.reload import Reloader
 from gateway.service.runtime import RuntimeHolder
 from gateway.state.batch_store import StoreBusy
@@ -81,7 +81,7 @@ def create_app(settings: Settings) -> FastAPI:
             logs.configure(policy.logging)
         metrics = Metrics()
         holder = RuntimeHolder(
-            await runtime.build(policy, base_dir=settings.policy_path.parent, source=settings.policy_path)
+            await assemble.build(policy, base_dir=settings.policy_path.parent, source=settings.policy_path)
         )
         try:
             batches = await _batch_runner(policy, settings, holder)

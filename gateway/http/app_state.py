@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.http.exchange import ConcurrencyGate
-from gateway.http.responses import ResponseStore
 from gateway.obs.metrics import Metrics
 from gateway.service.runtime import RuntimeHolder
+from gateway.state.responses import ResponseStore
 
 if TYPE_CHECKING:
-    from gateway.service.batch_runner import BatchRunner
+    from gateway.batch.runner import BatchRunner
 
 
 @dataclass

@@ -16,10 +16,10 @@ from fastapi import APIRouter, Request, Response
 from starlette.datastructures import FormData
 from starlette.types import Message
 
+from gateway.batch.runner import BatchRunner
 from gateway.http.doors import read_body
-from gateway.service import quotas
-from gateway.service.batch_runner import BatchRunner
 from gateway.service.bodies import BatchCreate, check, parse_json
+from gateway.service.keys import quotas
 from gateway.state.batch_model import ACTIVE, new_id
 from gateway.state.batches import Batches
 from policies.errors import ClientGone, InvalidRequest, NotFound, NotReady, PayloadTooLarge, RequestTimeout

@@ -5,7 +5,7 @@ Behind the admin key (``access.admin_key``; 404 while it is unset or ``console.e
 a login form sets a signed session cookie (``console_auth``). Without a session a page redirects to
 the login and ``/console/api/*`` answers 401 in the API's error shape. Every write needs the
 session's CSRF token and a same-origin ``Origin``. Keys are made, revoked and rotated by the admin
-API's own code (``gateway.service.key_admin``).
+API's own code (``gateway.service.keys.admin``).
 
 Pages: traffic (live, polled every second), decisions (tiers, escalations, routes, cost against
 always-top, the quality watch's estimates), one request's trace, keys and spend, batches, eval
@@ -33,7 +33,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from gateway.http import console_auth
 from gateway.http.doors import gateway_state, read_body
 from gateway.obs import recent
-from gateway.service import key_admin
+from gateway.service.keys import admin as key_admin
 from gateway.service.runtime import Runtime
 from policies.errors import Forbidden, InvalidRequest, NotFound, TriageError, Unauthorized
 from policies.schema import KeyLimits

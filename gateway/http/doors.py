@@ -19,9 +19,9 @@ from gateway.http import anthropic_messages
 from gateway.http.app_state import GatewayState
 from gateway.http.exchange import Exchange
 from gateway.http.relay import Relay
-from gateway.service import quotas
 from gateway.service.bodies import parse_any_json, parse_json
 from gateway.service.context import Context
+from gateway.service.keys import quotas
 from gateway.service.runtime import Runtime
 from policies.errors import BudgetExhausted, ClientGone, KeyRateLimited, PayloadTooLarge, RequestTimeout, TriageError
 from policies.response_cache import directive

@@ -22,8 +22,9 @@ from backends.base import Attempt, Stopwatch
 from gateway.obs import logs, tracing
 from gateway.obs.metrics import Metrics
 from gateway.obs.recent import Seen
-from gateway.service import metering, quotas, response_cache
+from gateway.service.cache import response as response_cache
 from gateway.service.context import Context, Wait
+from gateway.service.keys import metering, quotas
 from gateway.service.runtime import Runtime, RuntimeHolder
 from gateway.service.service import Outcome, Service
 from policies import spend

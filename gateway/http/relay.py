@@ -14,8 +14,8 @@ from fastapi.responses import StreamingResponse
 from backends.base import Body
 from gateway.http.exchange import Exchange
 from gateway.http.tool_arguments import Calls
-from gateway.service import metering
 from gateway.service.dispatch import Served
+from gateway.service.keys import metering
 from policies.errors import TriageError
 
 log = structlog.get_logger("triage.api")

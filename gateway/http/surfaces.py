@@ -17,9 +17,10 @@ from gateway.http.app_state import GatewayState
 from gateway.http.doors import Call
 from gateway.http.exchange import Exchange
 from gateway.http.relay import as_chunk, chat_chunks, translated
-from gateway.service import metering, typed
+from gateway.service import typed
 from gateway.service.bodies import check
 from gateway.service.dispatch import Served
+from gateway.service.keys import metering
 from gateway.service.runtime import Runtime
 from policies.errors import InvalidRequest
 

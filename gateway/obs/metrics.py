@@ -30,7 +30,7 @@ from prometheus_client.registry import Collector
 from backends.base import Attempt
 from gateway.obs.recent import Recent
 
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client reads it when imported; set by gateway.http.workers
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client reads it when imported; set by gateway.supervisor
 SAMPLE_EVERY_S = 1.0
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _WAITING = ("triage_admission_waiting", "Requests waiting for a replica slot")

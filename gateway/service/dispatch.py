@@ -69,7 +69,7 @@ async def dispatch(
             switch = "engine"  # the candidate leaves reasoning to the engine's default
         if upstream_body.get("stream") is True and kind in ("chat", "completion"):
             # every stream is counted: the engine is asked for its usage whether the client did or not
-            # (gateway.service.metering: the client gets the usage chunk only when it asked)
+            # (gateway.service.keys.metering: the client gets the usage chunk only when it asked)
             upstream_body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         call = Call(kind, upstream_body, request_id, attempts, affinity)
         try:

@@ -16,7 +16,7 @@ import structlog
 import watchfiles
 
 from gateway.obs.metrics import Metrics
-from gateway.service import runtime
+from gateway.service import assemble
 from gateway.service.runtime import RuntimeHolder
 from policies import loader
 from policies.errors import PolicyInvalid
@@ -44,7 +44,7 @@ class Reloader:
                 policy = await asyncio.to_thread(loader.load, self.path)
                 if self.check is not None and (problems := self.check(policy)):
                     raise PolicyInvalid(problems)
-                new = await runtime.build(policy, self.holder.current, self.path.parent, self.path)
+                new = await assemble.build(policy, self.holder.current, self.path.parent, self.path)
             except PolicyInvalid as exc:
                 return self._rejected(reason, exc.problems)
             except Exception as exc:  # an edge: a model that will not load must not stop the watcher

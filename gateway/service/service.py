@@ -22,21 +22,15 @@ from typing import Any
 import structlog
 
 from backends.base import Body, Kind
-from gateway.service import (
-    decisions,
-    embeddings,
-    messages,
-    pipeline,
-    quotas,
-    response_cache,
-    semantic_cache,
-    shadow,
-    typed,
-)
+from gateway.service import decisions, embeddings, messages, pipeline, typed
 from gateway.service.bodies import ChatRequest, CompletionRequest, check
+from gateway.service.cache import response as response_cache
+from gateway.service.cache import semantic as semantic_cache
 from gateway.service.context import Context
 from gateway.service.decisions import Overrides
 from gateway.service.dispatch import Served
+from gateway.service.keys import quotas
+from gateway.service.quality import shadow
 from gateway.service.runtime import Runtime
 from policies.cascade import Decision, Question
 from policies.fit import Shape, shape_of

@@ -78,7 +78,7 @@ class BatchClaim:
 @dataclass(frozen=True)
 class GroupClaim:
     """A group this runner now holds (a prefix group, a part of a big one, or single requests
-    packed together: ``gateway/service/batch_lines.py``), with its requests not yet done."""
+    packed together: ``gateway/batch/lines.py``), with its requests not yet done."""
 
     batch_id: str
     grp: int

@@ -34,9 +34,11 @@ from typing import Any, TypeVar
 import structlog
 
 from backends.base import Kind
-from gateway.service import decisions, quotas, response_cache
-from gateway.service.batch_lines import check_lines, plan_rows
+from gateway.batch.lines import check_lines, plan_rows
+from gateway.service import decisions
+from gateway.service.cache import response as response_cache
 from gateway.service.context import Context
+from gateway.service.keys import quotas
 from gateway.service.runtime import RuntimeHolder
 from gateway.service.service import Service
 from gateway.state.batch_model import BatchClaim, FileRow, GroupClaim, Pending, new_id, output_file_id, write_bytes

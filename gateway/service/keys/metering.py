@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.service import quotas
+from gateway.service.keys import quotas
 from gateway.service.runtime import Runtime
 from policies import spend
 from policies.fit import BYTES_PER_TOKEN, estimate, shape_of

@@ -8,7 +8,7 @@
   same, or the encoder reads them as the same (the semantic cache's rule: cosine at least 0.95).
   A streamed answer is recorded but not checked (its text is not kept here).
 
-Either check runs off the request's path (:class:`gateway.service.watch.Watch`)."""
+Either check runs off the request's path (:class:`gateway.service.quality.watch.Watch`)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,13 @@ import time
 from typing import TYPE_CHECKING
 
 from backends.base import Body, Kind
-from gateway.service import decisions, pipeline, quotas, response_cache, semantic_cache, tier_answers, watch
+from gateway.service import decisions, pipeline, tier_answers
+from gateway.service.cache import response as response_cache
+from gateway.service.cache import semantic as semantic_cache
 from gateway.service.context import Context
 from gateway.service.dispatch import Served
+from gateway.service.keys import quotas
+from gateway.service.quality import watch
 from gateway.state.quality_store import Record
 from policies import quality, spend
 from policies.cascade import Ask, Decision, Question, read

@@ -1,6 +1,6 @@
 """The response cache in the request path: an open request's whole answer kept in the state store
 (memory, or Redis shared by a fleet) and served again to the same request, exactly, or (for the
-models the policy names) to a similar one in the same context (``gateway.service.semantic_cache``).
+models the policy names) to a similar one in the same context (``gateway.service.cache.semantic``).
 
 A hit asks no engine: its answer is replayed as the request asked for it (JSON, or a stream in
 the surface's own events), charged ``hit_charge`` of its price (in spend as ``cache:MODEL``). What
@@ -20,10 +20,10 @@ import orjson
 import structlog
 
 from backends.base import Body, ChunkStream, Completion, Kind
+from gateway.service.cache.semantic import SemanticCache
 from gateway.service.context import Context
 from gateway.service.dispatch import Served
 from gateway.service.runtime import Runtime
-from gateway.service.semantic_cache import SemanticCache
 from gateway.state.stores import StoreDown
 from policies import response_cache as rules
 from policies import spend

@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from gateway.service import keyring
+from gateway.service.keys import keyring
 from gateway.service.runtime import Runtime
 from policies import spend
 from policies.errors import Conflict, InvalidRequest, NotFound

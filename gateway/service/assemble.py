@@ -1,0 +1,381 @@
+"""Assembling the runtime a policy becomes (``build``): its backends started, its keys resolved, its
+state store opened, the encoder, the semantic cache, the quality watch, the judges and fits read.
+What the start refuses is said before it (``secret_problems``: ``triage serve``, ``triage doctor``).
+The runtime itself, and the holder that swaps it, are :mod:`gateway.service.runtime`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import structlog
+
+from backends import crash_guard, registry
+from backends.base import Backend
+from backends.secrets import MissingSecret, lookup
+from gateway.service.cache.semantic import SemanticCache
+from gateway.service.keys.keyring import Keyring, as_key
+from gateway.service.quality.watch import Watch
+from gateway.state.quality_store import open_quality
+from gateway.state.stores import Store, StoreDown, open_store
+from policies import loader
+from policies.budget import EscalationBudget
+from policies.errors import NotReady, PolicyInvalid, TriageError
+from policies.fit import Fit
+from policies.schema import Policy
+from policies.semantic_cache import Vector
+from policies.tiers import ScorerTier
+
+if TYPE_CHECKING:
+    from classifiers.confidence import ConfidenceModel
+    from classifiers.quality import QualityHead
+    from gateway.service.encoding import Encoding
+
+from gateway.service.runtime import Runtime
+
+log = structlog.get_logger("triage.runtime")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def secret_problems(policy: Policy) -> list[str]:
+    """What the keys' and the admin key's secrets lack (unset, or not a hex sha256): what the start
+    refuses, said before it (``triage serve``, ``triage doctor``)."""
+    problems = []
+    for check in (_key_hashes, _admin_digest):
+        try:
+            check(policy)
+        except PolicyInvalid as exc:
+            problems += exc.problems
+    return problems
+
+
+def _key_hashes(policy: Policy) -> list[tuple[str, str]]:
+    """Each key's name and hex sha256 (names may repeat: a key being rotated)."""
+    hashes: list[tuple[str, str]] = []
+    for i, key in enumerate(policy.keys):
+        try:
+            value = lookup(key.sha256) if key.sha256.startswith("env:") else key.sha256
+        except MissingSecret as exc:
+            raise PolicyInvalid([f"keys[{i}].sha256: {exc}"]) from None
+        value = (value or "").strip().lower()
+        if not _HEX64.match(value):
+            raise PolicyInvalid([f"keys[{i}].sha256: {key.sha256} does not hold a hex sha256"])
+        hashes.append((key.name, value))
+    return hashes
+
+
+async def _encoding(
+    policy: Policy, previous: Runtime | None, base_dir: Path
+) -> tuple[Encoding | None, dict[str, QualityHead], dict[str, QualityHead]]:
+    """The encoder and its heads (reused when unchanged), the routed models' quality heads, and
+    their probes' heads."""
+    if policy.classifier is None:
+        return None, {}, {}
+    from gateway.service.encoding import Encoding, artifacts_signature, load_quality  # ONNX Runtime: only when asked
+    from policies.semantic import label_problems
+
+    old = previous.encoding if previous is not None else None
+    if (
+        old is not None
+        and old.config == policy.classifier
+        and old.signature == artifacts_signature(policy.classifier, base_dir)
+    ):
+        encoding = old  # same settings, same trained heads: keep the loaded encoder
+    else:
+        try:
+            encoding = await Encoding.load(policy.classifier, base_dir)
+        except NotReady as exc:
+            raise PolicyInvalid([f"classifier: {exc.message}"]) from None
+    problems = label_problems(policy, encoding.classifier.classes())
+    # off the event loop: a reload loads them while requests are served (a knn head holds its dev rows)
+    loaded = await asyncio.to_thread(load_quality, policy, base_dir, encoding.classifier.encoder.dim)
+    heads, probe_heads, quality_problems = loaded
+    problems += quality_problems
+    if problems:
+        if encoding is not old:
+            await encoding.close()
+        raise PolicyInvalid(problems)
+    return encoding, heads, probe_heads
+
+
+async def build(
+    policy: Policy, previous: Runtime | None = None, base_dir: Path = Path("."), source: Path | None = None
+) -> Runtime:
+    """Start the backends of ``policy``, reusing those of ``previous`` whose spec is unchanged.
+
+    Relative paths in the policy (classifier data and artifacts) are taken from ``base_dir``;
+    ``source``: the policy file, to place a problem found against the engines (file:line:col).
+    """
+    keys = _key_hashes(policy)
+    admin = _admin_digest(policy)
+    judges = load_judges(policy, base_dir)
+    cached = policy.response_cache is not None or (
+        policy.cascade is not None and policy.cascade.cache_ttl_s is not None
+    )
+    version = await asyncio.to_thread(policy_version, policy, base_dir) if cached else ""
+    if previous is not None and previous.policy.state == policy.state:
+        store, problem = previous.store, previous.store_problem
+    else:
+        try:
+            store, problem = await open_store(policy.state)
+        except StoreDown as exc:
+            raise PolicyInvalid([f"state: {exc.message}"]) from None
+        if problem is not None:
+            log.warning("state_store_down", store=policy.state.store, problem=problem, mode="degraded")
+    if admin is not None and problem is None:
+        try:
+            await _names_apart(policy, store)
+        except PolicyInvalid:
+            if previous is None or store is not previous.store:
+                await store.close()
+            raise
+    try:
+        watch = await _watch(policy, previous, base_dir, source)
+    except BaseException:
+        if previous is None or store is not previous.store:
+            await store.close()
+        raise
+    encoding, quality, probe_heads = await _encoding(policy, previous, base_dir)
+    backends: dict[str, Backend] = {}
+    started: list[Backend] = []
+    try:
+        for name, spec in policy.backends.items():
+            if previous is not None and previous.policy.backends.get(name) == spec:
+                backends[name] = previous.backends[name]
+                continue
+            try:
+                backend = registry.build(name, spec)
+            except MissingSecret as exc:
+                raise PolicyInvalid([f"backends.{name}: {exc}"]) from None
+            await backend.start()
+            started.append(backend)
+            backends[name] = backend
+        fits = await _fits(policy, backends, source)
+    except BaseException:
+        for backend in started:
+            await backend.close()
+        if encoding is not None and (previous is None or encoding is not previous.encoding):
+            await encoding.close()
+        if previous is None or store is not previous.store:
+            await store.close()
+        if watch is not None and (previous is None or watch is not previous.watch):
+            await watch.close()
+        raise
+    hashes = frozenset(digest for _, digest in keys)
+    operators = frozenset(digest for name, digest in keys if name in policy.access.operator_keys)
+    # each key as looked up carries its sha256 itself (an `env:` one resolved): what it owns is kept under it
+    by_digest = {digest: policy.keys[i].model_copy(update={"sha256": digest}) for i, (_, digest) in enumerate(keys)}
+    crash_guard.guard().log_content = policy.logging.log_prompts  # the engines' crash logs
+    return Runtime(
+        policy,
+        backends,
+        hashes,
+        encoding,
+        quality,
+        probe_heads,
+        _budget(policy),
+        judges,
+        store=store,
+        store_problem=problem,
+        operator_hashes=operators,
+        keyring=Keyring(by_digest, store, dynamic=admin is not None),
+        admin_digest=admin,
+        version=version,
+        fits=fits,
+        base_dir=base_dir,
+        semantic=_semantic(policy, encoding, version, store),
+        watch=watch,
+    )
+
+
+async def _watch(policy: Policy, previous: Runtime | None, base_dir: Path, source: Path | None) -> Watch | None:
+    """The quality watch, where the policy has a `quality` section: the previous one while its
+    section and the state's database are unchanged (its store and counters live on), else a new one."""
+    spec = policy.quality
+    if spec is None:
+        return None
+    if (
+        previous is not None
+        and previous.watch is not None
+        and previous.policy.quality == spec
+        and previous.policy.state.database == policy.state.database
+    ):
+        return previous.watch
+    from policies.paths import cache_dir
+
+    if spec.path is not None:
+        path = (base_dir / spec.path).resolve()
+    else:
+        origin = str((source or base_dir).resolve()).encode()
+        path = cache_dir() / "quality" / f"{hashlib.sha1(origin).hexdigest()[:16]}.sqlite3"
+    try:
+        store = await open_quality(policy.state, path)
+    except StoreDown as exc:
+        raise PolicyInvalid([f"quality: {exc.message}"]) from None
+    watch = Watch(spec, store)
+    watch.start()
+    return watch
+
+
+def _semantic(policy: Policy, encoding: Encoding | None, version: str, store: Store) -> SemanticCache | None:
+    """The semantic response cache, where the policy asks for one (its encoder: the classifier's)."""
+    spec = policy.response_cache.semantic if policy.response_cache is not None else None
+    if spec is None:
+        return None
+    assert encoding is not None, "validated: a semantic cache needs a classifier"
+    embedder = encoding.embedder
+
+    async def embed(text: str) -> Vector:
+        vector, _ = await embedder.embed(text)
+        return vector
+
+    return SemanticCache(spec, embed, encoding.classifier.encoder.dim, version, store)
+
+
+async def _fits(policy: Policy, backends: dict[str, Backend], source: Path | None) -> dict[str, Fit]:
+    """What each model takes: the policy's declared context, tools and images, else what its engine
+    and backend say. A declared context larger than the engine's is a start-up problem."""
+
+    async def said(name: str) -> int | None:
+        try:
+            async with asyncio.timeout(10):
+                return await backends[policy.models[name].backend].context_length(policy.upstream_name(name))
+        except (TimeoutError, TriageError):
+            return None
+
+    engines = dict(zip(policy.models, await asyncio.gather(*(said(m) for m in policy.models)), strict=True))
+    fits: dict[str, Fit] = {}
+    problems: list[tuple[tuple[str | int, ...], str]] = []
+    for name, spec in policy.models.items():
+        caps, engine, declared = backends[spec.backend].capabilities, engines[name], spec.context_length
+        if declared is not None and engine is not None and declared > engine:
+            problems.append(
+                (
+                    ("models", name, "context_length"),
+                    f"{declared} tokens declared, but its engine (backend '{spec.backend}') takes {engine}",
+                )
+            )
+        fits[name] = Fit(
+            declared if declared is not None else engine,
+            spec.tools if spec.tools is not None else caps.tools,
+            spec.images if spec.images is not None else caps.images,
+            "declared" if declared is not None else "engine" if engine is not None else "unknown",
+            spec.json_schema if spec.json_schema is not None else caps.json_schema,
+        )
+    if problems:
+        raise PolicyInvalid(loader.located(source, problems))
+    return fits
+
+
+async def _names_apart(policy: Policy, store: Store) -> None:
+    """A policy key may not take the name of a live key the admin API made: the two would share
+    rate windows and spend (both are kept by name)."""
+    try:
+        live = {as_key(raw)[0].name for raw, revoked_at in await store.key_all() if revoked_at is None}
+    except StoreDown:
+        return  # found when the store answers again: the admin API refuses a policy key's name
+    if clash := sorted(live & {k.name for k in policy.keys}):
+        names = ", ".join(clash)
+        raise PolicyInvalid([f"keys: {names}: also the name of a live key made by the admin API (revoke it first)"])
+
+
+def _admin_digest(policy: Policy) -> str | None:
+    ref = policy.access.admin_key
+    if ref is None:
+        return None
+    try:
+        value = lookup(ref) if ref.startswith("env:") else ref
+    except MissingSecret as exc:
+        raise PolicyInvalid([f"access.admin_key: {exc}"]) from None
+    value = (value or "").strip().lower()
+    if not _HEX64.match(value):
+        raise PolicyInvalid([f"access.admin_key: {ref} does not hold a hex sha256"])
+    return value
+
+
+def policy_version(policy: Policy, base_dir: Path) -> str:
+    """The policy as served, hashed with every file of its trained artifacts folders (their bytes;
+    name, size and time for a file over 64 MB): a reload that changes either changes it (the
+    decision cache's key), and gateways serving the same files agree on it."""
+    h = hashlib.sha256(policy.model_dump_json().encode())
+    folders = {judges_dir(policy, base_dir)}
+    if policy.classifier is not None:
+        folders.add((base_dir / policy.classifier.artifacts).resolve())
+    for folder in sorted(str(f) for f in folders if f is not None):
+        for path in sorted(Path(folder).rglob("*")) if Path(folder).is_dir() else []:
+            if path.is_file():
+                st = path.stat()
+                h.update(f"{path.relative_to(folder)}:{st.st_size}".encode())
+                h.update(path.read_bytes() if st.st_size <= 64 << 20 else str(st.st_mtime_ns).encode())
+    return h.hexdigest()[:16]
+
+
+def judges_dir(policy: Policy, base_dir: Path) -> Path | None:
+    """Where the cascade's learned gates are: its own ``artifacts``, else the classifier's."""
+    c = policy.cascade
+    if c is not None and c.artifacts is not None:
+        return (base_dir / c.artifacts).resolve()
+    if policy.classifier is not None:
+        return (base_dir / policy.classifier.artifacts).resolve()
+    return None
+
+
+def load_judges(policy: Policy, base_dir: Path) -> dict[str, ConfidenceModel]:
+    """The confidence model of every tier with ``gate: learned``; a missing one stops the start."""
+    c = policy.cascade
+    learned = [t.name for t in (c.tiers if c is not None else []) if t.gate == "learned"]
+    if not learned:
+        return {}
+    from classifiers.confidence import ConfidenceModel
+
+    where = judges_dir(policy, base_dir)
+    if where is None:
+        raise PolicyInvalid(
+            ["cascade: a tier has `gate: learned` but neither cascade.artifacts nor a classifier says where"]
+        )
+    out: dict[str, ConfidenceModel] = {}
+    problems = []
+    temperatures = {t.name: dict(t.temperature) for t in c.tiers} if c is not None else {}
+    margins = {t.name: t.escalation_margin for t in c.tiers} if c is not None else {}
+    orders = {t.name: t.orders if isinstance(t, ScorerTier) else 1 for t in c.tiers} if c is not None else {}
+    for name in learned:
+        try:
+            out[name] = ConfidenceModel.load(where, name)
+        except NotReady as exc:
+            problems.append(f"cascade.tiers.{name}: {exc.message}")
+            continue
+        fitted = out[name].meta.get("temperature")
+        if fitted is not None and fitted != temperatures[name]:
+            problems.append(
+                f"cascade.tiers.{name}: its learned gate was fitted at temperature {fitted}, the policy says "
+                f"{temperatures[name]}: run `triage train --policy POLICY` again"
+            )
+        if (read_in := out[name].meta.get("orders", 1)) != orders[name]:
+            problems.append(
+                f"cascade.tiers.{name}: its learned gate was fitted on answers read in {read_in} order(s) of the "
+                f"options, the policy reads {orders[name]}: run `triage train --policy POLICY` again"
+            )
+        if out[name].needs_embedding and policy.classifier is None:
+            problems.append(
+                f"cascade.tiers.{name}: its learned gate reads the question's embedding: the policy needs a classifier"
+            )
+        if margins.get(name) is not None and (out[name].after is None or policy.classifier is None):
+            problems.append(
+                f"cascade.tiers.{name}: escalation_margin compares with the last tier's record on the nearest "
+                "questions: it needs a classifier, and a gate fitted with embeddings (`triage train` on such a policy)"
+            )
+    if problems:
+        raise PolicyInvalid(problems)
+    return out
+
+
+def _budget(policy: Policy) -> EscalationBudget | None:
+    """A fresh controller per policy (a reload starts it again at the policy's own thresholds)."""
+    c = policy.cascade
+    if c is None or c.escalation_budget is None:
+        return None
+    return EscalationBudget(c.escalation_budget, c.budget_step, c.budget_max_shift, c.budget_floor, c.budget_window)

@@ -1,0 +1,1 @@
+"""Caches of answers: the exact response cache and the semantic cache."""

@@ -1,0 +1,1 @@
+"""The quality watch: shadow checks of what was served, and their store's reader."""
