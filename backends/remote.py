@@ -18,8 +18,8 @@ from backends.admission import Admission, Slot
 from backends.base import Attempt, Body, Call, Capabilities, ChunkStream, Completion, Stopwatch
 from backends.prefix import prompt_text
 from backends.replicas import ReplicaSet, ReplicaState
-from backends.secrets import lookup
 from policies.errors import UpstreamError, UpstreamRejected, UpstreamTimeout
+from policies.secrets import resolve_secret
 
 log = structlog.get_logger("triage.backend")
 
@@ -86,7 +86,7 @@ class RemoteBackend:
     def __init__(self, name: str, spec: Any) -> None:
         self.name = name
         self.spec = spec
-        states = [ReplicaState(r.api_base, lookup(r.api_key), r.weight) for r in spec.replicas]
+        states = [ReplicaState(r.api_base, resolve_secret(r.api_key), r.weight) for r in spec.replicas]
         self.replicas = ReplicaSet(states, spec.strategy, spec.health.cooldown_s)
         a = spec.admission
         self.admission = (

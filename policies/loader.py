@@ -23,6 +23,7 @@ from ruamel.yaml.error import MarkedYAMLError
 from policies.errors import PolicyInvalid
 from policies.references import reference_problems
 from policies.schema import LOCAL_GGUF, Loc, Policy, RoutedModel
+from policies.secrets import secret_name
 
 
 @dataclass(frozen=True)
@@ -170,8 +171,8 @@ def _secret_refs(node: Any, loc: Loc = ()) -> list[tuple[Loc, str]]:
     if isinstance(node, dict):
         found = []
         for k, v in node.items():
-            if k in SECRET_FIELDS and isinstance(v, str) and v.startswith("env:"):
-                found.append(((*loc, k), v.removeprefix("env:")))
+            if k in SECRET_FIELDS and isinstance(v, str) and (name := secret_name(v)) is not None:
+                found.append(((*loc, k), name))
             else:
                 found.extend(_secret_refs(v, (*loc, k)))
         return found

@@ -1,6 +1,6 @@
 """The Batch API's store contract (``gateway.state.batches.Batches``): one suite, the same
-assertions for both engines, SQLite (``gateway/state/batch_store.py``) and PostgreSQL
-(``gateway/state/batch_pg.py``, on a real server: the ``database`` fixture, skipped where
+assertions for both engines, SQLite (``gateway/state/batches/sqlite.py``) and PostgreSQL
+(``gateway/state/batches/pg.py``, on a real server: the ``database`` fixture, skipped where
 PostgreSQL is not installed). What only one engine has (SQLite's file lock, PostgreSQL's runners
 claiming at once) is tested beside that engine's other tests."""
 
@@ -8,49 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
+from gateway.state.batches import Batches, BatchStore
+from gateway.state.batches.model import FileRow, Row
+from tests import store_contract
+from tests.store_contract import engines
 
-from gateway.state.batch_model import FileRow, Row
-from gateway.state.batch_store import BatchStore
-from gateway.state.batches import Batches
-from gateway.state.stores import StoreDown
-
-Scenario = Callable[[Batches], Awaitable[None]]
 CHAT = "/v1/chat/completions"
 
 
-@dataclass(frozen=True)
-class Engine:
-    """One engine of the contract: ``open`` a store on it (as often as a test asks: the same data)."""
+async def _pg(dsn: str, root: Path) -> Batches:
+    from gateway.state.batches.pg import PgBatches
 
-    name: str
-    open: Callable[[], Awaitable[Batches]]
-
-    def check(self, scenario: Scenario) -> None:
-        """``scenario`` on a store opened for it, closed after."""
-
-        async def go() -> None:
-            store = await self.open()
-            try:
-                await scenario(store)
-            finally:
-                await store.close()
-
-        asyncio.run(go())
+    return await PgBatches.open(dsn, root)
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.fleet)])
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Engine:
-    if request.param == "sqlite":
-        return Engine("sqlite", lambda: BatchStore.open(tmp_path))
-    from gateway.state.batch_pg import PgBatches
-
-    dsn: str = request.getfixturevalue("database")
-    return Engine("postgresql", lambda: PgBatches.open(dsn, tmp_path))
+engine = engines(BatchStore.open, _pg)
+Engine = store_contract.Engine[Batches]
 
 
 def doc(batch_id: str, created_at: int, status: str = "validating") -> dict[str, object]:
@@ -300,11 +275,4 @@ def test_cancel_lands_once_and_the_batch_is_finalized_when_nothing_is_in_flight(
 
 
 def test_a_store_that_cannot_answer_is_store_down_naming_it(engine: Engine) -> None:
-    async def go() -> None:
-        store = await engine.open()
-        assert store.where.startswith(f"{engine.name} at ")
-        await store.close()
-        with pytest.raises(StoreDown, match=r"the batch store \(" + engine.name):
-            await store.batch("b")
-
-    asyncio.run(go())
+    engine.check_down("the batch store", lambda store: store.batch("b"))

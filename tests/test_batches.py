@@ -15,7 +15,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from gateway.state.batch_store import BatchStore, StoreBusy
+from gateway.state.batches import BatchStore, StoreBusy
 from tests.conftest import Gateway, LlamaServer, free_port, wait_http
 
 FEW_SHOT = "You answer in one word.\nQ: colour of the sky? A: blue\nQ: colour of grass? A: green\nQ: "

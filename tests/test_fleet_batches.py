@@ -23,7 +23,7 @@ import openai
 import pytest
 
 from gateway.batch.lines import plan_rows
-from gateway.state.batch_model import Row
+from gateway.state.batches.model import Row
 from tests.conftest import Gateway, free_port, wait_http
 from tests.servers import PgServer
 from tests.test_batches import jsonl, line, wait_batch
@@ -296,7 +296,7 @@ def test_keys_own_their_files_and_batches_across_gateways(
 
 def test_two_gateways_at_once_claim_each_group_once(database: str, tmp_path: Path) -> None:
     """Many runners claiming at the same moment (SKIP LOCKED): every group goes to exactly one."""
-    from gateway.state.batch_pg import PgBatches
+    from gateway.state.batches.pg import PgBatches
 
     async def go() -> list[tuple[str, int]]:
         stores = [await PgBatches.open(database, tmp_path) for _ in range(4)]

@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from backends.base import Call, ChunkStream, Completion
-from gateway.state.batch_store import BatchStore
+from gateway.state.batches import BatchStore
 from tests.conftest import Gateway, free_port
 from tests.test_batches import jsonl, wait_batch
 from tests.test_errors import MSG, error_of

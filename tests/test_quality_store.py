@@ -1,6 +1,6 @@
-"""The live-traffic quality store's contract (``gateway.state.quality_store.QualityStore``): one
-suite, the same assertions for both engines, SQLite (``gateway/state/quality_store.py``) and
-PostgreSQL (``gateway/state/quality_pg.py``, on a real server: the ``database`` fixture, skipped
+"""The live-traffic quality store's contract (``gateway.state.quality.QualityStore``): one
+suite, the same assertions for both engines, SQLite (``gateway/state/quality/sqlite.py``) and
+PostgreSQL (``gateway/state/quality/pg.py``, on a real server: the ``database`` fixture, skipped
 where PostgreSQL is not installed), each opened by ``open_quality`` as the gateway opens it. What
 only one engine has (SQLite's file and folder) is tested after the contract."""
 
@@ -9,49 +9,32 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from gateway.state.quality_store import Pair, QualityStore, Record, SliceCounts, SqliteQuality, open_quality
+from gateway.state.quality import Pair, QualityStore, Record, SliceCounts, SqliteQuality, open_quality
 from gateway.state.stores import StoreDown
 from policies.schema import StateSpec
+from tests import store_contract
 from tests.servers import free_port
+from tests.store_contract import engines
 
-Scenario = Callable[[QualityStore], Awaitable[None]]
 ALICE = hashlib.sha256(b"sk-alice").hexdigest()  # owners are the caller keys' sha256
 BOB = hashlib.sha256(b"sk-bob").hexdigest()
 
 
-@dataclass(frozen=True)
-class Engine:
-    """One engine of the contract: ``open`` a store on it (as often as a test asks: the same data)."""
-
-    name: str
-    open: Callable[[], Awaitable[QualityStore]]
-
-    def check(self, scenario: Scenario) -> None:
-        """``scenario`` on a store opened for it, closed after."""
-
-        async def go() -> None:
-            store = await self.open()
-            try:
-                await scenario(store)
-            finally:
-                await store.close()
-
-        asyncio.run(go())
+async def _sqlite(folder: Path) -> QualityStore:
+    return await open_quality(StateSpec(), folder / "state" / "quality.sqlite3")  # its folder made by the store
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.fleet)])
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Engine:
-    path = tmp_path / "state" / "quality.sqlite3"  # its folder made by the store
-    if request.param == "sqlite":
-        return Engine("sqlite", lambda: open_quality(StateSpec(), path))
-    dsn: str = request.getfixturevalue("database")
-    return Engine("postgresql", lambda: open_quality(StateSpec(database=dsn), path))
+async def _pg(dsn: str, folder: Path) -> QualityStore:
+    return await open_quality(StateSpec(database=dsn), folder / "state" / "quality.sqlite3")
+
+
+engine = engines(_sqlite, _pg)
+Engine = store_contract.Engine[QualityStore]
 
 
 def cascade(
@@ -280,16 +263,11 @@ def test_text_is_kept_without_nul_characters(engine: Engine) -> None:
 
 
 def test_a_store_that_cannot_answer_is_store_down_naming_it(engine: Engine) -> None:
-    async def go() -> None:
-        store = await engine.open()
-        assert store.where.startswith(f"{engine.name} at ")
-        await store.close()
-        with pytest.raises(StoreDown, match=r"the quality store \(" + engine.name):
-            await store.counts(0.0)
-        with pytest.raises(StoreDown, match=r"the quality store \(" + engine.name):
-            await store.record([cascade("r", 1.0, "small", False, "choice", 1.0)])
-
-    asyncio.run(go())
+    engine.check_down(
+        "the quality store",
+        lambda store: store.counts(0.0),
+        lambda store: store.record([cascade("r", 1.0, "small", False, "choice", 1.0)]),
+    )
 
 
 # --- SQLite's file, PostgreSQL's server -------------------------------------------------------------------------

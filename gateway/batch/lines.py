@@ -9,7 +9,7 @@ import orjson
 
 from backends.prefix import Item, plan
 from gateway.service.bodies import MAX_DEPTH, check_depth
-from gateway.state.batch_model import Row, new_id
+from gateway.state.batches.model import Row, new_id
 from policies.errors import InvalidRequest
 
 

@@ -41,8 +41,8 @@ from gateway.service.context import Context
 from gateway.service.keys import quotas
 from gateway.service.runtime import RuntimeHolder
 from gateway.service.service import Service
-from gateway.state.batch_model import BatchClaim, FileRow, GroupClaim, Pending, new_id, output_file_id, write_bytes
 from gateway.state.batches import Batches
+from gateway.state.batches.model import BatchClaim, FileRow, GroupClaim, Pending, new_id, output_file_id, write_bytes
 from gateway.state.stores import StoreDown
 from policies import spend
 from policies.cascade import CascadeExhausted

@@ -127,10 +127,10 @@ async def store_checks(policy: Policy) -> list[Check]:
 async def _database_check(database: str) -> Check:
     import asyncpg
 
-    from backends.secrets import MissingSecret, lookup
+    from policies.secrets import MissingSecret, resolve_secret
 
     try:
-        url = lookup(database) if database.startswith("env:") else database
+        url = resolve_secret(database)
         conn = await asyncio.wait_for(asyncpg.connect(url), 5)
         await conn.close()
     except (MissingSecret, OSError, TimeoutError, asyncpg.PostgresError) as exc:

@@ -31,8 +31,7 @@ from gateway.obs.metrics import Metrics
 from gateway.service import assemble
 from gateway.service.reload import Reloader
 from gateway.service.runtime import RuntimeHolder
-from gateway.state.batch_store import StoreBusy
-from gateway.state.batches import open_batches
+from gateway.state.batches import StoreBusy, open_batches
 from gateway.state.stores import StoreDown
 from policies import loader
 from policies.errors import ClientGone, InvalidRequest, NotFound, PolicyInvalid, TriageError

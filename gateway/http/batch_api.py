@@ -20,8 +20,8 @@ from gateway.batch.runner import BatchRunner
 from gateway.http.doors import read_body
 from gateway.service.bodies import BatchCreate, check, parse_json
 from gateway.service.keys import quotas
-from gateway.state.batch_model import ACTIVE, new_id
 from gateway.state.batches import Batches
+from gateway.state.batches.model import ACTIVE, new_id
 from policies.errors import ClientGone, InvalidRequest, NotFound, NotReady, PayloadTooLarge, RequestTimeout
 from policies.schema import ApiKey
 

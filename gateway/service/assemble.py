@@ -16,17 +16,17 @@ import structlog
 
 from backends import crash_guard, registry
 from backends.base import Backend
-from backends.secrets import MissingSecret, lookup
 from gateway.service.cache.semantic import SemanticCache
 from gateway.service.keys.keyring import Keyring, as_key
 from gateway.service.quality.watch import Watch
-from gateway.state.quality_store import open_quality
+from gateway.state.quality import open_quality
 from gateway.state.stores import Store, StoreDown, open_store
 from policies import loader
 from policies.budget import EscalationBudget
 from policies.errors import NotReady, PolicyInvalid, TriageError
 from policies.fit import Fit
 from policies.schema import Policy
+from policies.secrets import MissingSecret, resolve_secret
 from policies.semantic_cache import Vector
 from policies.tiers import ScorerTier
 
@@ -58,7 +58,7 @@ def _key_hashes(policy: Policy) -> list[tuple[str, str]]:
     hashes: list[tuple[str, str]] = []
     for i, key in enumerate(policy.keys):
         try:
-            value = lookup(key.sha256) if key.sha256.startswith("env:") else key.sha256
+            value = resolve_secret(key.sha256)
         except MissingSecret as exc:
             raise PolicyInvalid([f"keys[{i}].sha256: {exc}"]) from None
         value = (value or "").strip().lower()
@@ -288,7 +288,7 @@ def _admin_digest(policy: Policy) -> str | None:
     if ref is None:
         return None
     try:
-        value = lookup(ref) if ref.startswith("env:") else ref
+        value = resolve_secret(ref)
     except MissingSecret as exc:
         raise PolicyInvalid([f"access.admin_key: {exc}"]) from None
     value = (value or "").strip().lower()

@@ -22,9 +22,9 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from backends.secrets import MissingSecret, lookup
 from policies.errors import NotReady
 from policies.schema import StateSpec
+from policies.secrets import MissingSecret, resolve_secret
 
 T = TypeVar("T")
 SPEND_TTL_S = 400 * 86400  # a day's spend is kept a little over a year
@@ -402,7 +402,7 @@ async def open_store(spec: StateSpec) -> tuple[Store, str | None]:
     if spec.store == "memory":
         return MemoryStore(), None
     try:
-        url = lookup(spec.url) if spec.url and spec.url.startswith("env:") else spec.url
+        url = resolve_secret(spec.url)
     except MissingSecret as exc:
         raise StoreDown(f"state.url: {exc}") from None
     assert url is not None, "validated: store redis has a url"

@@ -23,7 +23,7 @@ from gateway.service.context import Context
 from gateway.service.dispatch import Served
 from gateway.service.keys import quotas
 from gateway.service.quality import watch
-from gateway.state.quality_store import Record
+from gateway.state.quality import Record
 from policies import quality, spend
 from policies.cascade import Ask, Decision, Question, read
 from policies.fit import Shape

@@ -33,7 +33,7 @@ import structlog
 
 from backends.base import Body
 from gateway.service.context import Context
-from gateway.state.quality_store import Pair, QualityStore, Record
+from gateway.state.quality import Pair, QualityStore, Record
 from gateway.state.stores import StoreDown
 from policies import quality, spend
 from policies.quality import QualitySpec, ShadowSpec

@@ -1,35 +1,18 @@
-"""The Batch API's store, one async interface with two engines chosen by the policy's
-``state.database``:
-
-- unset: SQLite and the ``batches.dir`` folder (``gateway/state/batch_store.py``), one gateway process
-  (the embedded default; nothing to run);
-- ``postgresql://...``: batches, requests, groups and files' metadata in PostgreSQL
-  (``gateway/state/batch_pg.py``), shared by every gateway pointing at it; files' bytes stay on
-  ``batches.dir``, which those gateways then share (a volume every one mounts).
-
-A store that fails raises :class:`gateway.state.stores.StoreDown` (503, OpenAI's error shape), and
-nothing is half-written: every write that changes more than one row is one transaction.
-
-:class:`Batches` is the interface, written once: both stores implement it as they are (SQLite's runs
-each method's body on a worker thread, ``batch_store._threaded``), and ``tests/test_batch_contract.py``
-holds both to the same assertions.
-"""
+"""The Batch API's store contract: :class:`Batches`, written once; ``sqlite.py`` (the embedded
+default) and ``pg.py`` (a fleet's) implement it as they are, and ``tests/test_batch_contract.py``
+holds both to the same assertions."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Protocol
 
-from backends.secrets import MissingSecret, lookup
-from gateway.state.batch_model import BatchClaim, FileRow, GroupClaim, Row
-from gateway.state.batch_store import BatchStore
-from gateway.state.stores import StoreDown
-from policies.schema import StateSpec
+from gateway.state.batches.model import BatchClaim, FileRow, GroupClaim, Row
 
 
 class Batches(Protocol):
-    """Files and batch jobs (see ``gateway/state/batch_store.py`` for the model and its guarantees);
-    :class:`BatchStore` and ``gateway.state.batch_pg.PgBatches`` are its two engines."""
+    """Files and batch jobs (see ``gateway/state/batches/sqlite.py`` for the model and its guarantees);
+    ``sqlite.BatchStore`` and ``pg.PgBatches`` are its two engines."""
 
     root: Path  # the folder of files' bytes (``files/<id>``)
     where: str  # the store, for messages: never a password
@@ -83,19 +66,3 @@ class Batches(Protocol):
     async def finish_request(self, batch_id: str, line: int, ok: bool, result: dict[str, Any]) -> bool: ...
 
     async def close(self) -> None: ...
-
-
-async def open_batches(spec: StateSpec, root: Path) -> Batches:
-    """The policy's batch store on ``root`` (files' bytes, and SQLite's database): PostgreSQL when
-    ``state.database`` is set, checked now (:class:`StoreDown` naming it when it cannot be
-    reached); else SQLite (:class:`gateway.state.batch_store.StoreBusy` when another process holds it)."""
-    if spec.database is None:
-        return await BatchStore.open(root)
-    try:
-        dsn = lookup(spec.database) if spec.database.startswith("env:") else spec.database
-    except MissingSecret as exc:
-        raise StoreDown(f"state.database: {exc}") from None
-    assert dsn is not None
-    from gateway.state.batch_pg import PgBatches
-
-    return await PgBatches.open(dsn, root)

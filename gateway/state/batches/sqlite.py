@@ -1,18 +1,17 @@
 """Files and batch jobs of the Batch API in SQLite and on disk (the embedded default): a restart
 loses nothing, and one gateway process holds the store (a file lock).
 
-The job model is the fleet's (``gateway/state/batch_pg.py`` keeps it in PostgreSQL for several
-gateways): a validated batch's requests are cut into prefix groups, each a row that a runner
-claims with a lease (owner and expiry) before it runs the group's requests. Every request is a
-row; its result is written in the same transaction that marks it done, and only while it is
-still pending, so a finished request is never run into the output twice. State transitions of a
-batch are guarded by its status and by who holds its lease. One process holds this store, so the
-leases here only ever have one owner alive: those of a killed process are cleared when the next
-one opens the store.
+The job model is the fleet's (``pg.py`` keeps it in PostgreSQL for several gateways): a
+validated batch's requests are cut into prefix groups, each a row that a runner claims with a
+lease (owner and expiry) before it runs the group's requests. Every request is a row; its result
+is written in the same transaction that marks it done, and only while it is still pending, so a
+finished request is never run into the output twice. State transitions of a batch are guarded by
+its status and by who holds its lease. One process holds this store, so the leases here only ever
+have one owner alive: those of a killed process are cleared when the next one opens the store.
 
-The interface is async (``gateway.state.batches.Batches``, the one PostgreSQL's store has too); the
-bodies are sqlite3's, synchronous, each run on a worker thread by :func:`_threaded`, which also turns
-sqlite3's failures into :class:`StoreDown`. One connection, guarded by a lock: each method is atomic.
+The interface is async (``contract.Batches``, the one PostgreSQL's store has too); the bodies are
+sqlite3's, synchronous, each run on a worker thread (``gateway/state/sqlite.py``, which also turns
+sqlite3's failures into ``StoreDown``). One connection, guarded by a lock: each method is atomic.
 
 Files and batches belong to the key that made them (``owner``: the key's sha256, None when the
 gateway runs without keys). A ``viewer`` of None sees everything (no keys, or the runner itself);
@@ -23,31 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import functools
 import json
 import sqlite3
-import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any
 
-from gateway.state.batch_model import (
-    ACTIVE,
-    REQUEST_COLUMNS,
-    BatchClaim,
-    FileRow,
-    GroupClaim,
-    Pending,
-    Row,
-    counts_of,
-    file_doc,
-    new_id,
-    request_record,
-    write_bytes,
-)
-from gateway.state.stores import StoreDown
+from gateway.state.batches import model
+from gateway.state.sqlite import SqliteStore, connect, insert, marks, threaded
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -64,7 +46,7 @@ CREATE TABLE IF NOT EXISTS groups (
     lease_owner TEXT, lease_until REAL, claims INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (batch_id, grp));
 CREATE INDEX IF NOT EXISTS requests_pending ON requests (batch_id, state);
 """
-_A = ",".join(f"'{s}'" for s in ACTIVE)
+_A = ",".join(f"'{s}'" for s in model.ACTIVE)
 
 _MINE = " AND (? IS NULL OR owner = ?)"  # the viewer's rows; a viewer of None sees all
 _LIVE = " AND (expires_at IS NULL OR expires_at > ?)"  # an expired file is gone, swept or not yet
@@ -80,33 +62,15 @@ _COLUMNS = {  # added to a store made by an older triage: its rows have none
 }
 
 
-P = ParamSpec("P")
-T = TypeVar("T")
-
-
 class StoreBusy(RuntimeError):
     """Another gateway process holds this store: two runners must never work one SQLite store."""
 
 
-def _threaded(
-    fn: Callable[Concatenate[BatchStore, P], T],
-) -> Callable[Concatenate[BatchStore, P], Coroutine[Any, Any, T]]:
-    """The store's method, awaited: its body runs on a worker thread (the event loop never waits on
-    SQLite), and sqlite3's failures are :class:`StoreDown` (503) naming the store."""
-
-    @functools.wraps(fn)
-    async def run(self: BatchStore, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        try:
-            return await asyncio.to_thread(fn, self, *args, **kwargs)
-        except sqlite3.Error as exc:
-            raise StoreDown(f"the batch store ({self.where}) failed: {type(exc).__name__}: {exc}") from None
-
-    return run
-
-
-class BatchStore:
+class BatchStore(SqliteStore, model.FileFolder):
     """The :class:`gateway.state.batches.Batches` store in SQLite (see the module's docstring); open it
     with :meth:`open` (the constructor blocks: it takes the lock and migrates the schema)."""
+
+    what = "the batch store"
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -118,9 +82,7 @@ class BatchStore:
         except BlockingIOError:
             self._lockfile.close()
             raise StoreBusy(f"{root} is in use by another gateway process") from None
-        self._db = sqlite3.connect(root / "batches.sqlite3", check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._attach(connect(root / "batches.sqlite3", timeout=5.0))
         self._db.executescript(SCHEMA)
         for (table, column), kind in _COLUMNS.items():
             if column not in {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}:
@@ -135,29 +97,16 @@ UPDATE requests SET grp = -1, seq = line WHERE grp IS NULL AND state = 'pending'
 UPDATE groups SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS NOT NULL;
 UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS NOT NULL;
 """)
-        self._lock = threading.Lock()
 
     @classmethod
     async def open(cls, root: Path) -> BatchStore:
         """The store on ``root``, opened on a worker thread; :class:`StoreBusy` when another process holds it."""
         return await asyncio.to_thread(cls, root)
 
-    @_threaded
+    @threaded
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._close()
         self._lockfile.close()  # releases the flock
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
 
     def _merge(self, batch_id: str, fields: dict[str, Any]) -> dict[str, Any]:
         """The batch's doc with ``fields`` written over it (its ``status`` column follows); in a transaction."""
@@ -170,36 +119,26 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
 
     # --- files ------------------------------------------------------------------------------------------------
 
-    def file_path(self, file_id: str) -> Path:
-        return self.root / "files" / file_id
-
-    @_threaded
+    @threaded
     def add_file(
         self, content: bytes, filename: str, purpose: str, owner: str | None = None, expires_after: int | None = None
     ) -> dict[str, Any]:
         """A new file; ``expires_after``: seconds from now after which it is gone (None: never)."""
-        file_id = new_id("file-")
-        write_bytes(self.file_path(file_id), content)  # the row only ever points at a whole file
-        now = int(time.time())
-        expires_at = now + expires_after if expires_after is not None else None
+        new = self.write_file(content, filename, purpose, owner, expires_after)
         with self._lock:
-            self._db.execute(
-                "INSERT INTO files (id, purpose, filename, bytes, created_at, owner, expires_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (file_id, purpose, filename, len(content), now, owner, expires_at),
-            )
-        return file_doc((file_id, purpose, filename, len(content), now, expires_at))
+            self._db.execute(insert("files", model.FILE_COLUMNS), new)
+        return new.doc()
 
-    @_threaded
+    @threaded
     def file(self, file_id: str, viewer: str | None = None) -> dict[str, Any] | None:
         with self._lock:
             row = self._db.execute(
                 "SELECT id, purpose, filename, bytes, created_at, expires_at FROM files WHERE id = ?" + _MINE + _LIVE,
                 (file_id, viewer, viewer, int(time.time())),
             ).fetchone()
-        return None if row is None else file_doc(row)
+        return None if row is None else model.file_doc(row)
 
-    @_threaded
+    @threaded
     def delete_file(self, file_id: str, viewer: str | None = None) -> bool:
         """Remove the file (row, then bytes); False when ``viewer`` has no such file."""
         with self._lock:
@@ -208,7 +147,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
             self.file_path(file_id).unlink(missing_ok=True)
         return cur.rowcount == 1
 
-    @_threaded
+    @threaded
     def sweep(self, now: float | None = None) -> list[str]:
         """Remove every file past its ``expires_at``; the ids removed."""
         stamp = int(time.time() if now is None else now)
@@ -220,7 +159,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
 
     # --- batches ----------------------------------------------------------------------------------------------
 
-    @_threaded
+    @threaded
     def add_batch(self, doc: dict[str, Any], owner: str | None = None) -> None:
         with self._lock:
             self._db.execute(
@@ -228,7 +167,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
                 (doc["id"], json.dumps(doc), doc["status"], doc["created_at"], owner),
             )
 
-    @_threaded
+    @threaded
     def batch(self, batch_id: str, viewer: str | None = None) -> dict[str, Any] | None:
         with self._lock:
             row = self._db.execute(
@@ -236,7 +175,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
             ).fetchone()
         return json.loads(row[0]) if row else None
 
-    @_threaded
+    @threaded
     def batches(self, limit: int, after: str | None, viewer: str | None = None) -> list[dict[str, Any]]:
         """Newest first; ``after`` is the id of the last batch of the previous page."""
         with self._lock:
@@ -254,7 +193,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
                 ).fetchall()
         return [json.loads(r[0]) for r in rows]
 
-    @_threaded
+    @threaded
     def cancel(self, batch_id: str, viewer: str | None, now: int) -> dict[str, Any] | None:
         """A validating or running batch becomes ``cancelling``; any other is left as it is. Its doc
         after, or None when ``viewer`` has no such batch."""
@@ -266,15 +205,15 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
                 return json.loads(row[0]) if row else None
             return self._merge(batch_id, {"status": "cancelling", "cancelling_at": now})
 
-    @_threaded
+    @threaded
     def counts(self, batch_id: str) -> dict[str, int]:
         with self._lock:
             rows = self._db.execute(
                 "SELECT state, COUNT(*) FROM requests WHERE batch_id = ? GROUP BY state", (batch_id,)
             ).fetchall()
-        return counts_of(dict(rows))
+        return model.counts_of(dict(rows))
 
-    @_threaded
+    @threaded
     def results(self, batch_id: str, state: str) -> list[str]:
         with self._lock:
             rows = self._db.execute(
@@ -284,7 +223,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
 
     # --- the runner: batches' leases and transitions -------------------------------------------------------------
 
-    @_threaded
+    @threaded
     def work(self) -> list[tuple[str, str]]:
         """(id, status) of every batch not yet ended, oldest first."""
         with self._lock:
@@ -292,8 +231,8 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
                 f"SELECT id, status FROM batches WHERE status IN ({_A}) ORDER BY created_at, id"
             ).fetchall()
 
-    @_threaded
-    def claim_validation(self, batch_id: str, owner: str, lease_s: float) -> BatchClaim | None:
+    @threaded
+    def claim_validation(self, batch_id: str, owner: str, lease_s: float) -> model.BatchClaim | None:
         now = time.time()
         with self._lock:
             row = self._db.execute(
@@ -301,10 +240,10 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
                 " AND (lease_until IS NULL OR lease_until < ?) RETURNING doc, owner",
                 (owner, now + lease_s, batch_id, now),
             ).fetchone()
-        return BatchClaim(json.loads(row[0]), row[1]) if row else None
+        return model.BatchClaim(json.loads(row[0]), row[1]) if row else None
 
-    @_threaded
-    def claim_finalization(self, batch_id: str, owner: str, lease_s: float, stamp: int) -> BatchClaim | None:
+    @threaded
+    def claim_finalization(self, batch_id: str, owner: str, lease_s: float, stamp: int) -> model.BatchClaim | None:
         """The batch, now ``finalizing`` under this owner's lease, when it is ready: running with no
         request pending; cancelling with no group held (what was in flight has ended); or
         finalizing under a lease that ran out (its finalizer stopped)."""
@@ -325,9 +264,9 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
                 "UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ?", (owner, now + lease_s, batch_id)
             )
             since = json.loads(row[1]).get("finalizing_at") or stamp
-            return BatchClaim(self._merge(batch_id, {"status": "finalizing", "finalizing_at": since}), row[0])
+            return model.BatchClaim(self._merge(batch_id, {"status": "finalizing", "finalizing_at": since}), row[0])
 
-    @_threaded
+    @threaded
     def renew_batch(self, batch_id: str, owner: str, lease_s: float) -> bool:
         with self._lock:
             cur = self._db.execute(
@@ -337,34 +276,31 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
             )
         return cur.rowcount == 1
 
-    @_threaded
-    def start_batch(self, batch_id: str, owner: str, rows: list[Row], groups: int, fields: dict[str, Any]) -> bool:
+    @threaded
+    def start_batch(
+        self, batch_id: str, owner: str, rows: list[model.Row], groups: int, fields: dict[str, Any]
+    ) -> bool:
         """A validated batch's requests, its ``groups`` (numbered from 0) and its new state (``fields``), in one
         transaction; False (nothing written) unless it is still validating under this owner's lease."""
         with self._tx() as db:
-            if not db.execute(
-                "SELECT 1 FROM batches WHERE id = ? AND status = 'validating' AND lease_owner = ?", (batch_id, owner)
-            ).fetchone():
+            if not _held(db, batch_id, owner, ("validating",)):
                 return False
             db.executemany(
-                f"INSERT INTO requests ({', '.join(REQUEST_COLUMNS)}) VALUES ({', '.join('?' * len(REQUEST_COLUMNS))})",
-                [request_record(batch_id, r) for r in rows],
+                insert("requests", model.REQUEST_COLUMNS),
+                [model.request_record(batch_id, r) for r in rows],
             )
             db.executemany("INSERT INTO groups (batch_id, grp) VALUES (?, ?)", [(batch_id, g) for g in range(groups)])
             db.execute("UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE id = ?", (batch_id,))
             self._merge(batch_id, fields)
         return True
 
-    @_threaded
-    def end_batch(self, batch_id: str, owner: str, fields: dict[str, Any], files: list[FileRow]) -> bool:
+    @threaded
+    def end_batch(self, batch_id: str, owner: str, fields: dict[str, Any], files: list[model.FileRow]) -> bool:
         """The batch's last state (completed, cancelled, failed) and its output files' rows, in one
         transaction; False (nothing written) unless this owner holds its lease."""
         now = int(time.time())
         with self._tx() as db:
-            if not db.execute(
-                "SELECT 1 FROM batches WHERE id = ? AND status IN ('validating', 'finalizing') AND lease_owner = ?",
-                (batch_id, owner),
-            ).fetchone():
+            if not _held(db, batch_id, owner, ("validating", "finalizing")):
                 return False
             db.executemany(
                 "INSERT OR IGNORE INTO files (id, purpose, filename, bytes, created_at, owner)"
@@ -377,8 +313,8 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
 
     # --- the runner: groups and requests --------------------------------------------------------------------------
 
-    @_threaded
-    def claim_group(self, owner: str, lease_s: float) -> GroupClaim | None:
+    @threaded
+    def claim_group(self, owner: str, lease_s: float) -> model.GroupClaim | None:
         """The first open group of the oldest running batch that no live lease holds, now this owner's."""
         now = time.time()
         with self._tx() as db:
@@ -402,16 +338,16 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
                 " WHERE batch_id = ? AND grp = ? AND state = 'pending' ORDER BY seq",
                 (batch_id, grp),
             ).fetchall()
-        return GroupClaim(
+        return model.GroupClaim(
             batch_id,
             grp,
             endpoint,
             claims + 1,
-            [Pending(a, b, json.loads(c), d) for a, b, c, d in pending],
+            [model.Pending(a, b, json.loads(c), d) for a, b, c, d in pending],
             batch_owner,
         )
 
-    @_threaded
+    @threaded
     def renew_groups(self, owner: str, keys: list[tuple[str, int]], lease_s: float) -> dict[tuple[str, int], str]:
         """Extend this owner's leases on ``keys``; those it still holds, with their batch's status."""
         until = time.time() + lease_s
@@ -429,7 +365,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
                     ).fetchone()
         return held
 
-    @_threaded
+    @threaded
     def release_group(self, batch_id: str, grp: int, owner: str) -> None:
         """Give the group up: done when none of its requests is pending, else open to any runner now."""
         with self._lock:
@@ -440,7 +376,7 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
                 (batch_id, grp, batch_id, grp, owner),
             )
 
-    @_threaded
+    @threaded
     def finish_request(self, batch_id: str, line: int, ok: bool, result: dict[str, Any]) -> bool:
         """Record one result; False when the request was already finished (never twice), or its
         batch is no longer running (a finalized output never changes)."""
@@ -451,3 +387,9 @@ UPDATE batches SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS N
                 ("done" if ok else "error", json.dumps(result), batch_id, line, batch_id),
             )
         return cur.rowcount == 1
+
+
+def _held(db: sqlite3.Connection, batch_id: str, owner: str, statuses: tuple[str, ...]) -> bool:
+    """Whether the batch is in one of ``statuses`` under ``owner``'s lease (in a transaction)."""
+    query = f"SELECT 1 FROM batches WHERE id = ? AND status IN ({marks(statuses)}) AND lease_owner = ?"
+    return db.execute(query, (batch_id, *statuses, owner)).fetchone() is not None

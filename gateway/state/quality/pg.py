@@ -1,6 +1,6 @@
 """Live-traffic quality in PostgreSQL (asyncpg, no ORM), shared by a fleet of gateways.
 
-The model is SQLite's (``gateway/state/quality_store.py``), in three tables of its own,
+The model is SQLite's (``model.py``), in three tables of its own,
 ``quality_records``, ``quality_pairs`` and ``quality_feedback``, created when absent (once, whoever
 starts first: an advisory lock). Every write is one statement, or one transaction for many
 records, so gateways writing at once need no lease: a record or a pair written twice is kept
@@ -8,38 +8,21 @@ once (``ON CONFLICT DO NOTHING``), feedback given twice is the last written (an 
 the record's owner, in the same statement), and a prune is one statement deleting a record with
 its pair and feedback.
 
-Text is kept without NUL characters, as in SQLite (see ``quality_store.clean``). Any failure,
+Text is kept without NUL characters, as in SQLite (see ``model.clean``). Any failure,
 the server unreachable or a call past its timeout, is :class:`StoreDown` naming the server
 (host:port/database, never a password).
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import asyncpg
 
-from gateway.state.batch_pg import where_of
-from gateway.state.quality_store import (
-    EXPORT_SELECT,
-    PAIR_COLUMNS,
-    RECORD_COLUMNS,
-    Pair,
-    Record,
-    SliceCounts,
-    counts_select,
-    export_row,
-    pair_row,
-    record_row,
-    slice_counts,
-)
-from gateway.state.stores import StoreDown
+from gateway.state.pg import PgStore, insert, open_pool, where_of
+from gateway.state.quality import model
 
-T = TypeVar("T")
-CONNECT_TIMEOUT_S = 5.0  # a connection (at start: the gateway does not start past it)
-CALL_TIMEOUT_S = 10.0  # one write, or the summary
 BULK_TIMEOUT_S = 60.0  # an export, a prune
 POOL_SIZE = 4
 
@@ -61,73 +44,37 @@ _FAILED = (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresError)
 _ORDER = ' ORDER BY r.model COLLATE "C", r.kind COLLATE "C", r.answered_by COLLATE "C", r.slice COLLATE "C", r.top'
 
 
-def _values(n: int) -> str:
-    return ", ".join(f"${i}" for i in range(1, n + 1))
+class PgQuality(PgStore):
+    """The :class:`gateway.state.quality.QualityStore` in PostgreSQL; open it with :meth:`open`."""
 
-
-class PgQuality:
-    """The :class:`gateway.state.quality_store.QualityStore` in PostgreSQL; open it with :meth:`open`."""
-
-    def __init__(self, pool: asyncpg.Pool, where: str) -> None:
-        self._pool = pool
-        self.where = f"postgresql at {where}"
+    what = "the quality store"
+    down = _FAILED
 
     @classmethod
     async def open(cls, dsn: str) -> PgQuality:
         """Connect and create the tables; :class:`StoreDown` naming the server (host:port/database)
         when it cannot be reached."""
-        where = where_of(dsn)
-        pool = None
-        try:
-            async with asyncio.timeout(CONNECT_TIMEOUT_S * 2):
-                pool = await asyncpg.create_pool(
-                    dsn, min_size=1, max_size=POOL_SIZE, timeout=CONNECT_TIMEOUT_S, command_timeout=None
-                )
-                async with pool.acquire() as conn, conn.transaction():
-                    await conn.execute("SELECT pg_advisory_xact_lock($1)", _SCHEMA_LOCK)
-                    await conn.execute(SCHEMA)
-        except _FAILED as exc:  # refused, timed out, no such database, no rights
-            if pool is not None:
-                pool.terminate()
-            raise StoreDown(
-                f"the quality store (postgresql at {where}) cannot be opened: {type(exc).__name__}: {exc}"
-            ) from None
-        return cls(pool, where)
+        return cls(await open_pool(dsn, cls.what, SCHEMA, _SCHEMA_LOCK, POOL_SIZE), where_of(dsn))
 
-    async def close(self) -> None:
-        await self._pool.close()
-
-    async def _call(self, fn: Callable[[asyncpg.Connection], Awaitable[T]], timeout: float = CALL_TIMEOUT_S) -> T:
-        """``fn`` on a pooled connection; any failure, or a call past ``timeout``, is :class:`StoreDown`."""
-        try:
-            async with asyncio.timeout(timeout), self._pool.acquire() as conn:
-                return await fn(conn)
-        except _FAILED as exc:
-            raise StoreDown(
-                f"the quality store ({self.where}) failed: {type(exc).__name__}: {exc}".rstrip(": ")
-            ) from None
-
-    async def record(self, records: Sequence[Record]) -> None:
+    async def record(self, records: Sequence[model.Record]) -> None:
         if not records:
             return
-        rows = [record_row(r) for r in records]
+        rows = [model.record_row(r) for r in records]
 
         async def go(c: asyncpg.Connection) -> None:
             async with c.transaction():
                 await c.executemany(
-                    f"INSERT INTO quality_records ({', '.join(RECORD_COLUMNS)}) VALUES ({_values(len(RECORD_COLUMNS))})"
-                    " ON CONFLICT (request_id) DO NOTHING",
+                    insert("quality_records", model.RECORD_COLUMNS) + " ON CONFLICT (request_id) DO NOTHING",
                     rows,
                 )
 
         await self._call(go)
 
-    async def pair(self, pair: Pair) -> None:
+    async def pair(self, pair: model.Pair) -> None:
         await self._call(
             lambda c: c.execute(
-                f"INSERT INTO quality_pairs ({', '.join(PAIR_COLUMNS)}) VALUES ({_values(len(PAIR_COLUMNS))})"
-                " ON CONFLICT (request_id) DO NOTHING",
-                *pair_row(pair),
+                insert("quality_pairs", model.PAIR_COLUMNS) + " ON CONFLICT (request_id) DO NOTHING",
+                *model.pair_row(pair),
             )
         )
 
@@ -135,7 +82,7 @@ class PgQuality:
         self, request_id: str, owner: str | None, at: float, verdict: str | None, score: float | None
     ) -> bool:
         if "\x00" in request_id or (owner is not None and "\x00" in owner):
-            return False  # no record holds one (``quality_store.clean``)
+            return False  # no record holds one (``model.clean``)
         status = await self._call(
             lambda c: c.execute(
                 "INSERT INTO quality_feedback (request_id, at, verdict, score)"
@@ -152,14 +99,14 @@ class PgQuality:
         )
         return status == "INSERT 0 1"
 
-    async def counts(self, since: float) -> list[SliceCounts]:
-        rows = await self._call(lambda c: c.fetch(counts_select("$1") + _ORDER, since))
-        return [slice_counts(tuple(r)) for r in rows]
+    async def counts(self, since: float) -> list[model.SliceCounts]:
+        rows = await self._call(lambda c: c.fetch(model.counts_select("$1") + _ORDER, since))
+        return [model.slice_counts(tuple(r)) for r in rows]
 
     async def export(self, since: float, limit: int) -> list[dict[str, Any]]:
-        query = EXPORT_SELECT + ' AND r.at >= $1 ORDER BY r.at DESC, r.request_id COLLATE "C" DESC LIMIT $2'
+        query = model.EXPORT_SELECT + ' AND r.at >= $1 ORDER BY r.at DESC, r.request_id COLLATE "C" DESC LIMIT $2'
         rows = await self._call(lambda c: c.fetch(query, since, limit), BULK_TIMEOUT_S)
-        return [export_row(tuple(r)) for r in rows]
+        return [model.export_row(tuple(r)) for r in rows]
 
     async def prune(self, before: float) -> int:
         """One statement: the records older than ``before``, their pairs and feedback, and pairs and

@@ -1,6 +1,6 @@
 """Files' metadata and batch jobs in PostgreSQL (asyncpg, no ORM), shared by a fleet of gateways.
 
-The model is SQLite's (``gateway/state/batch_store.py``), made safe for many runners at once:
+The model is SQLite's (``sqlite.py``), made safe for many runners at once:
 
 - a runner claims a prefix group with ``SELECT ... FOR UPDATE SKIP LOCKED`` (two runners never
   wait on, or take, the same group) and holds it under a lease: its owner id and an expiry on the
@@ -21,32 +21,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import asyncpg
 
-from gateway.state.batch_model import (
-    ACTIVE,
-    REQUEST_COLUMNS,
-    BatchClaim,
-    FileRow,
-    GroupClaim,
-    Pending,
-    Row,
-    counts_of,
-    file_doc,
-    new_id,
-    request_record,
-    write_bytes,
-)
-from gateway.state.stores import StoreDown
-from policies.errors import InvalidRequest
+from gateway.state.batches import model
+from gateway.state.pg import PgStore, insert, open_pool, where_of
 
-T = TypeVar("T")
-CONNECT_TIMEOUT_S = 5.0  # a connection (at start: the gateway does not start past it)
-CALL_TIMEOUT_S = 10.0  # one store call of the API or the runner
 BULK_TIMEOUT_S = 300.0  # a batch's requests written at validation, its results read at finalization
 POOL_SIZE = 8
 
@@ -92,95 +74,37 @@ def _mine(n: int) -> str:
     return f"(${n}::text IS NULL OR owner = ${n}::text)"
 
 
-def where_of(dsn: str) -> str:
-    """host:port/database of a DSN, for messages: never its user, password or parameters."""
-    return dsn.split("://", 1)[-1].split("@")[-1].split("?")[0]
-
-
-class PgBatches:
+class PgBatches(PgStore, model.FileFolder):
     """The :class:`gateway.state.batches.Batches` store in PostgreSQL; open it with :meth:`open`."""
 
+    what = "the batch store"
+    down = _DOWN
+
     def __init__(self, pool: asyncpg.Pool, root: Path, where: str) -> None:
-        self._pool = pool
+        super().__init__(pool, where)
         self.root = root
-        self.where = f"postgresql at {where}"
 
     @classmethod
     async def open(cls, dsn: str, root: Path) -> PgBatches:
         """Connect and create the tables (once, whoever starts first); :class:`StoreDown` naming
         the server (host:port/database) when it cannot be reached."""
-        where = where_of(dsn)
         await asyncio.to_thread((root / "files").mkdir, parents=True, exist_ok=True)
-        pool = None
-        try:
-            async with asyncio.timeout(CONNECT_TIMEOUT_S * 2):
-                pool = await asyncpg.create_pool(
-                    dsn, min_size=1, max_size=POOL_SIZE, timeout=CONNECT_TIMEOUT_S, command_timeout=None
-                )
-                async with pool.acquire() as conn, conn.transaction():
-                    await conn.execute("SELECT pg_advisory_xact_lock($1)", _SCHEMA_LOCK)
-                    await conn.execute(SCHEMA)
-        except (*_DOWN, asyncpg.PostgresError) as exc:  # refused, timed out, no such database, no rights
-            if pool is not None:
-                pool.terminate()
-            raise StoreDown(
-                f"the batch store (postgresql at {where}) cannot be opened: {type(exc).__name__}: {exc}"
-            ) from None
-        return cls(pool, root, where)
-
-    async def close(self) -> None:
-        await self._pool.close()
-
-    async def _call(self, fn: Callable[[asyncpg.Connection], Awaitable[T]], timeout: float = CALL_TIMEOUT_S) -> T:
-        """``fn`` on a pooled connection; the store unreachable, or a call past ``timeout``, is :class:`StoreDown`."""
-        try:
-            async with asyncio.timeout(timeout):
-                try:
-                    conn = await self._pool.acquire()
-                except asyncpg.PostgresError as exc:  # refused while connecting: down, whatever the reason
-                    raise StoreDown(self._message(exc)) from None
-                try:
-                    return await fn(conn)
-                finally:
-                    await self._pool.release(conn)
-        except _DOWN as exc:
-            raise StoreDown(self._message(exc)) from None
-        except asyncpg.DataError as exc:  # a NUL character, say: text PostgreSQL cannot keep
-            raise InvalidRequest(f"a value sent cannot be kept: {type(exc).__name__}") from None
-
-    def _message(self, exc: BaseException) -> str:
-        return f"the batch store ({self.where}) failed: {type(exc).__name__}: {exc}".rstrip(": ")
+        pool = await open_pool(dsn, cls.what, SCHEMA, _SCHEMA_LOCK, POOL_SIZE)
+        return cls(pool, root, where_of(dsn))
 
     # --- files ------------------------------------------------------------------------------------------------
-
-    def file_path(self, file_id: str) -> Path:
-        return self.root / "files" / file_id
 
     async def add_file(
         self, content: bytes, filename: str, purpose: str, owner: str | None = None, expires_after: int | None = None
     ) -> dict[str, Any]:
-        file_id, now = new_id("file-"), int(time.time())
-        expires_at = now + expires_after if expires_after is not None else None
-        path = self.file_path(file_id)
-        await asyncio.to_thread(write_bytes, path, content)  # the row only ever points at whole bytes
+        new = await asyncio.to_thread(self.write_file, content, filename, purpose, owner, expires_after)
+        query = insert("triage_files", model.FILE_COLUMNS)
         try:
-            await self._call(
-                lambda c: c.execute(
-                    "INSERT INTO triage_files (id, purpose, filename, bytes, created_at, owner, expires_at)"
-                    " VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                    file_id,
-                    purpose,
-                    filename,
-                    len(content),
-                    now,
-                    owner,
-                    expires_at,
-                )
-            )
+            await self._call(lambda c: c.execute(query, *new))
         except BaseException:
-            await asyncio.to_thread(path.unlink, missing_ok=True)  # no bytes without their row
+            await asyncio.to_thread(self.file_path(new.id).unlink, missing_ok=True)  # no bytes without their row
             raise
-        return file_doc((file_id, purpose, filename, len(content), now, expires_at))
+        return new.doc()
 
     async def file(self, file_id: str, viewer: str | None = None) -> dict[str, Any] | None:
         row = await self._call(
@@ -193,7 +117,7 @@ class PgBatches:
                 int(time.time()),
             )
         )
-        return None if row is None else file_doc(tuple(row))
+        return None if row is None else model.file_doc(tuple(row))
 
     async def delete_file(self, file_id: str, viewer: str | None = None) -> bool:
         query = "DELETE FROM triage_files WHERE id = $1 AND " + _mine(2) + " RETURNING id"
@@ -264,7 +188,7 @@ class PgBatches:
                 "SELECT state, count(*) FROM triage_batch_requests WHERE batch_id = $1 GROUP BY state", batch_id
             )
         )
-        return counts_of({r[0]: r[1] for r in rows})
+        return model.counts_of({r[0]: r[1] for r in rows})
 
     async def results(self, batch_id: str, state: str) -> list[str]:
         rows = await self._call(
@@ -283,12 +207,12 @@ class PgBatches:
         rows = await self._call(
             lambda c: c.fetch(
                 "SELECT id, status FROM triage_batches WHERE status = ANY($1::text[]) ORDER BY created_at, id",
-                list(ACTIVE),
+                list(model.ACTIVE),
             )
         )
         return [(r[0], r[1]) for r in rows]
 
-    async def claim_validation(self, batch_id: str, owner: str, lease_s: float) -> BatchClaim | None:
+    async def claim_validation(self, batch_id: str, owner: str, lease_s: float) -> model.BatchClaim | None:
         row = await self._call(
             lambda c: c.fetchrow(
                 "UPDATE triage_batches SET lease_owner = $2, lease_until = " + _lease(3) + " WHERE id = $1"
@@ -299,9 +223,11 @@ class PgBatches:
                 lease_s,
             )
         )
-        return BatchClaim(json.loads(row[0]), row[1]) if row else None
+        return model.BatchClaim(json.loads(row[0]), row[1]) if row else None
 
-    async def claim_finalization(self, batch_id: str, owner: str, lease_s: float, stamp: int) -> BatchClaim | None:
+    async def claim_finalization(
+        self, batch_id: str, owner: str, lease_s: float, stamp: int
+    ) -> model.BatchClaim | None:
         """One statement: the batch becomes ``finalizing`` under this owner's lease when it is ready
         (see ``BatchStore.claim_finalization``); two runners at once: the row lock lets one in, and
         the other finds the status changed."""
@@ -323,7 +249,7 @@ class PgBatches:
                 stamp,
             )
         )
-        return BatchClaim(json.loads(row[0]), row[1]) if row else None
+        return model.BatchClaim(json.loads(row[0]), row[1]) if row else None
 
     async def renew_batch(self, batch_id: str, owner: str, lease_s: float) -> bool:
         status = await self._call(
@@ -338,7 +264,7 @@ class PgBatches:
         return status == "UPDATE 1"
 
     async def start_batch(
-        self, batch_id: str, owner: str, rows: list[Row], groups: int, fields: dict[str, Any]
+        self, batch_id: str, owner: str, rows: list[model.Row], groups: int, fields: dict[str, Any]
     ) -> bool:
         """A validated batch's requests, groups and new state in one transaction (the batch's row
         locked first); False, nothing written, unless it is still validating under this owner's lease."""
@@ -349,8 +275,8 @@ class PgBatches:
                     return False
                 await c.copy_records_to_table(
                     "triage_batch_requests",
-                    columns=list(REQUEST_COLUMNS),
-                    records=[request_record(batch_id, r) for r in rows],
+                    columns=list(model.REQUEST_COLUMNS),
+                    records=[model.request_record(batch_id, r) for r in rows],
                 )
                 await c.copy_records_to_table(
                     "triage_batch_groups", columns=["batch_id", "grp"], records=[(batch_id, g) for g in range(groups)]
@@ -360,7 +286,7 @@ class PgBatches:
 
         return await self._call(go, BULK_TIMEOUT_S)
 
-    async def end_batch(self, batch_id: str, owner: str, fields: dict[str, Any], files: list[FileRow]) -> bool:
+    async def end_batch(self, batch_id: str, owner: str, fields: dict[str, Any], files: list[model.FileRow]) -> bool:
         """The batch's last state and its output files' rows in one transaction; False, nothing
         written, unless this owner holds its lease (validating or finalizing)."""
         now = int(time.time())
@@ -381,7 +307,7 @@ class PgBatches:
 
     # --- the runner: groups and requests --------------------------------------------------------------------------
 
-    async def claim_group(self, owner: str, lease_s: float) -> GroupClaim | None:
+    async def claim_group(self, owner: str, lease_s: float) -> model.GroupClaim | None:
         """The first open group of the oldest running batch that no live lease holds. Its row is
         locked with SKIP LOCKED (a group another runner is claiming right now is passed over), its
         batch's row shared (a cancel or a finalizer waits for this claim, and sees its lease)."""
@@ -398,7 +324,7 @@ class PgBatches:
             " (SELECT owner FROM triage_batches WHERE id = g.batch_id)"
         )
 
-        async def go(c: asyncpg.Connection) -> GroupClaim | None:
+        async def go(c: asyncpg.Connection) -> model.GroupClaim | None:
             async with c.transaction():
                 row = await c.fetchrow(claim, owner, lease_s)
                 if row is None:
@@ -410,12 +336,12 @@ class PgBatches:
                     batch_id,
                     grp,
                 )
-            return GroupClaim(
+            return model.GroupClaim(
                 batch_id,
                 grp,
                 endpoint,
                 claims,
-                [Pending(r[0], r[1], json.loads(r[2]), r[3]) for r in pending],
+                [model.Pending(r[0], r[1], json.loads(r[2]), r[3]) for r in pending],
                 batch_owner,
             )
 

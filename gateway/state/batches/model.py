@@ -1,11 +1,12 @@
-"""The Batch API's job model: what the stores (``gateway/state/batch_store.py``, SQLite;
-``gateway/state/batch_pg.py``, PostgreSQL) and the runner share. No I/O but a file's bytes."""
+"""The Batch API's job model: what the stores (``sqlite.py``, SQLite; ``pg.py``, PostgreSQL) and
+the runner share. No I/O but a file's bytes."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import secrets
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -86,6 +87,43 @@ class GroupClaim:
     claims: int  # times the group was claimed: above 1, taken over from a runner that stopped
     pending: list[Pending]
     owner: str | None = None  # the batch's: the sha256 of the key that made it (charged for its lines)
+
+
+class NewFile(NamedTuple):
+    """A new file's row, in ``FILE_COLUMNS``' order (its bytes already on disk)."""
+
+    id: str
+    purpose: str
+    filename: str
+    bytes: int
+    created_at: int
+    owner: str | None
+    expires_at: int | None
+
+    def doc(self) -> dict[str, Any]:
+        return file_doc((self.id, self.purpose, self.filename, self.bytes, self.created_at, self.expires_at))
+
+
+FILE_COLUMNS = NewFile._fields
+
+
+class FileFolder:
+    """The folder of files' bytes (``files/<id>``) that both stores keep beside their rows."""
+
+    root: Path
+
+    def file_path(self, file_id: str) -> Path:
+        return self.root / "files" / file_id
+
+    def write_file(
+        self, content: bytes, filename: str, purpose: str, owner: str | None, expires_after: int | None
+    ) -> NewFile:
+        """A new file's bytes, written whole (a row only ever points at a whole file), and its row;
+        ``expires_after``: seconds from now after which it is gone (None: never)."""
+        file_id, now = new_id("file-"), int(time.time())
+        write_bytes(self.file_path(file_id), content)
+        expires_at = now + expires_after if expires_after is not None else None
+        return NewFile(file_id, purpose, filename, len(content), now, owner, expires_at)
 
 
 def file_doc(row: tuple[Any, ...]) -> dict[str, Any]:
