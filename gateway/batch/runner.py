@@ -465,8 +465,9 @@ async def answer_line(
         return exc.status, exc.body(), []
     try:
         if endpoint == "/v1/decide":
-            q, overrides = decisions.parse_one(rt, body)  # the route's checks and statuses
-            d = await service.decide(q, overrides, ctx)
+            plan = decisions.plan(rt, key)  # the route's checks and statuses
+            q, overrides = decisions.parse(body, plan)
+            d = await service.decide(q, overrides, ctx, plan)
             return 200, decisions.body(d, request_id), spend.decision_charges(models, d)
         kind: Kind = "chat" if endpoint == "/v1/chat/completions" else "completion"
         quotas.allowed(rt, key, body.get("model") if isinstance(body.get("model"), str) else None)

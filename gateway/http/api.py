@@ -32,6 +32,7 @@ from policies import spend
 from policies.cascade import CascadeExhausted, Decision
 from policies.errors import InvalidRequest, ModelNotFound, NotFound, TriageError
 from policies.plans import public_models
+from policies.schema import ApiKey
 from policies.semantic import Route
 
 router = APIRouter()
@@ -138,38 +139,23 @@ async def create_message(call: Call) -> Response:
     return await _generate(call, surfaces.Messages(call))
 
 
-@door("decide", served=decisions.served_cascade)
+@door("decide", served=decisions.plan)
 async def decide_one(call: Call) -> Response:
-    ex = call.ex
-    spec = decisions.served_cascade(ex.rt)
-    decisions.barred(ex.rt, spec, ex.key)  # 403 when the key may ask no tier
-    q, overrides = decisions.parse_one(ex.rt, call.body)
+    ex, plan = call.ex, call.served
+    q, overrides = decisions.parse(call.body, plan)
     ex.prompt = q.question
-    decision = await ex.service.decide(q, overrides, call.context(always=True))
+    decision = await ex.service.decide(q, overrides, call.context(always=True), plan)
     ex.record(Outcome(decision=decision))
     return json_response(decisions.body(decision, ex.request_id), headers=decision_headers(ex, decision))
 
 
-@door("decide_batch", any_json=True, served=decisions.served_cascade)
+@door("decide_batch", any_json=True, served=decisions.plan)
 async def decide_batch(call: Call) -> Response:
     """Every question answered, in order; a bad or unanswerable one gets its own error entry."""
-    ex, raw = call.ex, call.body
-    spec = decisions.served_cascade(ex.rt)
-    decisions.barred(ex.rt, spec, ex.key)  # 403 when the key may ask no tier
-    items = raw.get("questions") if isinstance(raw, dict) else raw
-    if not isinstance(items, list) or not items:
-        raise InvalidRequest('the body must be a non-empty list of questions (or {"questions": [...]})')
-    if len(items) > spec.max_batch:
-        raise InvalidRequest(f"at most {spec.max_batch} questions per batch, not {len(items)}")
-    tasks = decisions.known_tasks(ex.rt)
-    parsed: list[Any] = []
-    for item in items:
-        try:
-            parsed.append(decisions.parse(item, spec, tasks))
-        except InvalidRequest as exc:
-            parsed.append(exc)
+    ex, plan = call.ex, call.served
+    parsed = decisions.parse_many(call.body, plan)
     good = [(i, p) for i, p in enumerate(parsed) if not isinstance(p, InvalidRequest)]
-    results = await ex.service.decide_many([p for _, p in good], call.context(always=True))
+    results = await ex.service.decide_many([p for _, p in good], call.context(always=True), plan)
     ex.decided(*(r for r in results if isinstance(r, Decision)))
     ex.charges += [
         c for r in results if isinstance(r, CascadeExhausted) for c in spend.trace_charges(ex.rt.policy.models, r.trace)
@@ -182,7 +168,7 @@ async def decide_batch(call: Call) -> Response:
     return json_response(answers, headers={"x-request-id": ex.request_id, "x-triage-cost": f"{ex.cost or 0.0:.8f}"})
 
 
-def _watched(rt: Runtime) -> Watch:
+def _watched(rt: Runtime, key: ApiKey | None = None) -> Watch:
     if rt.watch is None:
         raise NotFound("this policy keeps no quality records: feedback needs a `quality` section")
     return rt.watch

@@ -25,7 +25,7 @@ from gateway.service.keys import quotas
 from gateway.service.runtime import Runtime
 from policies.errors import BudgetExhausted, ClientGone, KeyRateLimited, PayloadTooLarge, RequestTimeout, TriageError
 from policies.response_cache import directive
-from policies.schema import Limits
+from policies.schema import ApiKey, Limits
 
 T = TypeVar("T")
 ANTHROPIC_PATHS = frozenset({"/v1/messages"})  # whose errors are in Anthropic's shape
@@ -117,6 +117,7 @@ class Call:
     ex: Exchange
     raw: bytes
     body: Any
+    served: Any = None  # what the door's ``served`` check gave (a decision's plan), made once
 
     def wait(self, work: Awaitable[T]) -> Awaitable[T]:
         """``work`` stopped when the client leaves (where a request can wait in a queue: A/B runs of
@@ -166,11 +167,12 @@ def door(
     *,
     any_json: bool = False,
     anthropic: bool = False,
-    served: Callable[[Runtime], object] | None = None,
+    served: Callable[[Runtime, ApiKey | None], object] | None = None,
 ) -> Callable[[Handler], Callable[[Request], Awaitable[Response]]]:
     """A route behind the one exchange. ``any_json``: the body may be any JSON value (else an
     object); ``anthropic``: the key may come in ``x-api-key`` and errors are in Anthropic's shape;
-    ``served``: raises when the policy does not serve this route (asked before the body is read)."""
+    ``served``: raises when the policy does not serve this route to this key (asked before the
+    body is read); what it returns is the call's ``served`` (a decision's plan: made once)."""
 
     def wrap(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def route(request: Request) -> Response:
@@ -178,15 +180,14 @@ def door(
             ex = Exchange.begin(state.holder, state.metrics, state.gate, endpoint, request.headers.get("x-request-id"))
             try:
                 ex.key = await ex.rt.authenticate(*_credentials(request, anthropic))
-                if served is not None:
-                    served(ex.rt)
+                plan = served(ex.rt, ex.key) if served is not None else None
                 raw = await read_body(request, ex.rt.policy.limits)
                 ex.take_slot()
                 body = parse_any_json(raw) if any_json else parse_json(raw)
                 model = body.get("model") if isinstance(body, dict) else None
                 ex.model = model if isinstance(model, str) else None
                 await quotas.admit(ex.rt, ex.key, ex.model)  # the key's models and limits, at every door
-                response = await handler(Call(request, ex, raw, body))
+                response = await handler(Call(request, ex, raw, body, plan))
             except TriageError as exc:
                 await after_answer(request, ex, exc.status, exc)
                 failed = error_response(exc, request.url.path)

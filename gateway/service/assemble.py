@@ -35,6 +35,10 @@ if TYPE_CHECKING:
     from classifiers.quality import QualityHead
     from gateway.service.encoding import Encoding
 
+from gateway.service import service
+from gateway.service.cache import layer as cache_layer
+from gateway.service.job import Serve
+from gateway.service.quality import layer as quality_layer
 from gateway.service.runtime import Runtime
 
 log = structlog.get_logger("triage.runtime")
@@ -189,7 +193,21 @@ async def build(
         base_dir=base_dir,
         semantic=_semantic(policy, encoding, version, store),
         watch=watch,
+        serve=layered(policy),
+        noted=quality_layer.noted if watch is not None else None,
     )
+
+
+def layered(policy: Policy) -> Serve:
+    """The generate path a policy serves by: the core (:func:`gateway.service.service.serve`),
+    within the quality watch (a policy with a ``quality`` section), within the response cache (one
+    with ``response_cache``): a hit is answered before the watch, as no engine ran."""
+    out: Serve = service.serve
+    if policy.quality is not None:
+        out = quality_layer.watched(out)
+    if policy.response_cache is not None:
+        out = cache_layer.cached(out)
+    return out
 
 
 async def _watch(policy: Policy, previous: Runtime | None, base_dir: Path, source: Path | None) -> Watch | None:

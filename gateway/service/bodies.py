@@ -6,6 +6,7 @@ Known fields are validated; unknown fields are kept and passed through to the en
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
@@ -164,7 +165,7 @@ def chat_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
     return parts
 
 
-def check(model: type[M], body: dict[str, Any]) -> M:
+def check(model: type[M], body: Mapping[str, Any]) -> M:
     """Validate ``body``; the first problem becomes a 400 naming the field."""
     try:
         return model.model_validate(body)

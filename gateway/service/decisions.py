@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import hashlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import orjson
@@ -61,30 +62,56 @@ class DecideRequest(_Closed):
     policy_overrides: Overrides | None = None
 
 
-def served_cascade(rt: Runtime) -> Cascade:
-    """The policy's cascade; every door to a decision (the routes, a batch's line) answers 404 without one."""
-    if rt.policy.cascade is None:
+@dataclass(frozen=True)
+class Plan:
+    """A decision's plan, made once per request (:func:`plan`) and read by every step after it:
+    the cascade the policy serves, the model tiers the caller's key may not ask (tier -> why), and
+    the tasks the policy's classifier knows."""
+
+    spec: Cascade
+    shut: Mapping[str, str]
+    tasks: frozenset[str]
+
+
+def plan(rt: Runtime, key: ApiKey | None) -> Plan:
+    """The plan of a decision ``key`` asks for: 404 when the policy has no cascade (every door to a
+    decision: the routes, a batch's line, a typed chat request), 403 when the key may ask no tier."""
+    spec = rt.policy.cascade
+    if spec is None:
         raise NotFound("this policy has no cascade section: /v1/decide is not served")
-    return rt.policy.cascade
+    tasks = frozenset(rt.policy.classifier.tasks) if rt.policy.classifier is not None else frozenset()
+    return Plan(spec, barred(rt, spec, key), tasks)
 
 
-def known_tasks(rt: Runtime) -> set[str]:
-    return set(rt.policy.classifier.tasks) if rt.policy.classifier is not None else set()
+Parsed = tuple[Question, Overrides | None]
 
 
-def parse_one(rt: Runtime, body: Any) -> tuple[Question, Overrides | None]:
-    """One ``/v1/decide`` body read against the served policy (404 without a cascade, 400 when bad)."""
-    return parse(body, served_cascade(rt), known_tasks(rt))
-
-
-def parse(body: Any, spec: Cascade, tasks: set[str]) -> tuple[Question, Overrides | None]:
+def parse(body: Any, plan: Plan) -> Parsed:
+    """One ``/v1/decide`` body read against the plan (400 naming the field when bad)."""
     try:
         req = DecideRequest.model_validate(body)
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
         param = ".".join(str(p) for p in err["loc"]) or None
         raise InvalidRequest(f"Invalid value for '{param}': {err['msg']}", param=param) from None
-    return question(req, spec, tasks), checked(spec, req.policy_overrides)
+    return question(req, plan.spec, set(plan.tasks)), checked(plan.spec, req.policy_overrides)
+
+
+def parse_many(raw: Any, plan: Plan) -> list[Parsed | InvalidRequest]:
+    """A ``/v1/decide/batch`` body (a list of questions, or ``{"questions": [...]}``): each item
+    read, a bad one kept as its own error (400 for the whole when it is no list, or too long)."""
+    items = raw.get("questions") if isinstance(raw, dict) else raw
+    if not isinstance(items, list) or not items:
+        raise InvalidRequest('the body must be a non-empty list of questions (or {"questions": [...]})')
+    if len(items) > plan.spec.max_batch:
+        raise InvalidRequest(f"at most {plan.spec.max_batch} questions per batch, not {len(items)}")
+    out: list[Parsed | InvalidRequest] = []
+    for item in items:
+        try:
+            out.append(parse(item, plan))
+        except InvalidRequest as exc:
+            out.append(exc)
+    return out
 
 
 def question(req: DecideRequest, spec: Cascade, tasks: set[str]) -> Question:
@@ -148,24 +175,25 @@ def gates(spec: Cascade, overrides: Overrides | None, judges: Mapping[str, Judge
     ]
 
 
-async def make(rt: Runtime, q: Question, overrides: Overrides | None, ctx: Context, serve_chat: ServeChat) -> Decision:
+async def make(
+    rt: Runtime, p: Plan, q: Question, overrides: Overrides | None, ctx: Context, serve_chat: ServeChat
+) -> Decision:
     """The cascade's decision; with ``cascade.cache_ttl_s``, from the decision cache when the same
     question was decided under the same policy version (a hit asks no tier and costs nothing).
-    A model tier whose model the caller's key may not reach is skipped (403 when no tier is left);
-    a model tier's question is served by ``serve_chat``."""
-    spec = served_cascade(rt)
-    shut = barred(rt, spec, ctx.key)
+    A model tier whose model the caller's key may not reach is skipped (the plan's ``shut``); a
+    model tier's question is served by ``serve_chat``."""
+    spec, shut = p.spec, p.shut
     if spec.cache_ttl_s is None or rt.budget is not None:  # a budget's thresholds move: not a pure function
-        return await _make(rt, q, overrides, ctx, serve_chat, shut)
+        return await _make(rt, p, q, overrides, ctx, serve_chat)
     ckey = cache_key(rt.version, q, overrides, sorted(shut))
     try:
         hit = await rt.store.cache_get(ckey)
     except StoreDown as exc:  # the cache only saves work: decide without it
         log.warning("decision_cache_unavailable", error=exc.message)
-        return await _make(rt, q, overrides, ctx, serve_chat, shut)
+        return await _make(rt, p, q, overrides, ctx, serve_chat)
     if hit is not None and (kept := unpack(hit)) is not None:
         return dataclasses.replace(kept, cached=True)
-    decision = dataclasses.replace(await _make(rt, q, overrides, ctx, serve_chat, shut), cached=False)
+    decision = dataclasses.replace(await _make(rt, p, q, overrides, ctx, serve_chat), cached=False)
     try:
         await rt.store.cache_put(ckey, pack(decision), spec.cache_ttl_s)
     except StoreDown as exc:
@@ -216,9 +244,9 @@ def unpack(raw: bytes) -> Decision | None:
 
 
 async def _make(
-    rt: Runtime, q: Question, overrides: Overrides | None, ctx: Context, serve_chat: ServeChat, shut: Mapping[str, str]
+    rt: Runtime, p: Plan, q: Question, overrides: Overrides | None, ctx: Context, serve_chat: ServeChat
 ) -> Decision:
-    spec = served_cascade(rt)
+    spec, shut = p.spec, p.shut
     by_name = {t.name: t for t in spec.tiers}
     chosen = [dataclasses.replace(g, barred=shut.get(g.name)) for g in gates(spec, overrides, rt.judges)]
     if rt.budget is not None and overrides is None:  # a request's own thresholds are its own
@@ -249,6 +277,7 @@ async def _make(
 
 async def make_many(
     rt: Runtime,
+    p: Plan,
     items: list[tuple[Question, Overrides | None]],
     ctx: Context,
     serve_chat: ServeChat,
@@ -264,7 +293,7 @@ async def make_many(
     async def one(i: int) -> None:
         async with limit:
             try:
-                results[i] = await make(rt, items[i][0], items[i][1], ctx.item(i), serve_chat)
+                results[i] = await make(rt, p, items[i][0], items[i][1], ctx.item(i), serve_chat)
             except TriageError as exc:  # the item's own error entry (the cascade exhausted, an engine down)
                 results[i] = exc
 

@@ -1,77 +1,52 @@
-"""Send one request down its model chain: the model, its fallbacks, the policy's fallback.
+"""Send one job down its model chain: the model, its fallbacks, the policy's fallback.
 
 Replica retries happen inside each backend; this moves to the next model when a backend has
 given up (an upstream error or timeout). A request the upstream rejected (4xx) is not retried. A
 model that cannot take the request (its context, tools, images: ``gateway.service.fitting``) is
-skipped, and said so; when none down the chain can, the request is a 400, never sent.
+skipped, and said so; when none down the chain can, the request is a 400, never sent. The body
+each link sends is made from the job there (:meth:`gateway.service.job.Job.upstream`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import structlog
 
-from backends.base import Attempt, Body, Call, ChunkStream, Completion, Kind
+from backends.base import Body, Call
 from gateway.obs import tracing
 from gateway.service import fitting
+from gateway.service.context import Context
+from gateway.service.job import Job, Served
 from gateway.service.runtime import Runtime
 from policies import reasoning
 from policies.errors import UpstreamError
-from policies.fit import Shape, nothing_fits
+from policies.fit import nothing_fits
+from policies.schema import ModelSpec
 from policies.semantic import Route
+
+__all__ = ["Served", "dispatch"]  # Served is the job's (gateway.service.job), named here where it is made
 
 log = structlog.get_logger("triage.dispatch")
 
 
-@dataclass
-class Served:
-    model: str
-    backend: str
-    replica: str
-    completion: Completion | None = None
-    stream: ChunkStream | None = None
-    route: Route | None = None
-    reasoning_switch: str | None = None
-    skipped: tuple[tuple[str, str], ...] = ()  # models down the chain that could not take it, and why
-
-
-async def dispatch(
-    rt: Runtime,
-    kind: Kind,
-    body: Body,
-    request_id: str,
-    attempts: list[Attempt],
-    chain: Sequence[str],
-    route: Route | None = None,
-    affinity: str | None = None,
-    shape: Shape | None = None,
-) -> Served:
-    """The first model of ``chain`` that answers; ``route``, when the encoder chose the chain's head,
-    switches reasoning per candidate and is kept in what is served; ``shape``: what the request
-    needs of a model (None: not checked)."""
+async def dispatch(rt: Runtime, job: Job, ctx: Context, chain: Sequence[str], route: Route | None = None) -> Served:
+    """The first model of ``chain`` that answers ``job``; ``route``, when the encoder chose the
+    chain's head, switches reasoning per candidate and is kept in what is served. A model that
+    cannot take what the job needs (its ``shape``; None: not checked) is skipped."""
     last: UpstreamError | None = None
     skipped: list[tuple[str, str]] = []
     for name in chain:
         spec = rt.policy.models[name]
         backend = rt.backends[spec.backend]
-        if kind == "embedding" and not backend.capabilities.embeddings:
+        if job.kind == "embedding" and not backend.capabilities.embeddings:
             continue  # this backend has no embeddings API: the next model down the chain
-        if shape is not None and (why := await fitting.refusal(rt, name, shape)) is not None:
+        if job.shape is not None and (why := await fitting.refusal(rt, name, job.shape)) is not None:
             skipped.append((name, why))
-            log.info("model_skipped", request_id=request_id, model=name, reason=why, next=_after(chain, name))
+            log.info("model_skipped", request_id=ctx.request_id, model=name, reason=why, next=_after(chain, name))
             continue
-        upstream_body, switch = {**body, "model": rt.policy.upstream_name(name)}, None
-        if route is not None and route.apply_reasoning:
-            upstream_body, switch = reasoning.apply(upstream_body, spec, route.reasoning)
-        elif route is not None:
-            switch = "engine"  # the candidate leaves reasoning to the engine's default
-        if upstream_body.get("stream") is True and kind in ("chat", "completion"):
-            # every stream is counted: the engine is asked for its usage whether the client did or not
-            # (gateway.service.keys.metering: the client gets the usage chunk only when it asked)
-            upstream_body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-        call = Call(kind, upstream_body, request_id, attempts, affinity)
+        upstream_body, switch = _link(rt, job, name, spec, route)
+        call = Call(job.kind, upstream_body, ctx.request_id, ctx.attempts, ctx.affinity)
         try:
             if call.stream:
                 stream = await tracing.upstream(backend.open_stream, call, backend.name, name, chain)
@@ -82,17 +57,32 @@ async def dispatch(
             last = exc
             log.warning(
                 "model_failed",
-                request_id=request_id,
+                request_id=ctx.request_id,
                 model=name,
                 backend=backend.name,
                 error=exc.message,
                 next=_after(chain, name),
             )
     if last is None and skipped:
-        raise nothing_fits(f"the model '{body.get('model')}' may go to", skipped, "messages")
+        raise nothing_fits(f"the model '{job.requested}' may go to", skipped, "messages")
     if last is None:
-        raise UpstreamError(f"no model down the chain of '{body['model']}' could take the request", retryable=False)
+        raise UpstreamError(f"no model down the chain of '{job.requested}' could take the request", retryable=False)
     raise last
+
+
+def _link(rt: Runtime, job: Job, name: str, spec: ModelSpec, route: Route | None) -> tuple[Body, str | None]:
+    """The body one link sends (the model's upstream name; a route's reasoning switch; a stream asks
+    for its usage) and the switch it used."""
+    body, switch = job.upstream(rt.policy.upstream_name(name)), None
+    if route is not None and route.apply_reasoning:
+        body, switch = reasoning.apply(body, spec, route.reasoning)
+    elif route is not None:
+        switch = "engine"  # the candidate leaves reasoning to the engine's default
+    if job.stream and job.kind in ("chat", "completion"):
+        # every stream is counted: the engine is asked for its usage whether the client did or not
+        # (gateway.service.keys.metering: the client gets the usage chunk only when it asked)
+        body["stream_options"] = {**(job.body.get("stream_options") or {}), "include_usage": True}
+    return body, switch
 
 
 def _after(chain: Sequence[str], name: str) -> str | None:

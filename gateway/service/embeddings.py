@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from backends.base import Completion
 from classifiers.artifacts import MODEL_NAME
+from gateway.service import job as jobs
 from gateway.service.bodies import check
 from gateway.service.context import Context
 from gateway.service.dispatch import Served, dispatch
@@ -104,7 +105,7 @@ async def embed(rt: Runtime, body: dict[str, Any], ctx: Context) -> Served:
     req = check(EmbeddingsRequest, body)
     if req.model not in served_models(rt) and _engine_models(rt, req.model):
         chain = resolve(rt.policy, req.model).chain
-        served = await dispatch(rt, "embedding", body, ctx.request_id, ctx.attempts, chain)
+        served = await dispatch(rt, jobs.internal("embedding", body, None, None), ctx, chain)
         assert served.completion is not None
         served.completion.body["model"] = served.model
         return served

@@ -1,4 +1,4 @@
-"""An untyped plan served: the encoder's pick for a semantic or routed virtual model (then that
+"""An untyped job served: the encoder's pick for a semantic or routed virtual model (then that
 model's chain), or the plan's own chain for a model or an alias. A typed question never comes
 here: :class:`gateway.service.service.Service` gives it to the cascade."""
 
@@ -6,24 +6,26 @@ from __future__ import annotations
 
 from backends.base import Body, Kind
 from gateway.service import fitting
+from gateway.service import job as jobs
 from gateway.service.context import Context
-from gateway.service.dispatch import Served, dispatch
+from gateway.service.dispatch import dispatch
+from gateway.service.job import Job, Served
 from gateway.service.runtime import Runtime
 from policies.errors import InvalidRequest
 from policies.fit import Shape, shape_of
-from policies.plans import ChainPlan, EncoderPlan, TypedPlan, resolve
+from policies.plans import EncoderPlan, TypedPlan, resolve
 from policies.schema import RoutedModel
 from policies.semantic import Route
 
 
-async def serve_plan(
-    rt: Runtime, plan: ChainPlan | EncoderPlan, kind: Kind, body: Body, ctx: Context, shape: Shape | None = None
-) -> Served:
-    """An untyped plan dispatched: the encoder's pick (then that model's chain), or the plan's chain;
-    ``shape``: what the request needs of a model (a model that cannot take it is skipped)."""
-    route = await _route(rt, plan, kind, body, shape) if isinstance(plan, EncoderPlan) else None
+async def serve_plan(rt: Runtime, job: Job, ctx: Context) -> Served:
+    """An untyped job dispatched: the encoder's pick (then that model's chain), or its plan's chain;
+    a model that cannot take what the job needs (its ``shape``) is skipped."""
+    plan = job.plan
+    assert plan is not None, "a generating job has a plan"
+    route = await _route(rt, plan, job.kind, dict(job.body), job.shape) if isinstance(plan, EncoderPlan) else None
     chain = resolve(rt.policy, route.model).chain if route is not None else plan.chain
-    return await dispatch(rt, kind, body, ctx.request_id, ctx.attempts, chain, route, ctx.affinity, shape)
+    return await dispatch(rt, job, ctx, chain, route)
 
 
 async def serve_chat(rt: Runtime, body: Body, ctx: Context) -> Served:
@@ -32,7 +34,7 @@ async def serve_chat(rt: Runtime, body: Body, ctx: Context) -> Served:
     plan = resolve(rt.policy, body["model"])
     if isinstance(plan, TypedPlan):
         raise InvalidRequest(f"'{plan.name}' is a cascade model: it cannot answer a cascade's tier", param="model")
-    return await serve_plan(rt, plan, "chat", body, ctx, shape_of("chat", body))
+    return await serve_plan(rt, jobs.internal("chat", body, plan, shape_of("chat", body)), ctx)
 
 
 async def _route(rt: Runtime, plan: EncoderPlan, kind: Kind, body: Body, shape: Shape | None) -> Route:

@@ -10,7 +10,7 @@ import asyncio
 import functools
 import hashlib
 import re
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,9 +19,6 @@ import structlog
 
 from backends.base import Backend
 from backends.engine_host import EngineHandle
-from gateway.service.cache.semantic import SemanticCache
-from gateway.service.keys.keyring import Keyring
-from gateway.service.quality.watch import Watch
 from gateway.state.stores import MemoryStore, Store
 from policies import plans
 from policies.budget import EscalationBudget
@@ -29,10 +26,13 @@ from policies.errors import Unauthorized
 from policies.fit import Fit
 from policies.schema import ApiKey, Policy, RoutedModel
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the rooms above the request core, named in its fields' types only
     from classifiers.confidence import ConfidenceModel
     from classifiers.quality import QualityHead
+    from gateway.service.cache.semantic import SemanticCache
     from gateway.service.encoding import Encoding, Probe
+    from gateway.service.keys.keyring import Keyring
+    from gateway.service.quality.watch import Watch
 
 log = structlog.get_logger("triage.runtime")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -62,6 +62,10 @@ class Runtime:
     tokenizers: dict[str, Any] = field(default_factory=dict)  # model -> its tokenizer, once loaded (fitting)
     semantic: SemanticCache | None = None  # the response cache's similar-request index (policy: response_cache)
     watch: Watch | None = None  # records, shadow checks, feedback (policy: quality)
+    # the generate path composed at assembly (gateway.service.job.Serve: the core within the quality
+    # watch and the response cache; None: the core alone), and the watch's note of each decision
+    serve: Callable[..., Awaitable[Any]] | None = None
+    noted: Callable[..., None] | None = None
     _reach: dict[tuple[str, ...], frozenset[str]] = field(default_factory=dict)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)  # work after an answer (cache writes)
 

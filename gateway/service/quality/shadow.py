@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from backends.base import Body, Kind
 from gateway.service import decisions, pipeline, tier_answers
+from gateway.service import job as jobs
 from gateway.service.cache import response as response_cache
 from gateway.service.cache import semantic as semantic_cache
 from gateway.service.context import Context
@@ -103,7 +104,9 @@ def routed(
     plan_top: ChainPlan = found
 
     async def ask_top() -> tuple[str, float]:
-        fresh = await pipeline.serve_plan(rt, plan_top, kind, asked, watch.ctx_for(ctx.request_id), shape)
+        fresh = await pipeline.serve_plan(
+            rt, jobs.internal(kind, asked, plan_top, shape), watch.ctx_for(ctx.request_id)
+        )
         assert fresh.completion is not None, "asked whole"
         return response_cache.answer_text(fresh.completion.body), quotas.price(
             rt, fresh.model, fresh.completion.body.get("usage")
