@@ -90,7 +90,7 @@ test: $(FAST_STAMP) services $(STAMP) vllm
 # (tests/test_fuzz.py; the normal suite runs 25); SCHEMA_FUZZ_EXAMPLES generated JSON schemas
 # through the local engine in its worker (tests/test_schema_fuzz.py; the normal suite runs 500)
 FUZZ_EXAMPLES ?= 5000
-SCHEMA_FUZZ_EXAMPLES ?= 10000
+SCHEMA_FUZZ_EXAMPLES ?= 30000
 fuzz: $(STAMP)
 	HF_HUB_OFFLINE=1 FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) SCHEMA_FUZZ_EXAMPLES=$(SCHEMA_FUZZ_EXAMPLES) \
 		$(BIN)/python -m pytest tests/test_fuzz.py tests/test_schema_fuzz.py -q -p no:cacheprovider
