@@ -107,12 +107,19 @@ async def _encoding(
 
 
 async def build(
-    policy: Policy, previous: Runtime | None = None, base_dir: Path = Path("."), source: Path | None = None
+    policy: Policy,
+    previous: Runtime | None = None,
+    base_dir: Path = Path("."),
+    source: Path | None = None,
+    *,
+    engines: bool = True,
 ) -> Runtime:
     """Start the backends of ``policy``, reusing those of ``previous`` whose spec is unchanged.
 
     Relative paths in the policy (classifier data and artifacts) are taken from ``base_dir``;
-    ``source``: the policy file, to place a problem found against the engines (file:line:col).
+    ``source``: the policy file, to place a problem found against the engines (file:line:col);
+    ``engines`` False: the backends are made but not started (no engine's worker process, no health
+    check) and nothing is asked of them (no fits): a runtime that routes, not one that serves.
     """
     keys = _key_hashes(policy)
     admin = _admin_digest(policy)
@@ -155,10 +162,11 @@ async def build(
                 backend = registry.build(name, spec)
             except MissingSecret as exc:
                 raise PolicyInvalid([f"backends.{name}: {exc}"]) from None
-            await backend.start()
+            if engines:
+                await backend.start()
             started.append(backend)
             backends[name] = backend
-        fits = await _fits(policy, backends, source)
+        fits = await _fits(policy, backends, source) if engines else {}
     except BaseException:
         for backend in started:
             await backend.close()
