@@ -161,7 +161,7 @@ class AsyncGateway:
             if isinstance(plan, TypedPlan):
                 plan = plan.open
             if isinstance(plan, EncoderPlan):
-                route = await pipeline._route(rt, plan, "chat", body, shape_of("chat", body))
+                route = await pipeline.route_of(rt, plan, "chat", body, shape_of("chat", body))
             chain = resolve(rt.policy, route.model).chain if route is not None else plan.chain
         latency_ms = (time.perf_counter() - t0) * 1000
         reading = None

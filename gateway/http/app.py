@@ -10,6 +10,7 @@ import gc
 import inspect
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -73,58 +74,11 @@ def create_app(settings: Settings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        policy = await asyncio.to_thread(loader.load, settings.policy_path)
-        if problems := per_process_problems(policy, settings.workers):  # a worker of --workers N
-            raise PolicyInvalid(problems)
-        if settings.configure_logging:
-            logs.configure(policy.logging)
-        metrics = Metrics()
-        holder = RuntimeHolder(
-            await assemble.build(policy, base_dir=settings.policy_path.parent, source=settings.policy_path)
-        )
-        try:
-            batches = await _batch_runner(policy, settings, holder)
-        except BaseException:
-            await holder.close()
-            raise
-        app.state.triage = GatewayState(holder, metrics, batches=batches)
-        metrics.watch_backends(lambda: holder.current.backends.items())
-        metrics.watch_budget(lambda: holder.current.budget)
-        metrics.watch_quality(lambda: holder.current.watch)
-        reloader = Reloader(settings.policy_path, holder, metrics, lambda p: per_process_problems(p, settings.workers))
-        app.state.reloader = reloader
-        sighup = settings.handle_sighup and reloader.install_sighup()
-        stop = asyncio.Event()
-        watcher = asyncio.create_task(reloader.watch(stop)) if settings.watch_policy else None
-        if settings.freeze_gc:
-            gc.collect()
-            gc.freeze()  # start-up objects (libraries, policy, models) are never scanned again
-        log.info(
-            "gateway_started",
-            policy=str(settings.policy_path),
-            models=list(policy.models),
-            backends=list(policy.backends),
-            sighup=sighup,
-            watch=settings.watch_policy,
-        )
-        sampler = asyncio.create_task(metrics.run(stop))  # with workers: the gauges they share
-        await asyncio.to_thread(traces.start, policy.tracing)
+        running = await _start(app, settings, traces)
         try:
             yield
         finally:
-            stop.set()
-            try:
-                await sampler
-                if watcher is not None:
-                    await watcher
-            finally:
-                await asyncio.to_thread(traces.close)  # the last spans exported, first
-                if sighup:
-                    reloader.remove_sighup()
-                if batches is not None:
-                    await batches.close()
-                await holder.close()
-                log.info("gateway_stopped")
+            await running.stop()
 
     # /openapi.json is gateway.http.api's own route: behind the key when the policy has keys
     app = _Gateway(
@@ -142,6 +96,86 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(batch_api.router)
     app.include_router(admin.router)
     app.include_router(console.router)
+    _error_handlers(app)
+    app.add_middleware(_Edge)
+    app.add_middleware(tracing.Middleware, tracing=traces)  # outside the edge: its 500s are in the span
+    app.hot = _exact(HOT_ROUTES)
+    app.hot_edge = tracing.Middleware(_Edge(_unreached, hot=app.hot), tracing=traces)
+    return app
+
+
+@dataclass
+class _Running:
+    """What a started gateway runs besides its routes, stopped in order when it stops."""
+
+    holder: RuntimeHolder
+    batches: Any
+    reloader: Reloader
+    sighup: bool
+    stop_event: asyncio.Event
+    tasks: list[asyncio.Task[None]]
+    traces: tracing.Tracing
+
+    async def stop(self) -> None:
+        self.stop_event.set()
+        try:
+            for task in self.tasks:  # the metrics sampler, the policy file's watcher
+                await task
+        finally:
+            await asyncio.to_thread(self.traces.close)  # the last spans exported, first
+            if self.sighup:
+                self.reloader.remove_sighup()
+            if self.batches is not None:
+                await self.batches.close()
+            await self.holder.close()
+            log.info("gateway_stopped")
+
+
+async def _start(app: FastAPI, settings: Settings, traces: tracing.Tracing) -> _Running:
+    """The policy loaded and its runtime assembled, the batch runner, the reloader (SIGHUP, the
+    file watch), the metrics' sampler and tracing started: what the lifespan stops again."""
+    policy = await asyncio.to_thread(loader.load, settings.policy_path)
+    if problems := per_process_problems(policy, settings.workers):  # a worker of --workers N
+        raise PolicyInvalid(problems)
+    if settings.configure_logging:
+        logs.configure(policy.logging)
+    metrics = Metrics()
+    holder = RuntimeHolder(
+        await assemble.build(policy, base_dir=settings.policy_path.parent, source=settings.policy_path)
+    )
+    try:
+        batches = await _batch_runner(policy, settings, holder)
+    except BaseException:
+        await holder.close()
+        raise
+    app.state.triage = GatewayState(holder, metrics, batches=batches)
+    metrics.watch_backends(lambda: holder.current.backends.items())
+    metrics.watch_budget(lambda: holder.current.budget)
+    metrics.watch_quality(lambda: holder.current.watch)
+    reloader = Reloader(settings.policy_path, holder, metrics, lambda p: per_process_problems(p, settings.workers))
+    app.state.reloader = reloader
+    sighup = settings.handle_sighup and reloader.install_sighup()
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(metrics.run(stop))]  # with workers: the gauges they share
+    if settings.watch_policy:
+        tasks.append(asyncio.create_task(reloader.watch(stop)))
+    if settings.freeze_gc:
+        gc.collect()
+        gc.freeze()  # start-up objects (libraries, policy, models) are never scanned again
+    log.info(
+        "gateway_started",
+        policy=str(settings.policy_path),
+        models=list(policy.models),
+        backends=list(policy.backends),
+        sighup=sighup,
+        watch=settings.watch_policy,
+    )
+    await asyncio.to_thread(traces.start, policy.tracing)
+    return _Running(holder, batches, reloader, sighup, stop, tasks, traces)
+
+
+def _error_handlers(app: FastAPI) -> None:
+    """FastAPI's and Starlette's own errors in the API's shape (the doors map triage's)."""
 
     @app.exception_handler(TriageError)
     async def _triage_error(request: Request, exc: TriageError) -> Response:
@@ -165,12 +199,6 @@ def create_app(settings: Settings) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
         return error_response(InvalidRequest(str(exc.errors()[0].get("msg", "invalid request"))), request.url.path)
-
-    app.add_middleware(_Edge)
-    app.add_middleware(tracing.Middleware, tracing=traces)  # outside the edge: its 500s are in the span
-    app.hot = _exact(HOT_ROUTES)
-    app.hot_edge = tracing.Middleware(_Edge(_unreached, hot=app.hot), tracing=traces)
-    return app
 
 
 def _allowed(request: Request) -> list[str]:

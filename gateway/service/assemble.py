@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,9 +17,14 @@ import structlog
 
 from backends import crash_guard, registry
 from backends.base import Backend
+from gateway.service import service
+from gateway.service.cache import layer as cache_layer
 from gateway.service.cache.semantic import SemanticCache
+from gateway.service.job import Serve
 from gateway.service.keys.keyring import Keyring, as_key
+from gateway.service.quality import layer as quality_layer
 from gateway.service.quality.watch import Watch
+from gateway.service.runtime import Runtime
 from gateway.state.quality import open_quality
 from gateway.state.stores import Store, StoreDown, open_store
 from policies import loader
@@ -34,12 +40,6 @@ if TYPE_CHECKING:
     from classifiers.confidence import ConfidenceModel
     from classifiers.quality import QualityHead
     from gateway.service.encoding import Encoding
-
-from gateway.service import service
-from gateway.service.cache import layer as cache_layer
-from gateway.service.job import Serve
-from gateway.service.quality import layer as quality_layer
-from gateway.service.runtime import Runtime
 
 log = structlog.get_logger("triage.runtime")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -120,6 +120,7 @@ async def build(
     ``source``: the policy file, to place a problem found against the engines (file:line:col);
     ``engines`` False: the backends are made but not started (no engine's worker process, no health
     check) and nothing is asked of them (no fits): a runtime that routes, not one that serves.
+    What this start opened is closed again when a later step fails.
     """
     keys = _key_hashes(policy)
     admin = _admin_digest(policy)
@@ -128,54 +129,16 @@ async def build(
         policy.cascade is not None and policy.cascade.cache_ttl_s is not None
     )
     version = await asyncio.to_thread(policy_version, policy, base_dir) if cached else ""
-    if previous is not None and previous.policy.state == policy.state:
-        store, problem = previous.store, previous.store_problem
-    else:
-        try:
-            store, problem = await open_store(policy.state)
-        except StoreDown as exc:
-            raise PolicyInvalid([f"state: {exc.message}"]) from None
-        if problem is not None:
-            log.warning("state_store_down", store=policy.state.store, problem=problem, mode="degraded")
-    if admin is not None and problem is None:
-        try:
-            await _names_apart(policy, store)
-        except PolicyInvalid:
-            if previous is None or store is not previous.store:
-                await store.close()
-            raise
+    store, problem = await _state(policy, previous, admin)
+    opened = _Opened(previous, store)
     try:
-        watch = await _watch(policy, previous, base_dir, source)
-    except BaseException:
-        if previous is None or store is not previous.store:
-            await store.close()
-        raise
-    encoding, quality, probe_heads = await _encoding(policy, previous, base_dir)
-    backends: dict[str, Backend] = {}
-    started: list[Backend] = []
-    try:
-        for name, spec in policy.backends.items():
-            if previous is not None and previous.policy.backends.get(name) == spec:
-                backends[name] = previous.backends[name]
-                continue
-            try:
-                backend = registry.build(name, spec)
-            except MissingSecret as exc:
-                raise PolicyInvalid([f"backends.{name}: {exc}"]) from None
-            if engines:
-                await backend.start()
-            started.append(backend)
-            backends[name] = backend
+        watch = opened.watch = await _watch(policy, previous, base_dir, source)
+        encoding, quality, probe_heads = await _encoding(policy, previous, base_dir)
+        opened.encoding = encoding
+        backends = await _backends(policy, previous, opened.started, engines)
         fits = await _fits(policy, backends, source) if engines else {}
     except BaseException:
-        for backend in started:
-            await backend.close()
-        if encoding is not None and (previous is None or encoding is not previous.encoding):
-            await encoding.close()
-        if previous is None or store is not previous.store:
-            await store.close()
-        if watch is not None and (previous is None or watch is not previous.watch):
-            await watch.close()
+        await opened.close()
         raise
     hashes = frozenset(digest for _, digest in keys)
     operators = frozenset(digest for name, digest in keys if name in policy.access.operator_keys)
@@ -204,6 +167,72 @@ async def build(
         serve=layered(policy),
         noted=quality_layer.noted if watch is not None else None,
     )
+
+
+@dataclass
+class _Opened:
+    """What one start opened (not the previous runtime's, which it may reuse): closed on a failure."""
+
+    previous: Runtime | None
+    store: Store
+    watch: Watch | None = None
+    encoding: Encoding | None = None
+    started: list[Backend] = field(default_factory=list)
+
+    async def close(self) -> None:
+        prev = self.previous
+        for backend in self.started:
+            await backend.close()
+        if self.encoding is not None and (prev is None or self.encoding is not prev.encoding):
+            await self.encoding.close()
+        if prev is None or self.store is not prev.store:
+            await self.store.close()
+        if self.watch is not None and (prev is None or self.watch is not prev.watch):
+            await self.watch.close()
+
+
+async def _state(policy: Policy, previous: Runtime | None, admin: str | None) -> tuple[Store, str | None]:
+    """The state store (the previous one while the policy's ``state`` is unchanged), and a problem
+    when it is down and the policy lets the gateway start degraded."""
+    if previous is not None and previous.policy.state == policy.state:
+        store, problem = previous.store, previous.store_problem
+    else:
+        try:
+            store, problem = await open_store(policy.state)
+        except StoreDown as exc:
+            raise PolicyInvalid([f"state: {exc.message}"]) from None
+        if problem is not None:
+            log.warning("state_store_down", store=policy.state.store, problem=problem, mode="degraded")
+    if admin is not None and problem is None:
+        try:
+            await _names_apart(policy, store)
+        except PolicyInvalid:
+            if previous is None or store is not previous.store:
+                await store.close()
+            raise
+    return store, problem
+
+
+async def _backends(
+    policy: Policy, previous: Runtime | None, started: list[Backend], engines: bool = True
+) -> dict[str, Backend]:
+    """Every backend of ``policy``: the previous runtime's where its spec is unchanged, else built
+    and started (each started one added to ``started``, to be closed if the start fails; with
+    ``engines`` False, built only)."""
+    backends: dict[str, Backend] = {}
+    for name, spec in policy.backends.items():
+        if previous is not None and previous.policy.backends.get(name) == spec:
+            backends[name] = previous.backends[name]
+            continue
+        try:
+            backend = registry.build(name, spec)
+        except MissingSecret as exc:
+            raise PolicyInvalid([f"backends.{name}: {exc}"]) from None
+        if engines:
+            await backend.start()
+        started.append(backend)
+        backends[name] = backend
+    return backends
 
 
 def layered(policy: Policy) -> Serve:

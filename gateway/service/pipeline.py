@@ -23,7 +23,7 @@ async def serve_plan(rt: Runtime, job: Job, ctx: Context) -> Served:
     a model that cannot take what the job needs (its ``shape``) is skipped."""
     plan = job.plan
     assert plan is not None, "a generating job has a plan"
-    route = await _route(rt, plan, job.kind, dict(job.body), job.shape) if isinstance(plan, EncoderPlan) else None
+    route = await route_of(rt, plan, job.kind, dict(job.body), job.shape) if isinstance(plan, EncoderPlan) else None
     chain = resolve(rt.policy, route.model).chain if route is not None else plan.chain
     return await dispatch(rt, job, ctx, chain, route)
 
@@ -37,7 +37,7 @@ async def serve_chat(rt: Runtime, body: Body, ctx: Context) -> Served:
     return await serve_plan(rt, jobs.internal("chat", body, plan, shape_of("chat", body)), ctx)
 
 
-async def _route(rt: Runtime, plan: EncoderPlan, kind: Kind, body: Body, shape: Shape | None) -> Route:
+async def route_of(rt: Runtime, plan: EncoderPlan, kind: Kind, body: Body, shape: Shape | None) -> Route:
     """The encoder's route for a semantic or routed virtual model (a routed model chooses among the
     candidates that can take the request)."""
     assert rt.encoding is not None, "a semantic or routed model without a classifier fails validation"
