@@ -15,7 +15,8 @@ from typing import Any
 
 from backends import gguf, schema_bounds
 from backends.base import Attempt, Body, Call, Capabilities, ChunkStream, Completion, Stopwatch
-from backends.engine_host import EngineHandle, EngineSpec, open_engine
+from backends.engine_handle import EngineHandle, open_engine
+from backends.engine_host import EngineSpec
 from backends.registry import register
 from policies.errors import InvalidRequest, UpstreamError, UpstreamTimeout
 

@@ -11,7 +11,8 @@ from typing import Any
 
 from backends import gguf
 from backends.base import Call, Capabilities, ChunkStream, Completion
-from backends.engine_host import EngineHandle, EngineSpec, open_engine
+from backends.engine_handle import EngineHandle, open_engine
+from backends.engine_host import EngineSpec
 from policies.errors import InvalidRequest, UpstreamError, UpstreamTimeout
 
 

@@ -30,7 +30,8 @@ from rich.console import Console
 from rich.table import Table
 
 from backends import gguf, native
-from backends.engine_host import EngineHandle, EngineSpec
+from backends.engine_handle import EngineHandle
+from backends.engine_host import EngineSpec
 from backends.engine_wire import question_to_wire
 from benchmarks.engines import QUESTIONS, pss_kib
 from policies.cascade import Question

@@ -26,7 +26,8 @@ from rich.console import Console
 from rich.table import Table
 
 from backends import gguf, native
-from backends.engine_host import EngineHandle, EngineSpec, Host
+from backends.engine_handle import EngineHandle
+from backends.engine_host import EngineSpec, Host
 from backends.engine_wire import question_to_wire
 from policies.cascade import Question
 

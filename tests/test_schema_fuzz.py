@@ -26,7 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends.base import Call
-from backends.engine_host import EngineHandle, EngineSpec
+from backends.engine_handle import EngineHandle
+from backends.engine_host import EngineSpec
 from backends.gguf import smollm2_path
 from backends.llamacpp import _kwargs
 from policies.errors import EngineCrashed, InvalidRequest, UpstreamError, UpstreamTimeout

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from backends.base import Backend
-from backends.engine_host import EngineHandle
+from backends.engine_handle import EngineHandle
 from gateway.state.stores import MemoryStore, Store
 from policies import plans
 from policies.budget import EscalationBudget
