@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from classifiers import injections
+from classifiers import injection_negatives, injections
 from classifiers.encoder import Encoder, EncoderSettings, Reading
 from classifiers.guard import Familiarity, Reference, injection_prediction, router_probability
 from classifiers.heads import LinearHead
@@ -39,7 +39,9 @@ def test_generated_prompts_are_the_same_everywhere_and_varied() -> None:
     assert set(negatives.labels) == {injections.CLEAN}
     developer = injections.developer_prompts()
     assert len(set(developer.texts)) == len(developer) == 480
-    assert len(set(negatives.texts)) == 3 * len(injections._ABOUT) + 2 * len(injections._TECH) + len(developer)
+    assert len(set(negatives.texts)) == 3 * len(injection_negatives._ABOUT) + 2 * len(injection_negatives._TECH) + len(
+        developer
+    )
 
 
 def test_read_gives_the_embedding_its_sentences_and_foreign_share(int8: Encoder) -> None:
