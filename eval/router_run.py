@@ -11,8 +11,9 @@ to that baseline; with task-disjoint folds it is an oracle of the task).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -143,3 +144,34 @@ def out_of_fold(
         chosen_from[~inside] = pruned(quality[~inside], costs[~inside], accuracy)
         chosen.append(f"{fit.head.meta['learner']} {fit.head.meta['setting']}")
     return quality, chosen_from, chosen
+
+
+def report_doc(
+    result: RouterRun, name: str, vm: RoutedModel, caps: tuple[int | None, int | None], reading_ms: float | None
+) -> dict[str, Any]:
+    """``router-NAME.json``'s document; ``reading_ms``: the probe's median reading time, where it read."""
+    doc = {
+        "virtual_model": name,
+        "labels": vm.labels,
+        "protocol": result.protocol,
+        "caps": {"dev": caps[0], "test": caps[1]},  # a seeded sample of at most so many rows (None: all)
+        "learner": result.learner,
+        "test_ece": result.test_ece,
+        **asdict(result.report),
+    }
+    if result.probe is not None and vm.probe is not None:
+        doc["probe"] = {**asdict(result.probe), "reading_ms_p50": reading_ms}
+    return doc
+
+
+def missed(report: RouterReport, fail_under: str | None) -> list[str]:
+    """The ``--fail-under`` gates (``apgr=0.5,...``: the two-model measures, at least) the report misses."""
+    limits = {}
+    for part in filter(None, (fail_under or "").split(",")):
+        key, _, value = part.partition("=")
+        limits[key.strip()] = float(value)
+    return [
+        f"{k} {v:.3f} < {limits[k]}"
+        for k, v in report.two_model.items()
+        if k in limits and isinstance(v, float) and v < limits[k]
+    ]

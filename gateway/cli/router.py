@@ -4,12 +4,9 @@ router of a routed virtual model, measured on its labels file's test rows, and i
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -19,8 +16,9 @@ from policies.schema import Policy, RoutedModel
 
 if TYPE_CHECKING:
     from classifiers.training.train_all import EmbeddingCache
+    from eval import router_calibrate
     from eval.router_run import RouterRun
-    from policies.routed import Outcome, Target
+    from policies.routed import Target
 
 
 def _routed(policy: Path, name: str) -> tuple[Policy, RoutedModel]:
@@ -72,43 +70,22 @@ def evaluate_router(
     finally:
         cache.save()
         readers.close()
-    r = result.report
     out.mkdir(parents=True, exist_ok=True)
-    doc = {
-        "virtual_model": name,
-        "labels": vm.labels,
-        "protocol": result.protocol,
-        "caps": {"dev": caps[0], "test": caps[1]},  # a seeded sample of at most so many rows (None: all)
-        "learner": result.learner,
-        "test_ece": result.test_ece,
-        **asdict(r),
-    }
+    probe_ms = None
     if result.probe is not None and vm.probe is not None:
-        ms = readers.caches[vm.probe.backend].ms_p50(result.labels.texts)
-        doc["probe"] = {**asdict(result.probe), "reading_ms_p50": ms}
-    (out / f"router-{name}.json").write_text(json.dumps(doc, indent=2))
+        probe_ms = readers.caches[vm.probe.backend].ms_p50(result.labels.texts)
+    (out / f"router-{name}.json").write_text(
+        json.dumps(router_run.report_doc(result, name, vm, caps, probe_ms), indent=2)
+    )
     if plots:
-        curve_plot(r, out / f"router-{name}.png")
+        curve_plot(result.report, out / f"router-{name}.png")
     _print(console, result)
-    limits = _gates(fail_under)
-    missed = [
-        f"{k} {v:.3f} < {limits[k]}"
-        for k, v in r.two_model.items()
-        if k in limits and isinstance(v, float) and v < limits[k]
-    ]
+    missed = router_run.missed(result.report, fail_under)
     for line in missed:
         console.print(f"[red]fail-under[/red]: {line}")
     console.print(f"wrote {out / f'router-{name}.json'}" + (f" and {out / f'router-{name}.png'}" if plots else ""))
     if missed:
         raise typer.Exit(1)
-
-
-def _gates(spec: str | None) -> dict[str, float]:
-    out = {}
-    for part in filter(None, (spec or "").split(",")):
-        key, _, value = part.partition("=")
-        out[key.strip()] = float(value)
-    return out
 
 
 def _print(console: Console, result: RouterRun) -> None:
@@ -164,15 +141,12 @@ def calibrate_router(
     caps: Caps = (None, None),
 ) -> None:
     """Fit the knob on out-of-fold predictions of dev rows (at most ``caps[0]``, a seeded sample), check
-    it on test rows (at most ``caps[1]``), write the patch.
+    it on test rows (at most ``caps[1]``), write the patch (:mod:`eval.router_calibrate`).
     With ``guarantee`` (DELTA): the knob is certified by Learn-then-Test (:mod:`eval.router_guarantee`).
     A routed model with a probe is fitted as served (its second head where the first's call is close);
     ``probe_share``: the probe's margin is set too, to read that share of the dev rows."""
-    from classifiers.service import data_dir
-    from classifiers.training.model_labels import folds
-    from classifiers.training.router_training import fit_router, labels_for
-    from eval.router_run import FOLDS, input_tokens, out_of_fold
-    from policies.routed import Target, candidate_costs, fit_knob, outcome, prune
+    from eval import router_calibrate as rc
+    from policies.routed import Target
 
     console = Console(highlight=False)
     try:
@@ -181,144 +155,56 @@ def calibrate_router(
         typer.echo(f"--target {exc}", err=True)
         raise typer.Exit(2) from None
     pol, vm = _routed(policy, name)
-    assert pol.classifier is not None
     if probe_share is not None and vm.probe is None:  # before any row is read
         typer.echo(f"--probe-share: virtual model '{name}' has no probe", err=True)
         raise typer.Exit(2)
-    labels = labels_for(vm, data_dir(pol.classifier, policy.resolve().parent))
-    dev, test = labels.split("dev").sample(caps[0]), labels.split("test").sample(caps[1])
-    if not len(dev) or not len(test):
-        typer.echo(f"{vm.labels} has no dev/test split to fit and check a knob on", err=True)
-        raise typer.Exit(2)
-    cache = _embedder(pol)
     try:
-        x_dev, x_test = cache.embed(dev.texts), cache.embed(test.texts)
-    finally:
-        cache.save()
-    c_dev = candidate_costs(pol, vm, input_tokens(dev.texts))
-    c_test = candidate_costs(pol, vm, input_tokens(test.texts))
-
-    def predictions(x_d: np.ndarray, x_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Dev rows out of fold (the knob is fitted on predictions of rows their head never saw) and test
-        rows by the head fitted on every dev row, each pruned as served."""
-        whole = fit_router(pol, name, vm, dev, x_d)
-        # the folds refit the learner the whole head chose (a blend: its two parts, and their blend)
-        chosen = [str(whole.head.meta["learner"])]
-        if chosen == ["blend"]:
-            chosen = [part.split()[0] for part in str(whole.head.meta["setting"]).split(" + ")]
-        _, q_d, _ = out_of_fold(name, vm, dev, x_d, c_dev, folds(dev.ids, FOLDS), chosen)
-        q_t = prune(whole.head.proba(x_t), c_test, whole.head.dev_accuracy if vm.prune_dominated else None)
-        return q_d, q_t
-
-    q_dev, q_test = predictions(x_dev, x_test)
-    probe_line = ""
-    if vm.probe is not None:
-        q_dev, q_test, on_dev, on_test, probe_line = _probed(
-            console, pol, vm, dev.texts, test.texts, q_dev, q_test, predictions, x_dev, x_test, probe_share
-        )
-        # the readings' cost, where the probe reads, is the router's: in the costs fitted and checked
-        c_dev = c_dev + (on_dev * vm.probe.cost_per_call)[:, None]
-        c_test = c_test + (on_test * vm.probe.cost_per_call)[:, None]
-    strongest = int(np.nanmean(dev.correct, axis=0).argmax())
+        p = _predictions(console, policy, pol, name, vm, probe_share, caps)
+        knob = rc.fit(p, vm, goal, guarantee)
+    except rc.CalibrationError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(exc.code) from None
     certified = ""
-    if guarantee is not None:
-        from eval.router_guarantee import certify_knob
-
-        cert = certify_knob(q_dev, c_dev, vm.rule, goal, strongest, dev.correct, guarantee)
-        if cert.knob is None:
-            typer.echo(
-                f"--guarantee {guarantee:g}: refused. Not even the safest knob is certified on {cert.rows} dev rows "
-                f"(p-value {cert.p_values[0][1]:.3g} > {guarantee:g}): more dev rows, or a looser target. "
-                "No patch written.",
-                err=True,
-            )
-            raise typer.Exit(1)
-        fitted = outcome(q_dev, c_dev, vm.rule, cert.knob, strongest, dev.correct)
-        certified = (
-            f"# guarantee: {target} on new traffic like the {cert.rows} dev rows with probability >= "
-            f"{1 - guarantee:g} (Learn-then-Test, fixed sequence, betting p-values, {cert.tested} knobs tested; "
-            "out-of-fold predictions, docs/router.md)\n"
-        )
+    if guarantee is not None and knob.certified is not None:
+        certified = rc.certified_line(target, guarantee, knob.certified)
         console.print(certified[2:].rstrip())
-    else:
-        try:
-            fitted = fit_knob(q_dev, c_dev, vm.rule, goal, strongest, dev.correct)
-        except ValueError as exc:
-            typer.echo(str(exc), err=True)
-            raise typer.Exit(1) from None
-    checked = outcome(q_test, c_test, vm.rule, fitted.knob, strongest, test.correct)
-    for side, o in (("dev (out of fold)", fitted), ("test", checked)):
+    for side, o in (("dev (out of fold)", knob.fitted), ("test", knob.checked)):
         console.print(
             f"{side:>18}: knob {o.knob:.6g}, accuracy {o.accuracy:.4f}, mean cost {o.mean_cost:.6f}, "
             f"strong share {o.strong_share:.3f}"
         )
-    console.print(_held(goal, checked, test.correct[:, strongest]))
+    console.print(_held(goal, rc.held(goal, knob.checked, p.test.correct[:, p.strongest])))
     patch.parent.mkdir(parents=True, exist_ok=True)
-    patch.write_text(
-        f"# triage calibrate --router {name} --target {target}: fitted on {len(dev)} dev rows "
-        f"(out of fold), checked on {len(test)} test rows: accuracy {checked.accuracy:.4f}, "
-        f"mean cost {checked.mean_cost:.6g}, strong share {checked.strong_share:.3f}\n"
-        f"{certified}"
-        f"virtual_models:\n  {name}:\n    knob: {fitted.knob:.6g}\n{probe_line}"
-    )
+    patch.write_text(rc.patch(name, target, p, knob, certified))
     console.print(f"wrote {patch} (review it, then merge it into {policy} yourself)")
 
 
-def _probed(
-    console: Console,
-    pol: Policy,
-    vm: RoutedModel,
-    dev_texts: list[str],
-    test_texts: list[str],
-    q_dev: np.ndarray,
-    q_test: np.ndarray,
-    predictions: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]],
-    x_dev: np.ndarray,
-    x_test: np.ndarray,
-    probe_share: float | None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, str]:
-    """The predictions as a probed router serves them: the probe's head where the first head's two best
-    are within the margin (the policy's, or the one that reads ``probe_share`` of the dev rows out of
-    fold); which dev and test rows it reads; and the patch's line for the margin, if it was set."""
-    from classifiers.quality import joint_features, read_rows
+def _predictions(
+    console: Console, policy: Path, pol: Policy, name: str, vm: RoutedModel, probe_share: float | None, caps: Caps
+) -> router_calibrate.Predictions:
+    """The rows' predictions as served, their embeddings read (and cached) by the encoder; where the
+    routed model has a probe, its readings too, and where it reads said."""
+    from classifiers.service import data_dir
+    from eval import router_calibrate as rc
     from gateway.cli.probe_reader import ProbeReaders
-    from policies.routed import close_rows, top_gap
 
-    assert vm.probe is not None
-    readers = ProbeReaders(pol, say=console.print)
+    assert pol.classifier is not None
+    dev, test = rc.splits(vm, data_dir(pol.classifier, policy.resolve().parent), caps)
+    cache = _embedder(pol)
     try:
-        read = readers(vm.probe.backend)
-        h_dev, h_test = read(dev_texts), read(test_texts)
+        x = cache.embed(dev.texts), cache.embed(test.texts)
     finally:
-        readers.close()
-    p_dev, p_test = predictions(joint_features(x_dev, h_dev), joint_features(x_test, h_test))
-    # a row the probe cannot read (read as zeros) is not probed, as served
-    gap_dev = np.where(read_rows(h_dev), top_gap(q_dev), np.inf)
-    margin = vm.probe.margin if probe_share is None else min(1.0, float(np.quantile(gap_dev, probe_share)))
-    on_dev = close_rows(q_dev, margin) & read_rows(h_dev)
-    on_test = close_rows(q_test, margin) & read_rows(h_test)
-    console.print(
-        f"probe {vm.probe.backend}: margin {margin:.6g}, reads {on_dev.mean():.1%} of dev rows (out of fold), "
-        f"{on_test.mean():.1%} of test rows"
-    )
-    gated_dev = np.where(on_dev[:, None], p_dev, q_dev)
-    gated_test = np.where(on_test[:, None], p_test, q_test)
-    line = (
-        ""
-        if probe_share is None
-        else f"    probe: {json.dumps(vm.probe.model_copy(update={'margin': round(margin, 6)}).model_dump())}\n"
-    )
-    return gated_dev, gated_test, on_dev, on_test, line
+        cache.save()
+    p = rc.predict(pol, name, vm, (dev, test), x, lambda: ProbeReaders(pol, say=console.print), probe_share)
+    if (probed := p.probe) is not None:
+        console.print(
+            f"probe {probed.backend}: margin {probed.margin:.6g}, reads {probed.on_dev.mean():.1%} of dev rows "
+            f"(out of fold), {probed.on_test.mean():.1%} of test rows"
+        )
+    return p
 
 
-def _held(goal: Target, o: Outcome, strong_right: np.ndarray) -> str:
+def _held(goal: Target, h: router_calibrate.Held) -> str:
     """Whether the target holds on the test rows."""
-    if goal.kind == "of_strong":
-        strong = float(np.nan_to_num(strong_right, nan=0.0).mean())
-        value = o.accuracy / strong if strong > 0 else float("nan")
-    else:
-        value = {"quality": o.accuracy, "strong_share": o.strong_share, "cost": o.mean_cost}[goal.kind]
-    at_least = goal.kind in ("quality", "of_strong")
-    held = value >= goal.value if at_least else value <= goal.value
-    sign = ">=" if at_least else "<="
-    return f"target {goal.kind} {sign} {goal.value:g}: test {value:.4g}, {'held' if held else 'missed'}"
+    sign = ">=" if h.at_least else "<="
+    return f"target {goal.kind} {sign} {goal.value:g}: test {h.value:.4g}, {'held' if h.held else 'missed'}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -14,6 +14,9 @@ from rich.table import Table
 from classifiers.training.router_training import RouterResult
 from gateway.cli.policy_arg import load_or_exit
 from policies.schema import Policy, RoutedModel
+
+if TYPE_CHECKING:
+    from classifiers.training.train_all import TrainReport
 
 
 def _routers(results: list[RouterResult], console: Console) -> None:
@@ -70,7 +73,6 @@ def train(
     from classifiers.artifacts import ExportSettings
     from classifiers.training.export import ensure_exported
     from classifiers.training.train_all import train as run
-    from classifiers.training.train_all import train_quality
 
     console = Console(highlight=False)
     pol = load_or_exit(policy)
@@ -82,21 +84,36 @@ def train(
     art, built = ensure_exported(settings=ExportSettings(layers=pol.classifier.encoder.layers))
     console.print(f"encoder: {'exported to' if built else 'cached at'} {art.root}")
     if any(isinstance(vm, RoutedModel) for vm in pol.virtual_models.values()):
-        from gateway.cli.probe_reader import ProbeReaders
-
-        readers = ProbeReaders(pol, say=console.print)
-        try:
-            trained = train_quality(
-                pol, policy.resolve().parent, threads=threads, say=console.print, hidden=readers, limit=limit
-            )
-        finally:
-            readers.close()
-        _routers(trained, console)
+        _routers(_train_routers(console, policy, pol, threads, limit), console)
     if routers_only:
         return
     result = run(
         pol.classifier, policy.resolve().parent, threads=threads, say=console.print, limit=limit, probe_dir=probe_dir
     )
+    _heads(console, result)
+    _probes(console, result)
+    if report is not None:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(json.dumps(asdict(result), indent=2))
+    _gates(console, policy, pol, cascade_data, cascade_dev_cap, cascade_out)
+
+
+def _train_routers(console: Console, policy: Path, pol: Policy, threads: int, limit: int | None) -> list[RouterResult]:
+    """Every routed model's quality heads (and its probe's, read by the probe's model)."""
+    from classifiers.training.train_all import train_quality
+    from gateway.cli.probe_reader import ProbeReaders
+
+    readers = ProbeReaders(pol, say=console.print)
+    try:
+        return train_quality(
+            pol, policy.resolve().parent, threads=threads, say=console.print, hidden=readers, limit=limit
+        )
+    finally:
+        readers.close()
+
+
+def _heads(console: Console, result: TrainReport) -> None:
+    """The heads on their test rows, and per test set where a head has several."""
     table = Table(title=f"heads (test rows), trained in {result.seconds:.0f} s", expand=True)
     for col in ("head", "fit rows", "test rows", "accuracy", "ECE", "ECE (T=1)", "other"):
         table.add_column(col)
@@ -120,50 +137,37 @@ def train(
             for name, r in h.by_source.items():
                 per.add_row(name, str(r.n), f"{r.accuracy:.3f}", ", ".join(f"{k} {v}" for k, v in r.predicted.items()))
             console.print(per)
+
+
+_PROBE_COLUMNS = (
+    "probes",
+    "kind",
+    "n",
+    "far",
+    "language",
+    "foreign",
+    "router",
+    "router (whole only)",
+    "guarded",
+    "doubtful",
+    "guarded or doubtful",
+)
+
+
+def _probes(console: Console, result: TrainReport) -> None:
+    """What the guard calls unfamiliar, and how it did on the benign probes."""
     console.print(
         f"unfamiliar: another language than English, max cosine to training rows under "
         f"{result.ood_threshold:.3f}, or foreign word pieces over {result.foreign_threshold:.3f} "
         "of the prompt"
     )
     probes = Table(title="the guard on the probes (benign: every flag is a false one)", expand=True)
-    for col in (
-        "probes",
-        "kind",
-        "n",
-        "far",
-        "language",
-        "foreign",
-        "router",
-        "router (whole only)",
-        "guarded",
-        "doubtful",
-        "guarded or doubtful",
-    ):
+    for col in _PROBE_COLUMNS:
         probes.add_column(col)
     for p in result.probes:
-        probes.add_row(
-            p.probes.removesuffix(".jsonl"),
-            p.kind,
-            str(p.n),
-            *(
-                f"{v:.0%}"
-                for v in (
-                    p.far,
-                    p.language,
-                    p.foreign,
-                    p.router,
-                    p.router_whole,
-                    p.guarded,
-                    p.doubtful,
-                    p.no_confident_class,
-                )
-            ),
-        )
+        shares = (p.far, p.language, p.foreign, p.router, p.router_whole, p.guarded, p.doubtful, p.no_confident_class)
+        probes.add_row(p.probes.removesuffix(".jsonl"), p.kind, str(p.n), *(f"{v:.0%}" for v in shares))
     console.print(probes)
-    if report is not None:
-        report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text(json.dumps(asdict(result), indent=2))
-    _gates(console, policy, pol, cascade_data, cascade_dev_cap, cascade_out)
 
 
 def _learned(pol: Policy) -> bool:
@@ -171,9 +175,14 @@ def _learned(pol: Policy) -> bool:
 
 
 def _gates(console: Console, policy: Path, pol: Policy, data: list[Path] | None, dev_cap: int, out: Path) -> None:
-    """The learned gates, after the heads they may read (the encoder tier's answers)."""
+    """The learned gates, after the heads they may read (the encoder tier's answers): each tier's
+    confidence model fitted on dev rows (:mod:`eval.gate_fit`), saved where the gateway reads it."""
     from classifiers.service import data_dir
-    from gateway.cli.evaluate import fit_gates
+    from eval.cascade_run import RunError, load_rows
+    from eval.gate_fit import fit_gates
+    from gateway.cli.evaluate import Bars, say_skipped
+    from gateway.cli.live_tier import Live
+    from gateway.service.assemble import judges_dir
 
     if not _learned(pol):
         return
@@ -184,5 +193,27 @@ def _gates(console: Console, policy: Path, pol: Policy, data: list[Path] | None,
     else:
         typer.echo("the learned gates need labeled rows: give --cascade-data (typed JSONL with dev rows)", err=True)
         raise typer.Exit(2)
-    for path in fit_gates(console, policy, files, dev_cap, out):
-        console.print(f"wrote {path}")
+    where = judges_dir(pol, policy.resolve().parent)
+    if where is None:
+        typer.echo(
+            "cascade: a tier has `gate: learned` but neither cascade.artifacts nor a classifier says where", err=True
+        )
+        raise typer.Exit(2)
+    try:
+        rows = load_rows(pol, policy, files, dev_cap, 0)
+        say_skipped(console, rows)
+        fitted = fit_gates(pol, policy, rows, out, where, Bars(console), Live)
+    except RunError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(exc.code) from None
+    for gate in fitted:
+        if gate.saved is None:
+            typer.echo(f"tier {gate.tier}: no confidence model: {gate.fit.get('error')}", err=True)
+            raise typer.Exit(1)
+        fit = gate.fit
+        console.print(
+            f"gate {gate.tier}: {fit['variant']} (C {fit['C']}) on {fit['rows']} dev rows, {fit['right']} right; "
+            f"out-of-fold AUROC {fit['dev_auroc']:.3f} against its own confidence's {fit['dev_auroc_raw']:.3f}"
+        )
+    for gate in fitted:
+        console.print(f"wrote {gate.saved}")
