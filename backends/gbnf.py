@@ -17,7 +17,6 @@ raises :class:`GrammarRefused` for each of the above. Pure; nothing runs on an e
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass, field
 
 END, ALT, RULE_REF, CHAR, CHAR_NOT, CHAR_RNG_UPPER, CHAR_ALT, CHAR_ANY = range(8)
@@ -48,6 +47,19 @@ class Grammar:
     depth: int = 0  # deepest nesting of groups (the parser's recursion)
     widest: int = 0  # most alternatives in one rule or group
     stacks: int = 0  # most grammar stacks entering one rule makes (each walked for every token)
+
+
+@dataclass
+class _Frame:
+    """A rule or group being read: its elements so far, and where the sequence under way stands."""
+
+    rule_id: int
+    nested: bool
+    before: int = 0  # symbols made before its id (what a repetition of the group counts)
+    rule: list[Element] = field(default_factory=list)
+    alternatives: int = 1
+    last: int = 0  # where the last item starts (what a repetition repeats)
+    n_prev: int = 1  # rules that item made
 
 
 @dataclass
@@ -108,53 +120,76 @@ class _Parser:
         raise self.fail("unexpected end of input", i)
 
     def alternates(self, i: int, rule_name: str, rule_id: int, nested: bool) -> int:
-        rule: list[Element] = []
-        i = self.sequence(i, rule_name, rule, nested)
-        n = 1
-        while self.at(i) == "|":
-            rule.append((ALT, 0))
-            i = self.space(i + 1, True)
-            i = self.sequence(i, rule_name, rule, nested)
-            n += 1
-        rule.append((END, 0))
-        self.rules[rule_id] = rule
-        self.widest = max(self.widest, n)
-        return i
+        """``parse_alternates``, with its recursion into groups on a stack of frames (a grammar
+        nested 512 deep must not overflow the check's own stack)."""
+        frames = [_Frame(rule_id, nested)]
+        while True:
+            f = frames[-1]
+            i, opened = self.sequence(i, rule_name, f)
+            if opened:  # a group: read it, then this sequence goes on
+                before = len(self.symbols)
+                frames.append(_Frame(self.generate(rule_name), True, before=before))
+                self.depth += 1
+                self.deepest = max(self.deepest, self.depth)
+                if self.depth > self.max_depth:
+                    raise TooDeep(f"groups nested more than {self.max_depth} deep")
+                i = self.space(i + 1, True)
+                continue
+            if self.at(i) == "|":
+                f.rule.append((ALT, 0))
+                f.alternatives += 1
+                f.last, f.n_prev = len(f.rule), 1
+                i = self.space(i + 1, True)
+                continue
+            f.rule.append((END, 0))
+            self.rules[f.rule_id] = f.rule
+            self.widest = max(self.widest, f.alternatives)
+            frames.pop()
+            if not frames:
+                return i
+            self.depth -= 1
+            outer = frames[-1]
+            outer.n_prev = max(1, len(self.symbols) - f.before)
+            outer.last = len(outer.rule)
+            outer.rule.append((RULE_REF, f.rule_id))
+            if self.at(i) != ")":
+                raise self.fail("expecting ')'", i)
+            i = self.space(i + 1, outer.nested)
 
-    def sequence(self, i: int, rule_name: str, rule: list[Element], nested: bool) -> int:
-        last = len(rule)
-        n_prev = 1
+    def repeat(self, f: _Frame, rule_name: str, lo: int, hi: int | None, i: int) -> None:
+        """llama.cpp's rewrite of the last item as S{lo,hi}."""
+        rule, last = f.rule, f.last
+        if last == len(rule):
+            raise self.fail("expecting an item before */+/?/{", i)
+        prev = rule[last:]
+        total = hi if hi is not None and hi > 0 else (lo if lo > 0 else 1)
+        if f.n_prev * total > MAX_REPETITION_THRESHOLD:
+            raise self.fail("a repetition past llama.cpp's threshold", i)
+        if lo == 0:
+            del rule[last:]
+        else:
+            rule.extend(prev * (lo - 1))
+        last_rec = 0
+        n_opt = 1 if hi is None else hi - lo
+        for k in range(max(n_opt, 0)):
+            rec_id = self.generate(rule_name)
+            rec = list(prev)
+            if k > 0 or hi is None:
+                rec.append((RULE_REF, rec_id if hi is None else last_rec))
+            rec += [(ALT, 0), (END, 0)]
+            self.rules[rec_id] = rec
+            last_rec = rec_id
+        if n_opt > 0:
+            rule.append((RULE_REF, last_rec))
+        f.n_prev *= total
 
-        def repeat(lo: int, hi: int | None) -> None:  # llama.cpp's rewrite of S{lo,hi}
-            nonlocal n_prev
-            if last == len(rule):
-                raise self.fail("expecting an item before */+/?/{", i)
-            prev = rule[last:]
-            total = hi if hi is not None and hi > 0 else (lo if lo > 0 else 1)
-            if n_prev * total > MAX_REPETITION_THRESHOLD:
-                raise self.fail("a repetition past llama.cpp's threshold", i)
-            if lo == 0:
-                del rule[last:]
-            else:
-                rule.extend(prev * (lo - 1))
-            last_rec = 0
-            n_opt = 1 if hi is None else hi - lo
-            for k in range(max(n_opt, 0)):
-                rec_id = self.generate(rule_name)
-                rec = list(prev)
-                if k > 0 or hi is None:
-                    rec.append((RULE_REF, rec_id if hi is None else last_rec))
-                rec += [(ALT, 0), (END, 0)]
-                self.rules[rec_id] = rec
-                last_rec = rec_id
-            if n_opt > 0:
-                rule.append((RULE_REF, last_rec))
-            n_prev *= total
-
+    def sequence(self, i: int, rule_name: str, f: _Frame) -> tuple[int, bool]:
+        """``parse_sequence`` up to its end, or up to a ``(`` (True: the caller reads the group)."""
+        rule, nested = f.rule, f.nested
         while c := self.at(i):
             if c == '"':
                 i += 1
-                last, n_prev = len(rule), 1
+                f.last, f.n_prev = len(rule), 1
                 while self.at(i) != '"':
                     if plain := _PLAIN.match(self.src, i):  # a run without escapes, at once
                         rule += [(CHAR, ord(ch)) for ch in plain.group()]
@@ -169,10 +204,10 @@ class _Parser:
                 if self.at(i) == "^":
                     i += 1
                     kind = CHAR_NOT
-                last, n_prev = len(rule), 1
+                f.last, f.n_prev = len(rule), 1
                 while self.at(i) != "]":
                     value, i = self.char(i)
-                    rule.append((CHAR_ALT if last < len(rule) else kind, value))
+                    rule.append((CHAR_ALT if f.last < len(rule) else kind, value))
                     if self.at(i) == "-" and self.at(i + 1) != "]":
                         if not self.at(i + 1):
                             raise self.fail("unexpected end of input", i)
@@ -185,52 +220,43 @@ class _Parser:
                 end = self.name(i)
                 ref = self.symbol(self.src[i:end])
                 i = self.space(end, nested)
-                last, n_prev = len(rule), 1
+                f.last, f.n_prev = len(rule), 1
                 rule.append((RULE_REF, ref))
             elif c == "(":
-                i = self.space(i + 1, True)
-                before = len(self.symbols)
-                sub = self.generate(rule_name)
-                self.depth += 1
-                self.deepest = max(self.deepest, self.depth)
-                if self.depth > self.max_depth:
-                    raise TooDeep(f"groups nested more than {self.max_depth} deep")
-                i = self.alternates(i, rule_name, sub, True)
-                self.depth -= 1
-                n_prev = max(1, len(self.symbols) - before)
-                last = len(rule)
-                rule.append((RULE_REF, sub))
-                if self.at(i) != ")":
-                    raise self.fail("expecting ')'", i)
-                i = self.space(i + 1, nested)
+                return i, True
             elif c == ".":
-                last, n_prev = len(rule), 1
+                f.last, f.n_prev = len(rule), 1
                 rule.append((CHAR_ANY, 0))
                 i = self.space(i + 1, nested)
             elif c in ("*", "+", "?"):
                 i = self.space(i + 1, nested)
-                repeat(1 if c == "+" else 0, 1 if c == "?" else None)
+                self.repeat(f, rule_name, 1 if c == "+" else 0, 1 if c == "?" else None, i)
             elif c == "{":
-                i = self.space(i + 1, nested)
-                lo, i = self.integer(i)
-                hi: int | None = lo
-                i = self.space(i, nested)
-                if self.at(i) == ",":
-                    i = self.space(i + 1, nested)
-                    hi = None
-                    if self.at(i) in _DIGITS and self.at(i):
-                        hi, i = self.integer(i)
-                        i = self.space(i, nested)
-                    if self.at(i) != "}":
-                        raise self.fail("expecting '}'", i)
-                elif self.at(i) != "}":
-                    raise self.fail("expecting ','", i)
-                i = self.space(i + 1, nested)
-                if lo > MAX_REPETITION_THRESHOLD or (hi is not None and hi < lo):
-                    raise self.fail("a repetition past llama.cpp's threshold, or with its maximum under its minimum", i)
-                repeat(lo, None if hi is not None and hi > MAX_REPETITION_THRESHOLD else hi)
+                i = self.counts(i, rule_name, f)
             else:
                 break
+        return i, False
+
+    def counts(self, i: int, rule_name: str, f: _Frame) -> int:
+        nested = f.nested
+        i = self.space(i + 1, nested)
+        lo, i = self.integer(i)
+        hi: int | None = lo
+        i = self.space(i, nested)
+        if self.at(i) == ",":
+            i = self.space(i + 1, nested)
+            hi = None
+            if self.at(i) in _DIGITS and self.at(i):
+                hi, i = self.integer(i)
+                i = self.space(i, nested)
+            if self.at(i) != "}":
+                raise self.fail("expecting '}'", i)
+        elif self.at(i) != "}":
+            raise self.fail("expecting ','", i)
+        i = self.space(i + 1, nested)
+        if lo > MAX_REPETITION_THRESHOLD or (hi is not None and hi < lo):
+            raise self.fail("a repetition past llama.cpp's threshold, or with its maximum under its minimum", i)
+        self.repeat(f, rule_name, lo, None if hi is not None and hi > MAX_REPETITION_THRESHOLD else hi, i)
         return i
 
     def integer(self, i: int) -> tuple[int, int]:
@@ -264,8 +290,6 @@ def read(grammar: str, max_depth: int, root: str = "root") -> Grammar:
     past ``max_depth`` nested groups)."""
     if "\x00" in grammar:  # the C string ends there
         raise GrammarRefused("the grammar holds a NUL character")
-    # two frames a nested group, as in llama.cpp: room for max_depth of them (only ever raised)
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 2 * max_depth + 400))
     p = _Parser(grammar, max_depth)
     i = p.space(0, True)
     while p.at(i):
