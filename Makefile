@@ -43,9 +43,9 @@ $(VENV)/.doctor: $(STAMP)
 serve: $(VENV)/.doctor
 	$(BIN)/triage serve
 
-# the servers the tests start themselves, from Debian's packages: Redis for tests/test_quotas.py, PostgreSQL
-# for tests/test_fleet_batches.py (Debian puts its initdb and postgres in /usr/lib/postgresql/N/bin, off PATH),
-# and the browser tests/test_console.py drives (headless chromium, through playwright's driver)
+# the servers the tests start themselves, from Debian's packages: Redis for tests/service/test_quotas.py, PostgreSQL
+# for tests/batch/test_fleet_batches.py (Debian puts its initdb and postgres in /usr/lib/postgresql/N/bin, off PATH),
+# and the browser tests/http/test_console.py drives (headless chromium, through playwright's driver)
 services:
 	command -v redis-server >/dev/null 2>&1 || { DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; }
@@ -87,13 +87,13 @@ test: $(FAST_STAMP) services $(STAMP) vllm
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "engine or model"
 
 # schemathesis on the OpenAPI document against a running gateway, FUZZ_EXAMPLES per operation
-# (tests/test_fuzz.py; the normal suite runs 25); SCHEMA_FUZZ_EXAMPLES generated JSON schemas
-# through the local engine in its worker (tests/test_schema_fuzz.py; the normal suite runs 500)
+# (tests/http/test_fuzz.py; the normal suite runs 25); SCHEMA_FUZZ_EXAMPLES generated JSON schemas
+# through the local engine in its worker (tests/backends/test_schema_fuzz.py; the normal suite runs 500)
 FUZZ_EXAMPLES ?= 5000
 SCHEMA_FUZZ_EXAMPLES ?= 30000
 fuzz: $(STAMP)
 	HF_HUB_OFFLINE=1 FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) SCHEMA_FUZZ_EXAMPLES=$(SCHEMA_FUZZ_EXAMPLES) \
-		$(BIN)/python -m pytest tests/test_fuzz.py tests/test_schema_fuzz.py -q -p no:cacheprovider
+		$(BIN)/python -m pytest tests/http/test_fuzz.py tests/backends/test_schema_fuzz.py -q -p no:cacheprovider
 
 # the console's screenshots in docs/console.md, made in Debian's headless chromium as its tests drive it
 console-shots: $(FAST_STAMP) services
@@ -139,7 +139,7 @@ models: $(VENV)/.models
 
 # vLLM's CPU build, in its own virtualenv (it pins torch, transformers and FastAPI of its own), and
 # the packaged SmolLM2 converted to the safetensors folder it loads (again only when the GGUF
-# changes): what tests/test_vllm.py and `python -m benchmarks ... --engine vllm` start. About 3 minutes.
+# changes): what tests/backends/test_vllm.py and `python -m benchmarks ... --engine vllm` start. About 3 minutes.
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 

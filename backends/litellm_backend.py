@@ -12,7 +12,6 @@ import openai
 
 from backends.base import Body, Call
 from backends.openai_compat import OpenAICompatBackend
-from backends.registry import register
 from backends.remote import upstream_failure
 from backends.replicas import ReplicaState
 from policies.errors import UpstreamError, UpstreamRejected, UpstreamTimeout
@@ -78,6 +77,5 @@ def _mapped(name: str, exc: openai.OpenAIError, text: str = "generic") -> Upstre
     return upstream_failure(name, getattr(exc, "status_code", None) or 502, message, getattr(exc, "code", None), text)
 
 
-@register("litellm")
-def _build(name: str, spec: Any) -> LiteLLMBackend:
+def factory(name: str, spec: Any) -> LiteLLMBackend:
     return LiteLLMBackend(name, spec)

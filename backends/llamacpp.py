@@ -17,7 +17,6 @@ from backends import gguf, schema_bounds
 from backends.base import Attempt, Body, Call, Capabilities, ChunkStream, Completion, Stopwatch
 from backends.engine_handle import EngineHandle, open_engine
 from backends.engine_host import EngineSpec
-from backends.registry import register
 from policies.errors import InvalidRequest, UpstreamError, UpstreamTimeout
 
 _CHAT_PARAMS = {
@@ -259,6 +258,5 @@ def _usage_chunk(call: Call, cid: str, n_tokens: int, produced: int) -> Body:
     }
 
 
-@register("llamacpp")
-def _build(name: str, spec: Any) -> LlamaCppBackend:
+def factory(name: str, spec: Any) -> LlamaCppBackend:
     return LlamaCppBackend(name, spec)

@@ -15,7 +15,6 @@ import orjson
 
 from backends.base import Body, Call
 from backends.http1 import Pool, Response
-from backends.registry import register
 from backends.remote import RemoteBackend, upstream_failure
 from backends.replicas import ReplicaState
 from policies.errors import InvalidRequest, UpstreamError
@@ -196,6 +195,5 @@ async def _sse_events(resp: Response, name: str) -> AsyncIterator[Body]:
         raise UpstreamError(f"upstream {name} ended the stream early", retryable=False)
 
 
-@register("openai")
-def _build(name: str, spec: Any) -> OpenAICompatBackend:
+def factory(name: str, spec: Any) -> OpenAICompatBackend:
     return OpenAICompatBackend(name, spec)

@@ -21,7 +21,6 @@ from backends.engine_wire import question_to_wire, scores_from_wire
 from backends.hidden import CUT_CHARS_PER_TOKEN
 from backends.lettered import LetteredScores
 from backends.local_engine import LocalEngineBackend
-from backends.registry import register
 from policies.errors import UpstreamError
 
 SMOOTHING = 0.2  # the weight of the newest reading in the typical reading time
@@ -128,6 +127,5 @@ def _smoothed(before: float | None, newest: float) -> float:
     return newest if before is None else (1 - SMOOTHING) * before + SMOOTHING * newest
 
 
-@register("gguf_probe")
-def _build(name: str, spec: Any) -> ProbeBackend:
+def factory(name: str, spec: Any) -> ProbeBackend:
     return ProbeBackend(name, spec)

@@ -1,4 +1,6 @@
-"""Backend factories keyed by the policy's ``type`` tag. Nothing here imports a name from YAML."""
+"""Backend factories keyed by the policy's ``type`` tag: the built-in ones in one table here (each
+module's ``factory``; the modules never import this one, so the imports run one way), and any
+``register``-ed beside them. Nothing here imports a name from YAML."""
 
 from __future__ import annotations
 
@@ -24,14 +26,21 @@ def register(type_: str) -> Callable[[Factory], Factory]:
 
 def build(name: str, spec: Any) -> Backend:
     """Build the backend for one policy entry (``spec`` is its pydantic model)."""
-    _load_builtin()
-    try:
-        factory = _FACTORIES[spec.type]
-    except KeyError:
-        raise ValueError(f"unknown backend type '{spec.type}'") from None
+    factory = _FACTORIES.get(spec.type) or _builtin().get(spec.type)
+    if factory is None:
+        raise ValueError(f"unknown backend type '{spec.type}'")
     return factory(name, spec)
 
 
-def _load_builtin() -> None:
-    # The built-in backends register themselves when their module is imported.
-    from backends import litellm_backend, llamacpp, openai_compat, probe, scorer, scripted  # noqa: F401
+def _builtin() -> dict[str, Factory]:
+    """The built-in backends' factories, their modules imported when a policy is first built."""
+    from backends import litellm_backend, llamacpp, openai_compat, probe, scorer, scripted
+
+    return {
+        "openai": openai_compat.factory,
+        "litellm": litellm_backend.factory,
+        "llamacpp": llamacpp.factory,
+        "scripted": scripted.factory,
+        "gguf_scorer": scorer.factory,
+        "gguf_probe": probe.factory,
+    }

@@ -25,7 +25,7 @@ every request in it. The check refuses, with a 400 naming the field:
 - then the grammar it compiles to, read as llama.cpp reads it (``backends.gbnf``): what does not
   parse, left recursion, nesting past ``MAX_NESTING``, a grammar past ``MAX_GRAMMAR_BYTES``.
 
-``tests/test_schema_fuzz.py`` runs generated schemas the check accepts through the real engine.
+``tests/backends/test_schema_fuzz.py`` runs generated schemas the check accepts through the real engine.
 """
 
 from __future__ import annotations

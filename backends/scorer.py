@@ -17,7 +17,6 @@ from backends.engine_host import EngineSpec
 from backends.engine_wire import question_to_wire, scores_from_wire
 from backends.local_engine import LocalEngineBackend
 from backends.logprob import OptionScores
-from backends.registry import register
 from policies.cascade import Question
 
 
@@ -40,6 +39,5 @@ class ScorerBackend(LocalEngineBackend):
         return scores_from_wire(await self.call("score_question", args, timeout_s))
 
 
-@register("gguf_scorer")
-def _build(name: str, spec: Any) -> ScorerBackend:
+def factory(name: str, spec: Any) -> ScorerBackend:
     return ScorerBackend(name, spec)

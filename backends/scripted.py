@@ -16,7 +16,6 @@ import orjson
 
 from backends import shapes
 from backends.base import Attempt, Body, Call, Capabilities, ChunkStream, Completion, Stopwatch
-from backends.registry import register
 from policies.errors import InvalidRequest, UpstreamError, UpstreamTimeout
 
 
@@ -140,8 +139,7 @@ class ScriptedBackend:
             yield shapes.usage_chunk(call.kind, cid, model, self._usage(call))
 
 
-@register("scripted")
-def _build(name: str, spec: Any) -> ScriptedBackend:
+def factory(name: str, spec: Any) -> ScriptedBackend:
     return ScriptedBackend(name, spec)
 
 

@@ -24,7 +24,7 @@ START_TIMEOUT_S = 600.0  # a cold start compiles the model: 1 to 2 minutes on tw
 # tool calls: vLLM 0.32 refuses any `tool_choice` (named too) without a parser. SmolLM2 writes Hermes'
 # <tool_call> markup; under a named or "required" choice the parser's structural tag constrains the
 # call (its markup and name), and a `strict` tool's arguments are decoded under its schema (without
-# `strict`, SmolLM2's arguments run on to max_tokens): tests/test_tool_calls.py
+# `strict`, SmolLM2's arguments run on to max_tokens): tests/http/test_tool_calls.py
 TOOL_ARGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 
 

@@ -138,7 +138,7 @@ def start_vllm_server(log_dir: Path, cpu: int | None = None, extra: tuple[str, .
 @lanes.engine
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     """One real vLLM engine (CPU build, SmolLM2-135M) for the whole run, on core 0, with its tool-call
-    parser (tests/test_tool_calls.py)."""
+    parser (tests/http/test_tool_calls.py)."""
     server = start_vllm_server(tmp_path_factory.mktemp("vllm"), cpu=0, extra=vllm_engine.TOOL_ARGS)
     yield server
     server.kill()

@@ -18,7 +18,7 @@ import httpx
 from gateway.http import console_auth
 from tests.browser import chromium
 from tests.conftest import GatewayRunner
-from tests.test_console import ADMIN, APP, log_in, policy
+from tests.http.test_console import ADMIN, APP, log_in, policy
 
 PAGES = [
     ("traffic", "/console"),

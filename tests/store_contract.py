@@ -1,5 +1,5 @@
-"""The harness of the stores' contract suites (``tests/test_batch_contract.py``,
-``tests/test_quality_store.py``): each family's suite runs the same assertions on every engine,
+"""The harness of the stores' contract suites (``tests/batch/test_batch_contract.py``,
+``tests/state/test_quality_store.py``): each family's suite runs the same assertions on every engine,
 SQLite and PostgreSQL (on a real server: the ``database`` fixture, marked ``fleet``)."""
 
 from __future__ import annotations

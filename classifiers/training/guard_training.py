@@ -34,7 +34,7 @@ from classifiers.training.fit import fit_head, held_back
 from policies.semantic import INJECTION, ROUTER
 
 if TYPE_CHECKING:
-    from classifiers.training.train_all import EmbeddingCache
+    from classifiers.training.embedding_cache import EmbeddingCache
 
 POSITIVES = 3000
 NEGATIVE_SEGMENTS = 20_000

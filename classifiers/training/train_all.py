@@ -6,8 +6,6 @@ part of them, and measured on ``test`` rows only.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,13 +14,12 @@ from pathlib import Path
 import numpy as np
 
 from classifiers import datasets, layout
-from classifiers.artifacts import ExportSettings, locate
 from classifiers.calibration import auroc, ece
-from classifiers.encoder import Encoder, EncoderSettings, Reading
 from classifiers.guard import FOREIGN_QUANTILE, SIMILARITY_QUANTILE
 from classifiers.heads import LinearHead
 from classifiers.options import OPTIONS
 from classifiers.service import artifacts_dir, data_dir
+from classifiers.training.embedding_cache import EmbeddingCache, embedding_cache
 from classifiers.training.fit import fit_head, held_back
 from classifiers.training.guard_training import (
     REFERENCE_ROWS,
@@ -34,12 +31,10 @@ from classifiers.training.guard_training import (
 )
 from classifiers.training.options_training import OptionsFit, SetResult, train_options
 from classifiers.training.router_training import Hidden, RouterResult, train_routers
-from policies.paths import cache_dir
 from policies.schema import ClassifierSpec, Policy
 from policies.semantic import INJECTION
 
 Progress = Callable[[str], None]
-READINGS = "r2"  # bump when what Encoder.read returns besides the embedding changes (a new cache file)
 TEST_CAP = 3000  # test rows measured per head: a seeded sample (embedding long prompts costs ~40 ms each)
 
 
@@ -92,80 +87,6 @@ def _rows(
 
 def _splits(name: str, cfg: ClassifierSpec) -> tuple[str, str]:
     return ("train", "test") if name in cfg.tasks else ("dev", "test")
-
-
-class EmbeddingCache:
-    """Readings (embedding, the guard layer's view, foreign share, language) by SHA-1 of the text,
-    for one encoder export, precision and ``READINGS`` version, kept on disk so a re-run (other C,
-    other heads) does not embed the same rows again. The guard's view is stored as float16."""
-
-    def __init__(self, encoder: Encoder, path: Path | None) -> None:
-        self.encoder = encoder
-        self.path = path
-        self.rows: dict[bytes, Reading] = {}
-        if path is not None and path.is_file():
-            with np.load(path, allow_pickle=False) as a:
-                ends = np.cumsum(a["counts"])
-                parts = np.split(a["segments"].astype(np.float32), ends[:-1]) if len(ends) else []
-                self.rows = {
-                    bytes(k): Reading(v, seg, float(f), str(lang), sh.astype(np.float32))
-                    for k, v, seg, f, lang, sh in zip(
-                        a["keys"], a["vectors"], parts, a["foreign"], a["languages"], a["shallow"], strict=True
-                    )
-                }
-
-    def read(self, texts: list[str], batch: int = 64) -> list[Reading]:
-        keys = [hashlib.sha1(t.encode("utf-8", "replace")).digest() for t in texts]
-        missing = sorted(
-            {k: t for k, t in zip(keys, texts, strict=True) if k not in self.rows}.items(), key=lambda kv: len(kv[1])
-        )  # similar lengths share a batch
-        for start in range(0, len(missing), batch):
-            part = missing[start : start + batch]
-            for (k, _), r in zip(part, self.encoder.read([t for _, t in part]), strict=True):
-                # the guard's view is kept as float16: a first run reads it as a re-run will
-                assert r.shallow is not None
-                self.rows[k] = dataclasses.replace(
-                    r,
-                    segments=r.segments.astype(np.float16).astype(np.float32),
-                    shallow=r.shallow.astype(np.float16).astype(np.float32),
-                )
-        return [self.rows[k] for k in keys]
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        readings = self.read(texts)
-        return np.array([r.vector for r in readings], dtype=np.float32).reshape(len(texts), self.encoder.dim)
-
-    def save(self) -> None:
-        if self.path is None or not self.rows:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        rows = list(self.rows.values())
-        keys = np.array([np.frombuffer(k, dtype=np.uint8) for k in self.rows])
-        tmp = self.path.with_suffix(".tmp.npz")
-        np.savez(
-            tmp,
-            keys=keys,
-            vectors=np.array([r.vector for r in rows], dtype=np.float32),
-            foreign=np.array([r.foreign for r in rows], dtype=np.float64),
-            languages=np.array([r.language for r in rows], dtype="<U8"),
-            counts=np.array([len(r.segments) for r in rows], dtype=np.int32),
-            segments=np.concatenate([r.segments for r in rows]).astype(np.float16),
-            shallow=np.array([r.shallow for r in rows], dtype=np.float16),
-        )
-        tmp.replace(self.path)
-
-
-def embedding_cache(cfg: ClassifierSpec, threads: int, suffix: str = "") -> EmbeddingCache:
-    """The served encoder, and its embeddings of training rows kept on disk."""
-    e = cfg.encoder
-    art = locate(settings=ExportSettings(layers=e.layers))
-    settings = EncoderSettings(
-        precision=e.precision, intra_op_threads=threads, provider=e.provider, max_tokens=e.max_tokens, rows=e.rows
-    )
-    encoder = Encoder.load(settings, artifacts=art)
-    # batched int8 rows differ; READINGS names the rules of sentences, foreign share and language
-    tag = f"{art.key}-{e.precision}-{e.max_tokens}" + ("-apart" if settings.apart else "") + f"-{READINGS}"
-    return EmbeddingCache(encoder, cache_dir() / "embeddings" / f"{tag}{suffix}.npz")
 
 
 def train_quality(

@@ -28,7 +28,7 @@ def fit(
 ) -> None:
     """Fit the hit rule on the tuning rows (CLINC150 dev, BANKING77 and HWU64 train)."""
     from classifiers.service import data_dir
-    from classifiers.training.train_all import embedding_cache
+    from classifiers.training.embedding_cache import embedding_cache
     from eval.cache_fit import KINDS, Replay, streams
     from eval.cache_fit import fit as fit_rule
 

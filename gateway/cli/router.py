@@ -15,7 +15,7 @@ from gateway.cli.policy_arg import load_or_exit
 from policies.schema import Policy, RoutedModel
 
 if TYPE_CHECKING:
-    from classifiers.training.train_all import EmbeddingCache
+    from classifiers.training.embedding_cache import EmbeddingCache
     from eval import router_calibrate
     from eval.router_run import RouterRun
     from policies.routed import Target
@@ -33,8 +33,8 @@ def _routed(policy: Path, name: str) -> tuple[Policy, RoutedModel]:
 
 def _embedder(pol: Policy, threads: int = 2) -> EmbeddingCache:
     from classifiers.artifacts import ExportSettings
+    from classifiers.training.embedding_cache import embedding_cache
     from classifiers.training.export import ensure_exported
-    from classifiers.training.train_all import embedding_cache
 
     assert pol.classifier is not None
     ensure_exported(settings=ExportSettings(layers=pol.classifier.encoder.layers))

@@ -24,7 +24,6 @@ from policies.schema import Policy
 from policies.semantic import Route
 
 if TYPE_CHECKING:
-    from gateway.service.cache.response import Note
     from gateway.service.context import Context
     from gateway.service.runtime import Runtime
 
@@ -90,6 +89,39 @@ def internal(kind: Kind, body: Mapping[str, Any], plan: ChainPlan | EncoderPlan 
     """A job the gateway asks itself (a cascade tier's question, a shadow check, an embedding):
     its body made by triage, not checked again."""
     return Job(kind, MappingProxyType(dict(body)), str(body.get("model")), plan, bool(body.get("stream")), shape)
+
+
+@dataclass
+class Note:
+    """What the cache did for one request (its headers, its log event, what a hit is charged)."""
+
+    result: str  # hit | miss | bypass
+    why: str | None = None  # a bypass's reason
+    match: str | None = None  # a hit's: exact, or "semantic 0.9412"
+    price: float = 0.0  # a hit: what its answer cost when it was made (0 when unknown)
+    charged: float = 0.0  # a hit: what this request is charged for it
+    lookup_ms: float | None = None  # how long the lookup took (the semantic one's encoder pass included)
+    embed_ms: float | None = None  # of which the encoder's pass (a semantic lookup)
+
+    def headers(self) -> dict[str, str]:
+        out = {"x-triage-cache": self.result}
+        if self.why is not None:
+            out["x-triage-cache-bypass"] = self.why
+        if self.match is not None:
+            out["x-triage-cache-match"] = self.match
+        return out
+
+    def event(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"result": self.result}
+        if self.why is not None:
+            out["why"] = self.why
+        if self.result == "hit":
+            out.update(match=self.match, saved=round(self.price - self.charged, 8))
+        if self.lookup_ms is not None:
+            out["lookup_ms"] = self.lookup_ms
+        if self.embed_ms is not None:
+            out["embed_ms"] = self.embed_ms
+        return out
 
 
 @dataclass

@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 import structlog
@@ -23,6 +22,7 @@ from backends.base import Body, ChunkStream, Completion, Kind
 from gateway.service.cache.semantic import SemanticCache
 from gateway.service.context import Context
 from gateway.service.dispatch import Served
+from gateway.service.job import Note  # what the cache did: the outcome's vocabulary, made here
 from gateway.service.runtime import Runtime
 from gateway.state.stores import StoreDown
 from policies import response_cache as rules
@@ -32,39 +32,7 @@ from policies.semantic_cache import Vector
 
 log = structlog.get_logger("triage.cache")
 BACKEND = "cache"
-
-
-@dataclass
-class Note:
-    """What the cache did for one request (its headers, its log event, what a hit is charged)."""
-
-    result: str  # hit | miss | bypass
-    why: str | None = None  # a bypass's reason
-    match: str | None = None  # a hit's: exact, or "semantic 0.9412"
-    price: float = 0.0  # a hit: what its answer cost when it was made (0 when unknown)
-    charged: float = 0.0  # a hit: what this request is charged for it
-    lookup_ms: float | None = None  # how long the lookup took (the semantic one's encoder pass included)
-    embed_ms: float | None = None  # of which the encoder's pass (a semantic lookup)
-
-    def headers(self) -> dict[str, str]:
-        out = {"x-triage-cache": self.result}
-        if self.why is not None:
-            out["x-triage-cache-bypass"] = self.why
-        if self.match is not None:
-            out["x-triage-cache-match"] = self.match
-        return out
-
-    def event(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"result": self.result}
-        if self.why is not None:
-            out["why"] = self.why
-        if self.result == "hit":
-            out.update(match=self.match, saved=round(self.price - self.charged, 8))
-        if self.lookup_ms is not None:
-            out["lookup_ms"] = self.lookup_ms
-        if self.embed_ms is not None:
-            out["embed_ms"] = self.embed_ms
-        return out
+__all__ = ["BACKEND", "Lookup", "Note", "answer_text", "begin", "charge", "replayed"]
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The Batch API's store contract: :class:`Batches`, written once; ``sqlite.py`` (the embedded
-default) and ``pg.py`` (a fleet's) implement it as they are, and ``tests/test_batch_contract.py``
+default) and ``pg.py`` (a fleet's) implement it as they are, and ``tests/batch/test_batch_contract.py``
 holds both to the same assertions."""
 
 from __future__ import annotations

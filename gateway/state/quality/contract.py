@@ -1,5 +1,5 @@
 """The live-traffic quality store's contract: :class:`QualityStore`, written once; ``sqlite.py``
-(the embedded default) and ``pg.py`` (a fleet's) implement it, and ``tests/test_quality_store.py``
+(the embedded default) and ``pg.py`` (a fleet's) implement it, and ``tests/state/test_quality_store.py``
 holds both to the same assertions."""
 
 from __future__ import annotations
