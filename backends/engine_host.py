@@ -5,21 +5,17 @@ One worker process per GGUF file (``backends.engine_worker``) holds the weights 
 backend on the file (the default's ``local`` chat backend and its ``scorer`` both read one file)
 opens an engine, a context of its own, in that process. This module is the gateway's side:
 
-- it starts the worker, opens the engines (each runs one token at open, so a kernel that faults
-  does so there, and the engine is marked unhealthy with the reason);
+- it starts the worker, opens the engines (one token each: a kernel that faults does so there);
 - it sends jobs and bounds each by its deadline, from the moment the job is submitted (the
   queue before the engine's context is part of the wait); a job past its deadline is cancelled
   in the worker (at its next token), and a worker that does not let go of it within
   ``HANG_GRACE_S`` is killed and replaced;
-- when the worker dies (SIGSEGV, SIGABRT, SIGKILL, out of memory), the jobs it was running fail
-  with :class:`~policies.errors.EngineCrashed` (502, the model named, no internals), and what they
-  asked is remembered (``backends.crash_guard``: the same request is refused for a while, a key
-  that keeps crashing engines is slowed); the jobs it had not started are sent again to its
-  successor, however many workers die before they run (each ends at its own deadline at the
-  latest); jobs that were running side by side (a chat and a scorer context) when it died, not
-  streamed, are run again, each alone in the next worker, so that the one that did not crash it
-  is answered (one that crashes it alone fails); the worker is restarted with a backoff that
-  doubles while it keeps dying before serving anything (up to ``MAX_BACKOFF_S``).
+- when the worker dies (SIGSEGV, SIGABRT, SIGKILL, out of memory), its running jobs fail with
+  :class:`~policies.errors.EngineCrashed` (502) and what they asked is remembered
+  (``backends.crash_guard``); the jobs it had not started go to its successor, however many
+  workers die first (each ends at its own deadline at the latest); jobs that ran side by side, not
+  streamed, run again each alone, so the one that did not crash it is answered; the worker is
+  restarted with a backoff that doubles while it keeps dying before serving (``MAX_BACKOFF_S``).
 """
 
 from __future__ import annotations
@@ -196,10 +192,15 @@ class Host:
         return job  # else sent when the worker is back, or once the jobs to run alone are done
 
     def _send_job(self, job: _Job) -> None:
+        msg = {"op": "run", "id": job.id, "engine": job.engine, "method": job.method, "args": job.args}
+        try:
+            data = frame({**msg, "stream": job.stream})
+        except orjson.JSONEncodeError as exc:  # a lone surrogate, say: it cannot cross the pipe
+            self._finish(job, InvalidRequest(f"the request cannot be sent to local model {self.label}: {exc}"))
+            return
         job.sent += 1
         job.on = self._generation
-        msg = {"op": "run", "id": job.id, "engine": job.engine, "method": job.method, "args": job.args}
-        self._write({**msg, "stream": job.stream})
+        self._write_frame(data)
 
     def _abandon(self, job: _Job) -> None:
         """The caller stopped waiting: stop the job in the worker; a worker that keeps running it
@@ -307,11 +308,14 @@ class Host:
         task.add_done_callback(self._tasks.discard)
 
     def _write(self, message: dict[str, Any]) -> None:
+        self._write_frame(frame(message))
+
+    def _write_frame(self, data: bytes) -> None:
         proc = self._proc
         if proc is None or proc.stdin is None or proc.stdin.is_closing():
             return
         with contextlib.suppress(ConnectionError, RuntimeError):
-            proc.stdin.write(frame(message))
+            proc.stdin.write(data)
 
     def _send_open(self, eid: str) -> None:
         spec = self.specs[eid]

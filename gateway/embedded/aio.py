@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.service import assemble, decisions, embeddings, pipeline
+from gateway.service.bodies import from_program
 from gateway.service.context import Context
 from gateway.service.messages import text as message_text
 from gateway.service.runtime import Runtime, RuntimeHolder
@@ -197,9 +198,10 @@ def _routes_by(policy: Policy) -> str | None:
 
 
 def _body(body: Mapping[str, Any] | None, fields: Mapping[str, Any]) -> dict[str, Any]:
-    """A verb's body: the mapping given and the keywords (a keyword wins), copied (the caller's is
-    never written to)."""
-    return {**(body or {}), **fields}
+    """A verb's body: the mapping given and the keywords (a keyword wins), as an HTTP body would
+    arrive (:func:`gateway.service.bodies.from_program`: JSON values only, no text that cannot be
+    written as UTF-8, a fresh copy: the caller's is never written to)."""
+    return from_program({**(body or {}), **fields})
 
 
 def _context() -> Context:

@@ -156,6 +156,17 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def from_program(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A body a program hands in (the Python API), read as the HTTP edge reads one: written as JSON
+    and parsed again, so it holds JSON values only (400 for what JSON cannot carry: a lone
+    surrogate, which no engine's pipe takes either, a set, bytes) and nests within ``MAX_DEPTH``."""
+    try:
+        raw = orjson.dumps(body)
+    except orjson.JSONEncodeError as exc:
+        raise InvalidRequest(f"The request body cannot be written as JSON: {exc}") from None
+    return parse_json(raw)
+
+
 def chat_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
     """A translated message's content parts as chat content: text alone as one string (parts joined
     by newlines), since many engines' chat templates (llama.cpp's among them) concatenate a

@@ -337,6 +337,18 @@ def test_a_local_engine_runs_in_its_worker_while_the_gateway_is_open() -> None:
     assert not _alive(pid)  # closed with the gateway
 
 
+@pytest.mark.engine
+def test_text_that_json_cannot_carry_is_a_400_and_the_engine_serves_on() -> None:
+    """A lone surrogate (a program's str, which no HTTP body can carry): the API reads a body as the
+    HTTP edge does, so it is a 400 there, and the engine serves the next request."""
+    with Gateway(ENGINE) as gw:
+        bad = [{"role": "user", "content": "Say hi. \ud800"}]
+        with pytest.raises(InvalidRequest, match="cannot be written as JSON"):
+            gw.generate(model="smollm2", messages=bad, max_tokens=4)
+        out = gw.generate(model="smollm2", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4)
+        assert out["usage"]["completion_tokens"] >= 1
+
+
 EXAMPLES = python_blocks(ROOT / "docs" / "python.md")
 
 

@@ -476,3 +476,34 @@ def test_the_engine_wire_survives_what_it_carries() -> None:
     assert question_from_wire(question_to_wire(q)) == q
     s = LetteredScores((-0.1, -2.3), (1, 1), 40, 12, label_mass=0.9, generated_tokens=5, reasoning="because")
     assert scores_from_wire(scores_to_wire(s)) == s
+
+
+@pytest.mark.engine
+def test_a_job_that_cannot_cross_the_pipe_is_a_400_and_the_host_reads_on() -> None:
+    """Arguments the wire cannot carry (a lone surrogate, which a program's str may hold) fail that
+    job alone: the host keeps reading the worker's replies, and the next job is answered."""
+    import asyncio
+
+    from backends.base import Call
+    from backends.engine_handle import EngineHandle
+    from backends.engine_host import EngineSpec
+    from backends.gguf import smollm2_path
+    from backends.llamacpp import _kwargs
+    from policies.errors import InvalidRequest
+
+    def args(text: str) -> dict[str, Any]:
+        body = {"model": "smollm2", "messages": [{"role": "user", "content": text}], "max_tokens": 2}
+        return _kwargs(Call("chat", body, "wire"))
+
+    async def main() -> Any:
+        handle = EngineHandle("wire", smollm2_path(), EngineSpec("chat", 512, 1, 512))
+        await handle.open()
+        try:
+            with pytest.raises(InvalidRequest, match="cannot be sent to local model"):
+                await handle.call("chat", args("hi \ud800"), 30)
+            return await handle.call("chat", args("hi"), 30)
+        finally:
+            await handle.host.stop()
+
+    out = asyncio.run(main())
+    assert out["choices"][0]["message"]["role"] == "assistant"
