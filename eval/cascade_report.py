@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eval import cascade_eval
+from eval import cascade_eval, cascade_fit
 from eval.cascade_eval import SetReport, TierSpec
 from eval.guarantee import Certified
 from eval.tier_outputs import Row
@@ -40,16 +40,16 @@ def fit(
     (``--guarantee``) and a goal, the threshold certified by Learn-then-Test, returned."""
     for spec in specs:
         if spec.kind != "recorded":  # a recorded answer carries no probabilities to calibrate
-            cascade_eval.fit_temperatures(spec, dev)
+            cascade_fit.fit_temperatures(spec, dev)
     cascade_eval.fit_judges(specs, dev)
     if goal is not None and delta is not None:
-        return cascade_eval.fit_with_guarantee(specs, dev, goal, delta)
+        return cascade_fit.fit_with_guarantee(specs, dev, goal, delta)
     if goal is not None and goal[0] == "cost":
-        cascade_eval.fit_for_cost(specs, dev, goal[1])
+        cascade_fit.fit_for_cost(specs, dev, goal[1])
     elif goal is not None and goal[0] == "of_top":
-        cascade_eval.fit_for_share_of_top(specs, dev, goal[1])
+        cascade_fit.fit_for_share_of_top(specs, dev, goal[1])
     else:
-        cascade_eval.fit_thresholds(specs, dev, slack, goal)
+        cascade_fit.fit_thresholds(specs, dev, slack, goal)
     return None
 
 

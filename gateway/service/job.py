@@ -10,7 +10,7 @@ cache and the quality watch wrap (:class:`Serve`: a layer each, composed once at
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -65,8 +65,7 @@ class Job:
 
     def whole(self) -> Job:
         """The same job asked as one answer (an audit, a shadow check)."""
-        return Job(self.kind, MappingProxyType({**self.body, "stream": False}), self.requested, self.plan, False,
-                   self.shape, self.typed)  # fmt: skip
+        return replace(self, body=MappingProxyType({**self.body, "stream": False}), stream=False)
 
 
 def make(policy: Policy, kind: Kind, body: Mapping[str, Any]) -> Job:

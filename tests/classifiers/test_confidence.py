@@ -15,7 +15,7 @@ import pytest
 
 from classifiers.confidence import ConfidenceModel, confidence_name
 from classifiers.training.confidence_training import fit_confidence
-from eval import cascade_eval
+from eval import cascade_eval, cascade_fit
 from eval.tier_outputs import Row
 from policies.cascade import Gate, Question, Signals, TierAnswer, drive, steps
 from policies.errors import PolicyInvalid
@@ -180,10 +180,10 @@ def test_eval_fits_the_gate_and_a_learned_one_keeps_quality_at_a_third_of_the_es
         cascade_eval.TierSpec("scorer", "scorer", cheap, gate_kind=gate),
         cascade_eval.TierSpec("top", "recorded", top),
     ]
-    cascade_eval.fit_temperatures(tiers[0], dev)
+    cascade_fit.fit_temperatures(tiers[0], dev)
     cascade_eval.fit_judges(tiers, dev)
     assert tiers[0].judge is not None and tiers[0].judge_fit["variant"] in ("neighbours", "embedding")
-    cascade_eval.fit_thresholds(tiers, dev)
+    cascade_fit.fit_thresholds(tiers, dev)
     [report] = cascade_eval.evaluate(tiers, test)
     assert report.auroc_learned["scorer"] > report.auroc_raw["scorer"] + 0.2
     assert report.ece_learned["scorer"] < 0.1
@@ -290,15 +290,15 @@ def test_the_of_top_target_escalates_least_while_keeping_the_share() -> None:
         cascade_eval.TierSpec("scorer", "scorer", cheap, gate_kind="learned"),
         cascade_eval.TierSpec("top", "recorded", top),
     ]
-    cascade_eval.fit_temperatures(tiers[0], dev)
+    cascade_fit.fit_temperatures(tiers[0], dev)
     cascade_eval.fit_judges(tiers, dev)
-    cascade_eval.fit_for_share_of_top(tiers, dev, 0.97)
+    cascade_fit.fit_for_share_of_top(tiers, dev, 0.97)
     t = tiers[0].thresholds["choice"]
     assert set(tiers[0].thresholds.values()) == {t}  # one threshold, every type
     on_dev = cascade_eval.pooled(cascade_eval.evaluate(tiers, dev, curves=False))
     assert on_dev["of_top"] >= 0.97 and on_dev["reached_top"] < 0.7
     lower = max(0.0, t - 0.05)  # any lower threshold breaks the share (or escalates no less)
-    cascade_eval._set_all(tiers, dev, lower)
+    cascade_fit._set_all(tiers, dev, lower)
     below = cascade_eval.pooled(cascade_eval.evaluate(tiers, dev, curves=False))
     assert below["of_top"] < 0.97 or below["reached_top"] >= on_dev["reached_top"]
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from eval.cascade_eval import TierSpec, evaluate, fit_temperatures, fit_thresholds
+from eval.cascade_eval import TierSpec, evaluate
+from eval.cascade_fit import fit_temperatures, fit_thresholds
 from eval.tier_outputs import Row, TierCache, typed_rows
 from policies.cascade import YES_NO, Question, TierAnswer
 
@@ -217,7 +218,7 @@ def test_threshold_targets() -> None:
 
 
 def test_cost_target_picks_the_best_accuracy_within_budget() -> None:
-    from eval.cascade_eval import fit_for_cost
+    from eval.cascade_fit import fit_for_cost
 
     rows = [row(i, "yes") for i in range(10)] + [row(i, "no") for i in range(10, 20)]
     cheap = TierSpec("cheap", "encoder", {r.id: yes(0.95 if r.answer == "yes" else 0.58) for r in rows}, per_call=1)

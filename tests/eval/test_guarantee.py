@@ -72,7 +72,8 @@ def test_the_p_value_is_valid_at_the_null_and_small_far_from_it() -> None:
 def test_calibrate_certifies_the_cascade_threshold_on_replayed_rows() -> None:
     """``triage calibrate --guarantee``'s fit on tier outputs: the cheap tier is right when sure (yes
     rows, confidence 0.9) and wrong when unsure (no rows, 0.16); the top is always right."""
-    from eval.cascade_eval import TierSpec, evaluate, fit_with_guarantee
+    from eval.cascade_eval import TierSpec, evaluate
+    from eval.cascade_fit import fit_with_guarantee
     from tests.eval.test_eval_cascade import row, yes
 
     rows = [row(i, "yes") for i in range(300)] + [row(i, "no") for i in range(300, 600)]
