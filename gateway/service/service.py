@@ -1,12 +1,14 @@
-"""The gateway's one front door, whatever surface a request came in by: three verbs on the
+"""The gateway's one front door, whatever surface a request came in by: the verbs on the
 runtime a request pinned.
 
 - :meth:`Service.generate`: a chat or text completion body (the Responses API and Anthropic's
   Messages translated to chat, a batch's lines): checked, its model resolved once into a plan
-  (``policies.plans``); a cascade model's typed question is decided by the cascade, anything
-  else served down the chain its route picks (``pipeline``);
-- :meth:`Service.decide`: a typed question decided by the cascade (``decide``), its model tiers
-  served through the service's own chat path, handed to them as a port;
+  (``policies.plans``) into a job (``job``); a cascade model's typed question is decided by the
+  cascade, anything else served through the layers composed at assembly, down the chain its
+  route picks (``pipeline``);
+- :meth:`Service.decide` (and ``decide_many``): a typed question decided by the cascade on the
+  request's decision plan (``decisions``), its model tiers served through the service's own chat
+  path, handed to them as a port;
 - :meth:`Service.embed`: embeddings, the encoder's or an engine's (``embeddings``).
 
 Each takes the request's :class:`~gateway.service.context.Context` and gives one
