@@ -14,12 +14,24 @@ from policies.schema import (
     Policy,
     RoutedModel,
     SemanticModel,
+    VirtualModel,
 )
 from policies.tiers import EncoderTier, ModelTier, ScorerTier
 
 
 def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
     """Every dangling or clashing name in the policy, with where it stands."""
+    return [
+        *_model_problems(policy),
+        *(p for name, vm in policy.virtual_models.items() for p in _virtual_problems(policy, name, vm)),
+        *_cascade_problems(policy),
+        *_shadow_problems(policy),
+        *_cache_problems(policy),
+        *_key_problems(policy),
+    ]
+
+
+def _model_problems(policy: Policy) -> list[tuple[Loc, str]]:
     problems: list[tuple[Loc, str]] = []
     models = policy.models
     for name, spec in models.items():
@@ -30,57 +42,70 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
                 problems.append((("models", name, "fallbacks", i), f"model '{fb}' is not defined"))
             elif fb == name:
                 problems.append((("models", name, "fallbacks", i), "a model cannot fall back to itself"))
-    for name, vm in policy.virtual_models.items():
-        if name in models:
-            problems.append((("virtual_models", name), f"'{name}' is also a model name"))
-        if isinstance(vm, CascadeModel):
-            opened = policy.virtual_models.get(vm.open)
-            if vm.open not in models and not isinstance(opened, AliasModel | SemanticModel | RoutedModel):
-                problems.append(
-                    (
-                        ("virtual_models", name, "open"),
-                        f"'{vm.open}' is not a model or an alias/semantic/routed virtual model",
-                    )
+    return problems
+
+
+def _virtual_problems(policy: Policy, name: str, vm: VirtualModel) -> list[tuple[Loc, str]]:
+    problems: list[tuple[Loc, str]] = []
+    models = policy.models
+    if name in models:
+        problems.append((("virtual_models", name), f"'{name}' is also a model name"))
+    if isinstance(vm, CascadeModel):
+        opened = policy.virtual_models.get(vm.open)
+        if vm.open not in models and not isinstance(opened, AliasModel | SemanticModel | RoutedModel):
+            problems.append(
+                (
+                    ("virtual_models", name, "open"),
+                    f"'{vm.open}' is not a model or an alias/semantic/routed virtual model",
                 )
-            if policy.cascade is None:
-                problems.append((("virtual_models", name), "a cascade model needs a `cascade` section"))
-            continue
-        if isinstance(vm, RoutedModel):
-            problems.extend(_routed_problems(policy, name, vm))
-            continue
-        if isinstance(vm, AliasModel):
-            refs: list[tuple[Loc, str]] = [(("targets", i), t) for i, t in enumerate(vm.targets)]
+            )
+        if policy.cascade is None:
+            problems.append((("virtual_models", name), "a cascade model needs a `cascade` section"))
+        return problems
+    if isinstance(vm, RoutedModel):
+        return problems + _routed_problems(policy, name, vm)
+    if isinstance(vm, AliasModel):
+        refs: list[tuple[Loc, str]] = [(("targets", i), t) for i, t in enumerate(vm.targets)]
+    else:
+        refs = [
+            (("default",), vm.default),
+            *((("rules", i, "model"), r.model) for i, r in enumerate(vm.rules)),
+            *((("categories", c), m) for c, m in vm.categories.items()),
+            *(((f,), m) for f in ("escalate_to", "unfamiliar", "injection") if (m := getattr(vm, f)) is not None),
+        ]
+        if policy.classifier is None:
+            problems.append((("virtual_models", name), "a semantic model needs a `classifier` section"))
         else:
-            refs = [
-                (("default",), vm.default),
-                *((("rules", i, "model"), r.model) for i, r in enumerate(vm.rules)),
-                *((("categories", c), m) for c, m in vm.categories.items()),
-                *(((f,), m) for f in ("escalate_to", "unfamiliar", "injection") if (m := getattr(vm, f)) is not None),
-            ]
-            if policy.classifier is None:
-                problems.append((("virtual_models", name), "a semantic model needs a `classifier` section"))
-            else:
-                problems.extend(_rule_head_problems(name, vm, policy.classifier))
-            problems.extend(_reasoning_router_problems(policy, name, vm))
-        for where, target in refs:
-            if target not in models:
-                problems.append((("virtual_models", name, *where), f"model '{target}' is not defined"))
-    problems.extend(_cascade_problems(policy))
-    problems.extend(_shadow_problems(policy))
+            problems.extend(_rule_head_problems(name, vm, policy.classifier))
+        problems.extend(_reasoning_router_problems(policy, name, vm))
+    for where, target in refs:
+        if target not in models:
+            problems.append((("virtual_models", name, *where), f"model '{target}' is not defined"))
+    return problems
+
+
+def _cache_problems(policy: Policy) -> list[tuple[Loc, str]]:
+    problems: list[tuple[Loc, str]] = []
     semantic = policy.response_cache.semantic if policy.response_cache is not None else None
     for i, name in enumerate(semantic.models if semantic is not None else []):
-        if name not in models and name not in policy.virtual_models:
+        if name not in policy.models and name not in policy.virtual_models:
             problems.append((("response_cache", "semantic", "models", i), f"model '{name}' is not defined"))
     if semantic is not None and policy.classifier is None:
         problems.append((("response_cache", "semantic"), "a semantic cache needs a `classifier` section (its encoder)"))
+    return problems
+
+
+def _key_problems(policy: Policy) -> list[tuple[Loc, str]]:
+    """Operator keys that name no key, the fallback model, keys' names used twice, keys' models."""
+    problems: list[tuple[Loc, str]] = []
     names = {key.name for key in policy.keys}
     for i, name in enumerate(policy.access.operator_keys):
         if name not in names:
             problems.append((("access", "operator_keys", i), f"key '{name}' is not defined in keys"))
-    if policy.fallback_model is not None and policy.fallback_model not in models:
+    if policy.fallback_model is not None and policy.fallback_model not in policy.models:
         problems.append((("fallback_model",), f"model '{policy.fallback_model}' is not defined"))
     listed = [k.name for k in policy.keys]
-    public = {*models, *policy.virtual_models}
+    public = {*policy.models, *policy.virtual_models}
     for i, key in enumerate(policy.keys):
         if listed.index(key.name) != i:
             problems.append((("keys", i, "name"), f"key name '{key.name}' is used twice"))

@@ -140,10 +140,7 @@ async def build(
     except BaseException:
         await opened.close()
         raise
-    hashes = frozenset(digest for _, digest in keys)
-    operators = frozenset(digest for name, digest in keys if name in policy.access.operator_keys)
-    # each key as looked up carries its sha256 itself (an `env:` one resolved): what it owns is kept under it
-    by_digest = {digest: policy.keys[i].model_copy(update={"sha256": digest}) for i, (_, digest) in enumerate(keys)}
+    hashes, operators, keyring = _keyring(policy, keys, store, admin)
     crash_guard.guard().log_content = policy.logging.log_prompts  # the engines' crash logs
     return Runtime(
         policy,
@@ -157,7 +154,7 @@ async def build(
         store=store,
         store_problem=problem,
         operator_hashes=operators,
-        keyring=Keyring(by_digest, store, dynamic=admin is not None),
+        keyring=keyring,
         admin_digest=admin,
         version=version,
         fits=fits,
@@ -167,6 +164,18 @@ async def build(
         serve=layered(policy),
         noted=quality_layer.noted if watch is not None else None,
     )
+
+
+def _keyring(
+    policy: Policy, keys: list[tuple[str, str]], store: Store, admin: str | None
+) -> tuple[frozenset[str], frozenset[str], Keyring]:
+    """The policy's keys' digests, the operators' among them, and the keyring that looks keys up
+    (the admin API's too, where there is an admin key). Each key as looked up carries its sha256
+    itself (an `env:` one resolved): what it owns is kept under it."""
+    hashes = frozenset(digest for _, digest in keys)
+    operators = frozenset(digest for name, digest in keys if name in policy.access.operator_keys)
+    by_digest = {digest: policy.keys[i].model_copy(update={"sha256": digest}) for i, (_, digest) in enumerate(keys)}
+    return hashes, operators, Keyring(by_digest, store, dynamic=admin is not None)
 
 
 @dataclass
