@@ -59,9 +59,9 @@ class Job:
     shape: Shape | None = None
     typed: typed.TypedAsk | None = None
 
-    def upstream(self, model: str, **changes: Any) -> Body:
+    def upstream(self, model: str) -> Body:
         """The body a link of the chain sends: a fresh dict, the link's model name in it."""
-        return {**self.body, "model": model, **changes}
+        return {**self.body, "model": model}
 
     def whole(self) -> Job:
         """The same job asked as one answer (an audit, a shadow check)."""
