@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +17,7 @@ from typing import Any
 import openai
 import pytest
 
-from backends import engine_host, native
+from backends import engine_host
 from backends.gguf import smollm2_path
 from tests import lanes
 from tests.conftest import Gateway, GatewayRunner
@@ -273,72 +270,6 @@ models:
 # --- the build -----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.engine
-def test_llama_cpp_is_built_without_amx_kernels() -> None:
-    """On every CPU: the libraries llama-cpp-python loads hold no AMX instruction (they fault on
-    the first token on AMX CPUs; the Makefile builds without them)."""
-    libraries = native.llama_libraries()
-    assert any(lib.name.startswith("libggml-cpu") for lib in libraries), libraries
-    assert {lib.name: native.amx_instructions(lib) for lib in libraries} == {lib.name: 0 for lib in libraries}
-
-
-def test_the_amx_check_finds_amx_code(tmp_path: Path) -> None:
-    """The check is not vacuous: code compiled for AMX (any CPU compiles it) is found."""
-    gcc = shutil.which("gcc")
-    assert gcc is not None
-    src = tmp_path / "amx.c"
-    src.write_text(
-        "#include <immintrin.h>\n"
-        "void f(const void *cfg, void *buf) { _tile_loadconfig(cfg); _tile_loadd(0, buf, 64); _tile_release(); }\n"
-    )
-    out = tmp_path / "amx.so"
-    subprocess.run([gcc, "-O2", "-mamx-tile", "-shared", "-fPIC", str(src), "-o", str(out)], check=True)
-    assert native.amx_instructions(out) == 3
-    subprocess.run(
-        [gcc, "-O2", "-shared", "-fPIC", "-x", "c", "-", "-o", str(out)], input=b"int g(void){return 1;}", check=True
-    )
-    assert native.amx_instructions(out) == 0
-
-
-@pytest.mark.engine
-def test_doctor_reports_the_machine_and_runs_a_token_through_each_engine(tmp_path: Path) -> None:
-    policy = tmp_path / "p.yaml"
-    policy.write_text(POLICY)
-    env = {**os.environ, "COLUMNS": "200"}
-    done = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "doctor", "--policy", str(policy)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    for row in ("cpu", "llama.cpp AMX kernels", "onnxruntime", "engine local", "engine scorer", "state store"):
-        assert row in done.stdout
-    assert native.cpu().kind in done.stdout
-
-
-@pytest.mark.engine
-def test_doctor_fails_with_what_to_do_when_a_model_does_not_load(tmp_path: Path) -> None:
-    broken = tmp_path / "broken.gguf"
-    broken.write_bytes(b"GGUF" + b"\0" * 64)
-    policy = tmp_path / "p.yaml"
-    policy.write_text(
-        f'version: 1\nbackends:\n  b: {{type: llamacpp, gguf: {{path: "{broken}"}}}}\nmodels:\n  m: {{backend: b}}\n'
-    )
-    done = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "doctor", "--policy", str(policy)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-        timeout=300,
-    )
-    assert done.returncode == 1
-    assert "engine b" in done.stdout and "FAIL" in done.stdout
-
-
-# --- hostile schemas (issue: hardening, round two) ---------------------------------------------------------
-
 HOSTILE = [
     {"type": "string", "maxLength": 10000},
     {"type": "string", "maxLength": 30000},
@@ -464,46 +395,3 @@ def test_a_batch_line_that_kills_the_engine_gets_its_own_error_line_and_the_batc
     assert len(errors) + len(out) == 6
     assert len(errors) == 1 and errors[0]["response"]["status_code"] == 502, errors
     assert errors[0]["response"]["body"]["error"]["code"] == "engine_crashed"
-
-
-def test_the_engine_wire_survives_what_it_carries() -> None:
-    """Questions and scores cross the pipe as they were."""
-    from backends.engine_wire import question_from_wire, question_to_wire, scores_from_wire, scores_to_wire
-    from backends.lettered import LetteredScores
-    from policies.cascade import Question
-
-    q = Question(type="score", question="How hot?", options=("1", "2", "3"), context="c", task="t", scale=(1, 3))
-    assert question_from_wire(question_to_wire(q)) == q
-    s = LetteredScores((-0.1, -2.3), (1, 1), 40, 12, label_mass=0.9, generated_tokens=5, reasoning="because")
-    assert scores_from_wire(scores_to_wire(s)) == s
-
-
-@pytest.mark.engine
-def test_a_job_that_cannot_cross_the_pipe_is_a_400_and_the_host_reads_on() -> None:
-    """Arguments the wire cannot carry (a lone surrogate, which a program's str may hold) fail that
-    job alone: the host keeps reading the worker's replies, and the next job is answered."""
-    import asyncio
-
-    from backends.base import Call
-    from backends.engine_handle import EngineHandle
-    from backends.engine_host import EngineSpec
-    from backends.gguf import smollm2_path
-    from backends.llamacpp import _kwargs
-    from policies.errors import InvalidRequest
-
-    def args(text: str) -> dict[str, Any]:
-        body = {"model": "smollm2", "messages": [{"role": "user", "content": text}], "max_tokens": 2}
-        return _kwargs(Call("chat", body, "wire"))
-
-    async def main() -> Any:
-        handle = EngineHandle("wire", smollm2_path(), EngineSpec("chat", 512, 1, 512))
-        await handle.open()
-        try:
-            with pytest.raises(InvalidRequest, match="cannot be sent to local model"):
-                await handle.call("chat", args("hi \ud800"), 30)
-            return await handle.call("chat", args("hi"), 30)
-        finally:
-            await handle.host.stop()
-
-    out = asyncio.run(main())
-    assert out["choices"][0]["message"]["role"] == "assistant"
