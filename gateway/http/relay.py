@@ -39,12 +39,19 @@ def events(data: bytes, headers: dict[str, str]) -> Response:
 def chat_chunks(ex: Exchange, served: Served, kind: str, asked_usage: bool) -> AsyncGenerator[bytes, None]:
     """Chat (or text completion) chunks relayed; a failure after the stream started becomes an SSE
     error event, then [DONE]. The usage chunk is relayed only when the client asked for it."""
-    return _relay(ex, served, None, metering.StreamMeter(ex.rt, ex.key, served.model, kind, ex.prompt, asked_usage))
+    return _relay(ex, served, None, _meter(ex, served, kind, asked_usage))
 
 
 def translated(ex: Exchange, served: Served, translator: Translator) -> AsyncGenerator[bytes, None]:
     """Another API's event stream over a chat stream: a failure after the start is that API's error event."""
-    return _relay(ex, served, translator, metering.StreamMeter(ex.rt, ex.key, served.model, "chat", ex.prompt, True))
+    return _relay(ex, served, translator, _meter(ex, served, "chat", True))
+
+
+def _meter(ex: Exchange, served: Served, kind: str, asked_usage: bool) -> metering.StreamMeter:
+    """The stream's meter; a response cache hit's counts against no key's limits as it is relayed
+    (it is charged what the cache charges: no engine ran)."""
+    hit = ex.cache is not None and ex.cache.result == "hit"
+    return metering.StreamMeter(ex.rt, None if hit else ex.key, served.model, kind, ex.prompt, asked_usage)
 
 
 async def _relay(

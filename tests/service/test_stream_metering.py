@@ -161,3 +161,22 @@ def test_streams_on_every_surface_under_load_are_counted_exactly(gateway: Callab
     want = len(calls) * price(4, words)
     cost, tokens = recorded(gw, want)
     assert abs(cost - want) < 1e-9 and tokens == len(calls) * (4 + words)
+
+
+def test_a_cached_answer_streamed_to_a_limited_key_counts_only_what_the_cache_charges(
+    gateway: Callable[..., Gateway],
+) -> None:
+    """A response cache hit replayed as a stream is no engine's work: its chunks are not written to
+    the key's tpm window or spend as they are relayed (the hit is charged the cache's share). Forty
+    choices replay as more chunks than a checkpoint's worth."""
+    gw = gateway(policy("tpm: 100000", words=4) + "response_cache: {ttl_s: 600, hit_charge: 0}\n")
+    body = {"model": "m", "messages": HI, "temperature": 0, "n": 40}
+    r = httpx.post(gw.base_url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {KEY}"})
+    assert r.status_code == 200 and len(r.json()["choices"]) == 40
+    counted = recorded(gw, price(4, 4))  # the scripted engine counts one choice's words
+    assert counted == (pytest.approx(price(4, 4)), 8)
+    time.sleep(0.2)  # the answer is kept off the request's path
+    again = events(gw, "/v1/chat/completions", {**body, "stream": True})
+    assert sum(1 for e in again[:-1] if e["choices"] and e["choices"][0]["delta"].get("content")) == 40  # replayed
+    time.sleep(0.2)
+    assert recorded(gw) == counted  # nothing more written for the hit
