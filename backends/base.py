@@ -46,6 +46,7 @@ class Call:
     request_id: str
     attempts: list[Attempt] = field(default_factory=list)  # every try, appended by backends
     affinity: str | None = None  # requests with the same key prefer the same replica (prefix cache)
+    background: bool = False  # a Batch API line: only a replica with spare room takes it (online first)
 
     @property
     def stream(self) -> bool:

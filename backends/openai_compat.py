@@ -134,6 +134,15 @@ class OpenAICompatBackend(RemoteBackend):
             return False
         return resp.status < 400
 
+    async def _fetch(self, replica: ReplicaState, path: str) -> tuple[int, str, bytes]:
+        assert self._pool is not None, "backend not started"
+        resp = await self._pool.request("GET", server_root(replica.api_base) + path, self._headers(replica))
+        try:
+            body = await resp.read()
+        finally:
+            resp.release()
+        return resp.status, resp.headers.get("content-type", ""), body
+
 
 def server_root(api_base: str) -> str:
     """``http://host:port`` of an api_base such as ``http://host:port/v1``."""

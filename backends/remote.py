@@ -16,8 +16,11 @@ import structlog
 
 from backends.admission import Admission, Slot
 from backends.base import Attempt, Body, Call, Capabilities, ChunkStream, Completion, Stopwatch
+from backends.engine_load import METRICS_PATH
+from backends.engine_poll import EnginePoller
+from backends.index_feed import Feed, IndexFeed
 from backends.prefix import prompt_text
-from backends.replicas import ReplicaSet, ReplicaState
+from backends.replicas import Dispatch, ReplicaSet, ReplicaState
 from policies.errors import UpstreamError, UpstreamRejected, UpstreamTimeout
 from policies.secrets import resolve_secret
 
@@ -87,7 +90,36 @@ class RemoteBackend:
         self.name = name
         self.spec = spec
         states = [ReplicaState(r.api_base, resolve_secret(r.api_key), r.weight) for r in spec.replicas]
-        self.replicas = ReplicaSet(states, spec.strategy, spec.health.cooldown_s)
+        d = spec.dispatch
+        self.replicas = ReplicaSet(
+            states,
+            spec.rule,
+            spec.health.cooldown_s,
+            dispatch=Dispatch(
+                strategy=spec.rule,
+                balance=d.balance,
+                slack=d.slack,
+                block_tokens=d.block_tokens,
+                block_bytes=max(1, round(d.block_tokens * d.bytes_per_token)),
+                cache_blocks=max(1, d.cache_tokens // d.block_tokens),
+                batch_max_load=d.batch_max_load,
+                signals_ttl_s=d.stale_s or max(1.0, 3 * d.interval_s),
+            ),
+        )
+        self.poller = (
+            None
+            if d.engine == "none"
+            else EnginePoller(
+                name,
+                self.replicas,
+                self._fetch,
+                d.engine,
+                d.metrics_path or METRICS_PATH[d.engine],
+                d.interval_s,
+                d.timeout_s,
+            )
+        )
+        self.feed: IndexFeed | None = None
         a = spec.admission
         self.admission = (
             None
@@ -113,12 +145,32 @@ class RemoteBackend:
     async def _probe(self, replica: ReplicaState) -> bool:
         raise NotImplementedError
 
+    async def _fetch(self, replica: ReplicaState, path: str) -> tuple[int, str, bytes]:
+        """GET ``path`` under the replica's server root: (status, content type, body)."""
+        raise NotImplementedError
+
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         if self.spec.health.enabled:
             self._health_task = asyncio.create_task(self._health_loop(), name=f"health:{self.name}")
+        if self.poller is not None:
+            self.poller.start()
+
+    async def share(self, store: Feed | None) -> None:
+        """Share the prefix index with the other gateways through ``store`` (None: stop sharing)."""
+        if self.feed is not None and self.feed.store is store:
+            return
+        if self.feed is not None:
+            await self.feed.close()
+            self.feed = None
+        if store is not None and self.spec.dispatch.share and self.replicas.strategy == "prefix":
+            self.feed = IndexFeed(self.name, self.replicas, store)
+            await self.feed.start()
 
     async def close(self) -> None:
+        if self.poller is not None:
+            await self.poller.close()
+        await self.share(None)
         if self._health_task is not None:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -162,7 +214,7 @@ class RemoteBackend:
         tried: set[str] = set()
         last: UpstreamError | None = None
         for i in range(self.spec.retries.attempts):
-            replica = self._next(tried, self._affinity(call), slot)
+            replica = await self._next(tried, call, slot)
             watch = Stopwatch()
             try:
                 async with asyncio.timeout(t.total_s):  # unstreamed: headers come with the last token
@@ -192,7 +244,7 @@ class RemoteBackend:
         tried: set[str] = set()
         last: UpstreamError | None = None
         for i in range(self.spec.retries.attempts):
-            replica = self._next(tried, self._affinity(call), slot)
+            replica = await self._next(tried, call, slot)
             watch = Stopwatch()
             chunks: AsyncIterator[Body] | None = None
             try:
@@ -271,9 +323,23 @@ class RemoteBackend:
             )
             raise
 
-    def _next(self, tried: set[str], affinity: str | None = None, slot: Slot | None = None) -> ReplicaState:
-        """The first try goes to the admitted slot's replica; any other by the strategy."""
-        replica = slot.replica if slot is not None and not tried else self.replicas.pick(tried, affinity)
+    async def _next(self, tried: set[str], call: Call, slot: Slot | None = None) -> ReplicaState:
+        """The first try goes to the admitted slot's replica; any other by the strategy. A
+        background call (a batch line) waits until a replica has spare room: online goes first."""
+        if slot is not None and not tried:
+            replica: ReplicaState | None = slot.replica
+        else:
+            text = prompt_text(call.body) if self.replicas.strategy == "prefix" else ""
+            affinity = self._affinity(call)
+            replica = self.replicas.pick(tried, affinity, text=text, background=call.background)
+            waited = 0
+            while replica is None:  # only a background call: no replica has room for it now
+                if waited % 200 == 0:
+                    log.info("batch_line_waits", backend=self.name, request_id=call.request_id, waited_s=waited / 20)
+                await asyncio.sleep(0.05)
+                waited += 1
+                replica = self.replicas.pick(tried, affinity, text=text, background=True)
+        assert replica is not None
         tried.add(replica.api_base)
         replica.outstanding += 1
         return replica

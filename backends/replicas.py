@@ -1,17 +1,35 @@
-"""Replica choice and health: load balancing, passive ejection, active checks' bookkeeping.
+"""Replica choice and health: the dispatch rule over each replica's load and cache, passive
+ejection, active checks' bookkeeping.
 
-Pure state, no I/O: the remote backends drive it. ``clock`` is injectable for tests.
+State, no I/O: the remote backends (and the fleet simulator) drive it: they count requests in and
+out, and hand in what each engine said of its load (``backends/engine_poll.py``). The rule itself
+is :func:`policies.dispatch.choose`. ``clock`` is injectable for tests.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
-Strategy = Literal["round_robin", "least_outstanding"]
+from backends.engine_load import EngineLoad
+from policies.dispatch import BALANCE, SLACK, PrefixIndex, Seen, Strategy, block_hashes, choose, key_of, rank
+
+KV_FULL = 0.98  # an engine's KV-cache usage at which it takes no new request while another can
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """How a replica set chooses: the policy's ``dispatch`` section, resolved."""
+
+    strategy: Strategy = "round_robin"
+    balance: float = BALANCE
+    slack: float = SLACK
+    block_tokens: int = 16  # the engine's KV block, in tokens
+    block_bytes: int = 64  # the same block in prompt bytes: block_tokens times bytes per token
+    cache_blocks: int = 1 << 16  # blocks a replica's cache holds, until its engine says
+    batch_max_load: float = 4.0  # a replica takes background work only under this load (and no queue)
+    signals_ttl_s: float = 3.0  # an engine's figures older than this are unknown
 
 
 @dataclass
@@ -23,6 +41,9 @@ class ReplicaState:
     ejected_until: float = 0.0
     active_ok: bool = True  # the last active health check passed (or none ran yet)
     current_weight: int = field(default=0, repr=False)  # smooth weighted round-robin
+    engine: EngineLoad | None = None  # what the engine last said of its load
+    engine_at: float = float("-inf")  # when (the set's clock)
+    outstanding_at_poll: int = 0  # this gateway's requests on it when the engine said so
 
     def available(self, now: float) -> bool:
         return self.active_ok and now >= self.ejected_until
@@ -32,39 +53,115 @@ class ReplicaSet:
     def __init__(
         self,
         replicas: list[ReplicaState],
-        strategy: Strategy,
+        strategy: Strategy | str,
         cooldown_s: float,
         clock: Callable[[], float] = time.monotonic,
+        dispatch: Dispatch | None = None,
     ) -> None:
         if not replicas:
             raise ValueError("a replica set needs at least one replica")
+        if strategy == "least_outstanding":  # the name before the engines' own load was read
+            strategy = "least_load"
         self.replicas = replicas
-        self.strategy = strategy
+        self.dispatch = dispatch or Dispatch()
+        self.strategy: Strategy = strategy  # type: ignore[assignment]
         self.cooldown_s = cooldown_s
         self.clock = clock
+        self.index = PrefixIndex([self.dispatch.cache_blocks] * len(replicas))
+        self.position = {r.api_base: i for i, r in enumerate(replicas)}
+        self.shared: Callable[[int, tuple[int, ...]], None] | None = None  # told of every index addition
 
     def any_available(self) -> bool:
         now = self.clock()
         return any(r.available(now) for r in self.replicas)
 
-    def pick(self, tried: set[str], affinity: str | None = None) -> ReplicaState:
-        """The next replica to try; untried and available ones first, then untried, then any.
-        With an ``affinity`` key (a batch's prefix group), the same key goes to the same replica
-        while it is available (rendezvous hashing), so that replica's prefix cache stays warm."""
+    # -- what the engines said -------------------------------------------------------------
+    def observe(self, replica: ReplicaState, load: EngineLoad | None) -> None:
+        """The engine's answer to a poll (None: it gave none; its figures are unknown from now)."""
+        if load is None:
+            replica.engine, replica.engine_at = None, float("-inf")
+            return
+        replica.engine, replica.engine_at = load, self.clock()
+        replica.outstanding_at_poll = replica.outstanding
+        if load.blocks and load.block_size:  # the engine's cache, in the index's blocks
+            blocks = load.blocks * load.block_size // self.dispatch.block_tokens
+            self.index.resize(self.position[replica.api_base], blocks)
+
+    def known(self, replica: ReplicaState, now: float | None = None) -> bool:
+        """The engine's figures are fresh enough to count."""
+        now = self.clock() if now is None else now
+        return replica.engine is not None and now - replica.engine_at <= self.dispatch.signals_ttl_s
+
+    def load(self, replica: ReplicaState, now: float) -> float:
+        """Requests on ``replica`` per unit of weight: the engine's running and waiting at its last
+        answer, plus what this gateway sent since and minus what of its own ended since (never
+        under this gateway's own count); this gateway's own count where the engine says nothing."""
+        own: float = replica.outstanding
+        if self.known(replica, now):
+            assert replica.engine is not None
+            own = max(own, replica.engine.queue + own - replica.outstanding_at_poll)
+        return own / replica.weight
+
+    def seen(self, replica: ReplicaState, now: float, up: bool = True) -> Seen:
+        load = self.load(replica, now)
+        e = replica.engine if self.known(replica, now) else None
+        full = e is not None and e.kv_usage is not None and e.kv_usage >= KV_FULL
+        spare = load < self.dispatch.batch_max_load and (e is None or e.waiting == 0)
+        return Seen(up, load, full, spare)
+
+    # -- the choice ------------------------------------------------------------------------
+    def pick(
+        self, tried: set[str], affinity: str | None = None, *, text: str = "", background: bool = False
+    ) -> ReplicaState | None:
+        """The next replica to try: untried and available ones first, then untried, then any.
+
+        ``text``: the prompt (for the ``prefix`` rule's blocks); ``affinity``: the request's own
+        key (a session, a batch group): the rendezvous key its ties are broken by, and, under
+        ``round_robin``, the replica itself (the batch-only affinity of old). ``background`` (a
+        batch line): only an available replica with spare room; None when there is none now."""
         now = self.clock()
-        pools = (
-            [r for r in self.replicas if r.api_base not in tried and r.available(now)],
-            [r for r in self.replicas if r.api_base not in tried],
-            self.replicas,
-        )
-        candidates = next(p for p in pools if p)
-        if affinity is not None:
-            return max(
-                candidates, key=lambda r: hashlib.blake2b(f"{affinity}|{r.api_base}".encode(), digest_size=8).digest()
+        if background:
+            ok = [i for i, r in enumerate(self.replicas) if r.api_base not in tried and r.available(now)]
+            if not ok and not any(r.available(now) for r in self.replicas):
+                ok = [i for i, r in enumerate(self.replicas) if r.api_base not in tried]  # none known good
+        else:
+            pools = (
+                [i for i, r in enumerate(self.replicas) if r.api_base not in tried and r.available(now)],
+                [i for i, r in enumerate(self.replicas) if r.api_base not in tried],
+                list(range(len(self.replicas))),
             )
-        if self.strategy == "least_outstanding":
-            return min(candidates, key=lambda r: (r.outstanding / r.weight, r.ejected_until))
-        return self._smooth_weighted(candidates)
+            ok = next(p for p in pools if p)
+        if not ok:
+            return None
+        key = key_of(affinity) if affinity is not None else 0
+        if self.strategy == "round_robin":
+            if background and not any(self.seen(self.replicas[i], now).spare for i in ok):
+                return None
+            if affinity is not None:
+                return self.replicas[max(ok, key=lambda i: rank(key, i))]
+            return self._smooth_weighted([self.replicas[i] for i in ok])
+        d = self.dispatch
+        hashes = block_hashes(text, d.block_bytes) if self.strategy == "prefix" and text else ()
+        okset = set(ok)
+        seen = [self.seen(r, now, i in okset) for i, r in enumerate(self.replicas)]
+        got = choose(
+            seen,
+            strategy=self.strategy,
+            index=self.index,
+            hashes=hashes,
+            key=key,
+            balance=d.balance,
+            slack=d.slack,
+            background=background,
+        )
+        if got is None:
+            return None
+        i = got[0]
+        if hashes:
+            self.index.add(i, hashes)
+            if self.shared is not None:
+                self.shared(i, hashes)
+        return self.replicas[i]
 
     def _smooth_weighted(self, candidates: list[ReplicaState]) -> ReplicaState:
         # nginx's smooth weighted round-robin: even spread, weights respected.

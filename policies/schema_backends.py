@@ -87,9 +87,48 @@ class AdmissionSpec(Strict):
     min_shared_tokens: int = Field(16, ge=1, description="shared prompt pieces (approx_tokens) that count as a hit")
 
 
+class DispatchSpec(Strict):
+    """How a pool's replica is chosen for each request (``policies/dispatch.py``), and what the
+    gateway reads of each engine to choose it (``backends/engine_load.py``)."""
+
+    engine: Literal["vllm", "llamacpp", "sglang", "none"] = Field(
+        "none",
+        description="whose metrics endpoint to poll for each replica's queue and KV usage (vllm, llamacpp: "
+        "/metrics; sglang: /get_load); none: the gateway counts its own requests only",
+    )
+    metrics_path: str | None = Field(None, description="the endpoint's path under the server root, if not the engine's")
+    interval_s: float = Field(0.25, gt=0, le=60, description="how often each replica's metrics are read")
+    timeout_s: float = Field(0.5, gt=0, le=10, description="a metrics read slower than this counts as no answer")
+    stale_s: float | None = Field(
+        None, gt=0, description="figures older than this are unknown (default: 3 intervals, at least 1 s)"
+    )
+    block_tokens: int = Field(16, ge=1, le=4096, description="the engine's KV block size in tokens (vLLM GPU: 16)")
+    bytes_per_token: float = Field(
+        4.0, gt=0, le=64, description="prompt bytes per token, for blocks without a tokenizer"
+    )
+    cache_tokens: int = Field(
+        1 << 20, ge=1, description="tokens a replica's prefix cache holds, until its engine says (vLLM does)"
+    )
+    balance: float = Field(1.5, ge=1.0, le=100, description="a replica's load may reach this times the mean")
+    slack: float = Field(2.0, ge=0, le=1e6, description="requests above the least loaded replica always allowed")
+    batch_max_load: float = Field(
+        4.0, gt=0, description="a Batch API line goes only to a replica under this load with no request waiting"
+    )
+    share: bool = Field(
+        True, description="gateways that share a Redis state store share what each sent where (the prefix index)"
+    )
+
+
 class _Remote(Strict):
     replicas: list[Replica] = Field(min_length=1)
-    strategy: Literal["round_robin", "least_outstanding"] = "round_robin"
+    strategy: Literal["round_robin", "least_outstanding", "least_load", "prefix"] | None = Field(
+        None,
+        description="round_robin; least_load (least_outstanding, its old name); prefix: the replica whose cache "
+        "holds most of the prompt, within a bound on load. Default: prefix where the engines cache prefixes, "
+        "else least_load",
+    )
+    prefix_caching: bool = Field(True, description="the engines cache prompt prefixes (vLLM, SGLang, llama.cpp)")
+    dispatch: DispatchSpec = DispatchSpec()
     timeouts: Timeouts = Timeouts()
     retries: Retries = Retries()
     health: HealthCheck = HealthCheck()
@@ -111,9 +150,29 @@ class _Remote(Strict):
 
     @model_validator(mode="after")
     def _one_prefix_rule(self) -> _Remote:
-        if self.admission is not None and self.prefix_affinity_chars:
-            raise ValueError("admission and prefix_affinity_chars both choose replicas by prefix: set one")
+        by_prefix = [
+            name
+            for name, on in (
+                ("admission", self.admission is not None),
+                ("prefix_affinity_chars", bool(self.prefix_affinity_chars)),
+                ("strategy: prefix", self.strategy == "prefix"),
+            )
+            if on
+        ]
+        if len(by_prefix) > 1:
+            raise ValueError(f"{' and '.join(by_prefix)} all choose replicas by prefix: set one")
+        if self.strategy == "prefix" and not self.prefix_caching:
+            raise ValueError("strategy: prefix needs engines that cache prefixes (prefix_caching is false)")
         return self
+
+    @property
+    def rule(self) -> str:
+        """The strategy in force: the one named, else the default for the pool."""
+        if self.strategy is not None:
+            return "least_load" if self.strategy == "least_outstanding" else self.strategy
+        if self.admission is not None or self.prefix_affinity_chars:
+            return "round_robin"  # the older prefix rules choose; the strategy only spreads retries
+        return "prefix" if self.prefix_caching else "least_load"
 
 
 class OpenAIBackendSpec(_Remote):
@@ -126,6 +185,12 @@ class LiteLLMBackendSpec(_Remote):
     """Any provider litellm knows; the model's ``upstream`` is litellm's model string."""
 
     type: Literal["litellm"]
+
+    @model_validator(mode="after")
+    def _no_engine(self) -> LiteLLMBackendSpec:
+        if self.dispatch.engine != "none":
+            raise ValueError("dispatch.engine reads an engine's metrics: a litellm provider has none to read")
+        return self
 
 
 class GGUFSource(Strict):

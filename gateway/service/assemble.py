@@ -136,6 +136,8 @@ async def build(
         encoding, quality, probe_heads = await _encoding(policy, previous, base_dir)
         opened.encoding = encoding
         backends = await _backends(policy, previous, opened.started, engines)
+        if engines:
+            await _share(policy, backends, store)
         fits = await _fits(policy, backends, source) if engines else {}
     except BaseException:
         await opened.close()
@@ -242,6 +244,16 @@ async def _backends(
         started.append(backend)
         backends[name] = backend
     return backends
+
+
+async def _share(policy: Policy, backends: dict[str, Backend], store: Store) -> None:
+    """Remote pools share their prefix index through the fleet's store (``backends/index_feed.py``)
+    where the state is shared (Redis); else each gateway keeps its own."""
+    shared = store if policy.state.store == "redis" else None
+    for backend in backends.values():
+        share = getattr(backend, "share", None)
+        if share is not None:
+            await share(shared)
 
 
 def layered(policy: Policy) -> Serve:

@@ -46,7 +46,7 @@ async def dispatch(rt: Runtime, job: Job, ctx: Context, chain: Sequence[str], ro
             log.info("model_skipped", request_id=ctx.request_id, model=name, reason=why, next=_after(chain, name))
             continue
         upstream_body, switch = _link(rt, job, name, spec, route)
-        call = Call(job.kind, upstream_body, ctx.request_id, ctx.attempts, ctx.affinity)
+        call = Call(job.kind, upstream_body, ctx.request_id, ctx.attempts, ctx.affinity, ctx.surface == "batch")
         try:
             if call.stream:
                 stream = await tracing.upstream(backend.open_stream, call, backend.name, name, chain)
