@@ -223,3 +223,30 @@ def test_cascade_problems_are_reported_with_positions() -> None:
     ]:
         assert any(e in p for p in found), (e, found)
     assert all(p.startswith("p.yaml:") for p in found)
+
+
+def test_dispatch_rules_that_cannot_hold_are_refused_with_their_place() -> None:
+    text = """version: 1
+backends:
+  a:
+    type: openai
+    replicas: [{api_base: "http://a/v1"}]
+    strategy: prefix
+    prefix_caching: false
+  b:
+    type: openai
+    replicas: [{api_base: "http://b/v1"}]
+    strategy: cache_magic
+    dispatch: {engine: tgi}
+  c:
+    type: litellm
+    replicas: [{api_base: "http://c/v1"}]
+    dispatch: {engine: vllm}
+models:
+  m: {backend: a}
+"""
+    joined = "\n".join(problems(text))
+    assert "p.yaml:3:3: backends.a.openai: Value error, strategy: prefix needs engines that cache prefixes" in joined
+    assert "p.yaml:11:5: backends.b.openai.strategy: Input should be 'round_robin', 'least_outstanding'" in joined
+    assert "p.yaml:12:16: backends.b.openai.dispatch.engine: Input should be 'vllm'" in joined
+    assert "p.yaml:13:3: backends.c.litellm: Value error, dispatch.engine reads an engine's metrics" in joined
