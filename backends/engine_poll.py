@@ -44,6 +44,7 @@ class EnginePoller:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.failed: dict[str, int] = {r.api_base: 0 for r in replicas.replicas}  # reads that gave nothing
+        self.marked_down: dict[str, bool] = {}  # replicas this poller took down (refused): it brings them back
         self._why: dict[str, str | None] = {r.api_base: None for r in replicas.replicas}  # None: known
         self._task: asyncio.Task[None] | None = None
 
@@ -81,10 +82,17 @@ class EnginePoller:
             why = f"no answer within {self.timeout_s:g} s"
         except Malformed as exc:
             why = f"malformed: {exc}"[:200]
-        except (OSError, ConnectionError, ValueError) as exc:  # refused, reset, a broken answer
+        except ConnectionError as exc:
+            why = f"{type(exc).__name__}: {exc}"[:200]
+            if getattr(exc, "refused", False) or isinstance(exc, ConnectionRefusedError):
+                self._down(replica)  # nothing listens: the engine is down, skipped from now on
+        except (OSError, ValueError) as exc:  # a broken answer
             why = f"{type(exc).__name__}: {exc}"[:200]
         if why is not None:
             self.failed[replica.api_base] += 1
+        elif not replica.active_ok and self.marked_down.pop(replica.api_base, False):
+            replica.active_ok = True  # it answers again (the health check would say so too)
+            log.info("replica_health", backend=self.backend, replica=replica.api_base, healthy=True)
         self.replicas.observe(replica, load)
         if why != self._why[replica.api_base] and (why is None or self._why[replica.api_base] is None):
             if why is None:
@@ -99,6 +107,13 @@ class EnginePoller:
                     fallback="the gateway's own count of requests",
                 )
         self._why[replica.api_base] = why
+
+    def _down(self, replica: ReplicaState) -> None:
+        """Taken out at once, not at the next health check; brought back by the first good read."""
+        self.marked_down[replica.api_base] = True
+        if replica.active_ok:
+            log.warning("replica_health", backend=self.backend, replica=replica.api_base, healthy=False)
+        replica.active_ok = False
 
     def known(self, replica: ReplicaState) -> bool:
         return self._why.get(replica.api_base) is None and self.replicas.known(replica)

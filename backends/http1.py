@@ -31,6 +31,12 @@ _HIGH_WATER = 1 << 20
 class Broken(ConnectionError):
     """The connection failed, broke or carried something that is not an HTTP/1.1 answer."""
 
+    refused = False  # nothing listens at the address (the connection was refused)
+
+
+class Refused(Broken):
+    refused = True
+
 
 @dataclass(frozen=True, slots=True)
 class Origin:
@@ -309,7 +315,9 @@ class Pool:
                 )
         except TimeoutError:
             raise Broken(f"connecting to {origin.authority} took more than {self.connect_s} s") from None
-        except OSError as exc:  # refused, unreachable, name not found, TLS refused
+        except ConnectionRefusedError as exc:
+            raise Refused(f"cannot connect to {origin.authority}: {exc}") from None
+        except OSError as exc:  # unreachable, name not found, TLS refused
             raise Broken(f"cannot connect to {origin.authority}: {exc}") from None
         conn.origin = origin
         return conn, False

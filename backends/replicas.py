@@ -70,6 +70,7 @@ class ReplicaSet:
         self.index = PrefixIndex([self.dispatch.cache_blocks] * len(replicas))
         self.position = {r.api_base: i for i, r in enumerate(replicas)}
         self.shared: Callable[[int, tuple[int, ...]], None] | None = None  # told of every index addition
+        self._ticket = 0  # the key of a request with neither a key nor blocks: ties then go round
 
     def any_available(self) -> bool:
         now = self.clock()
@@ -142,6 +143,9 @@ class ReplicaSet:
             return self._smooth_weighted([self.replicas[i] for i in ok])
         d = self.dispatch
         hashes = block_hashes(text, d.block_bytes) if self.strategy == "prefix" and text else ()
+        if not key and not hashes:
+            self._ticket += 1
+            key = self._ticket
         okset = set(ok)
         seen = [self.seen(r, now, i in okset) for i, r in enumerate(self.replicas)]
         got = choose(

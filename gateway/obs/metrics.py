@@ -132,6 +132,7 @@ class Metrics:
         else:
             self._samplers.append(_AdmissionSampler(backends, self.registry).sample)
             self._samplers.append(_EngineSampler(backends, self.registry).sample)
+        self._samplers.append(_ReplicaSampler(backends, self.registry).sample)
 
     def watch_budget(self, budget: Callable[[], Any]) -> None:
         """Gauges of the current policy's escalation budget, if it has one (read at scrape time;
@@ -262,6 +263,45 @@ class _EngineSampler:
                 self.restarts.labels(name).inc(host.restarts - counted)
                 self.seen[id(host)] = host.restarts
             self.up.labels(name).set(1.0 if backend.healthy() else 0.0)
+
+
+class _ReplicaSampler:
+    """Each pool replica as the dispatch rule sees it (``backends/replicas.py``): its load, whether
+    its engine's own figures are known, and the reads of them that failed. Per worker (each reads
+    the engines itself)."""
+
+    def __init__(self, backends: Callable[[], Iterable[tuple[str, Any]]], registry: CollectorRegistry) -> None:
+        self.backends = backends
+        labels = ["backend", "replica"]
+        self.load = Gauge(
+            "triage_replica_load", "Requests on a replica as dispatch counts them", labels,
+            registry=registry, multiprocess_mode="liveall",
+        )  # fmt: skip
+        self.known = Gauge(
+            "triage_replica_signals_known", "1 while the engine's own load figures are fresh, 0 while unknown",
+            labels, registry=registry, multiprocess_mode="liveall",
+        )  # fmt: skip
+        self.failed = Counter(
+            "triage_engine_signals_failed", "Reads of an engine's metrics that gave no load (slow, absent, malformed)",
+            labels, registry=registry,
+        )  # fmt: skip
+        self.counted: dict[tuple[int, str], int] = {}
+
+    def sample(self) -> None:
+        for name, backend in self.backends():
+            rs = getattr(backend, "replicas", None)
+            if rs is None or not hasattr(rs, "load"):
+                continue
+            now = rs.clock()
+            poller = getattr(backend, "poller", None)
+            for r in rs.replicas:
+                self.load.labels(name, r.api_base).set(rs.load(r, now))
+                self.known.labels(name, r.api_base).set(1.0 if rs.known(r, now) else 0.0)
+                if poller is not None:
+                    failed, seen = poller.failed.get(r.api_base, 0), self.counted.get((id(poller), r.api_base), 0)
+                    if failed > seen:
+                        self.failed.labels(name, r.api_base).inc(failed - seen)
+                        self.counted[(id(poller), r.api_base)] = failed
 
 
 class _BudgetSampler:

@@ -178,3 +178,27 @@ async def _two_gateways() -> None:
     finally:
         for f in feeds:
             await f.close()
+
+
+def test_a_refused_connection_takes_the_replica_out_at_once_and_a_good_read_brings_it_back() -> None:
+    from backends.http1 import Refused
+
+    rs, _ = _set(2)
+    dead = {"http://r1/v1"}
+
+    async def fetch(replica: ReplicaState, path: str) -> tuple[int, str, bytes]:
+        if replica.api_base in dead:
+            raise Refused("cannot connect")
+        return 200, "text/plain", VLLM
+
+    poller = EnginePoller("pool", rs, fetch, "vllm", "/metrics", 0.05, 0.5)
+    asyncio.run(poller.poll())
+    assert [rs.pick(set()) for _ in range(4)] == [rs.replicas[0]] * 4  # skipped before any request fails there
+    dead.clear()
+    asyncio.run(poller.poll())
+    assert rs.replicas[1].active_ok
+
+
+def test_least_load_ties_without_a_key_go_round() -> None:
+    rs, _ = _set(3)
+    assert {rs.pick(set()).api_base for _ in range(30)} == {r.api_base for r in rs.replicas}  # type: ignore[union-attr]
