@@ -474,5 +474,20 @@ def affinity(
     )
 
 
+@app.command("fleet-sim")
+def fleet_sim(
+    quick: Annotated[bool, typer.Option(help="8 replicas, fewer requests and loads (about a minute).")] = False,
+    sweep: Annotated[bool, typer.Option(help="Also sweep the prefix rule's balance and slack.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of the workloads' draws.")] = 0,
+    workers: Annotated[int, typer.Option(min=1, help="Processes running the simulations.")] = 2,
+    out: Annotated[Path, typer.Option(help="JSON report (the plot beside it, .png).")] = Path("out/fleet-sim.json"),
+) -> None:
+    """Dispatch rules on a simulated GPU fleet: the gateway's replica set against SGLang- and
+    llm-d-style rules, four workloads, TTFT and prefix-cache hit rates."""
+    from benchmarks.fleet_report import run
+
+    run(quick=quick, sweep=sweep, seed=seed, workers=workers, out=out)
+
+
 if __name__ == "__main__":
     app()
