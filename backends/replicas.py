@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from backends.engine_load import EngineLoad
-from policies.dispatch import BALANCE, SLACK, PrefixIndex, Seen, Strategy, block_hashes, choose, key_of, rank
+from policies.dispatch import BALANCE, SLACK, PrefixIndex, Strategy, View, block_hashes, choose, key_of, rank
 
 KV_FULL = 0.98  # an engine's KV-cache usage at which it takes no new request while another can
 
@@ -103,14 +103,30 @@ class ReplicaSet:
             own = max(own, replica.engine.queue + own - replica.outstanding_at_poll)
         return own / replica.weight
 
-    def seen(self, replica: ReplicaState, now: float, up: bool = True) -> Seen:
-        load = self.load(replica, now)
-        e = replica.engine if self.known(replica, now) else None
-        full = e is not None and e.kv_usage is not None and e.kv_usage >= KV_FULL
-        spare = load < self.dispatch.batch_max_load and (e is None or e.waiting == 0)
-        return Seen(up, load, full, spare)
-
     # -- the choice ------------------------------------------------------------------------
+    def view(self, now: float, ok: list[bool]) -> View:
+        """The pool as the rule sees it, in one pass (the hot path): each replica's :meth:`load`,
+        whether its KV cache is full, and whether it has spare room for background work (under
+        ``batch_max_load``, and no request waiting in its engine where the engine says)."""
+        ttl, cap, kv_full = self.dispatch.signals_ttl_s, self.dispatch.batch_max_load, KV_FULL
+        load: list[float] = []
+        full: list[bool] = []
+        spare: list[bool] = []
+        for r in self.replicas:
+            own: float = r.outstanding
+            e = r.engine
+            if e is not None and now - r.engine_at <= ttl:
+                q = e.running + e.waiting + own - r.outstanding_at_poll
+                x = (q if q > own else own) / r.weight
+                full.append(e.kv_usage is not None and e.kv_usage >= kv_full)
+                spare.append(x < cap and e.waiting == 0)
+            else:
+                x = own / r.weight
+                full.append(False)
+                spare.append(x < cap)
+            load.append(x)
+        return View(load, ok, full, spare)
+
     def pick(
         self, tried: set[str], affinity: str | None = None, *, text: str = "", background: bool = False
     ) -> ReplicaState | None:
@@ -121,35 +137,28 @@ class ReplicaSet:
         ``round_robin``, the replica itself (the batch-only affinity of old). ``background`` (a
         batch line): only an available replica with spare room; None when there is none now."""
         now = self.clock()
-        if background:
-            ok = [i for i, r in enumerate(self.replicas) if r.api_base not in tried and r.available(now)]
-            if not ok and not any(r.available(now) for r in self.replicas):
-                ok = [i for i, r in enumerate(self.replicas) if r.api_base not in tried]  # none known good
-        else:
-            pools = (
-                [i for i, r in enumerate(self.replicas) if r.api_base not in tried and r.available(now)],
-                [i for i, r in enumerate(self.replicas) if r.api_base not in tried],
-                list(range(len(self.replicas))),
-            )
-            ok = next(p for p in pools if p)
-        if not ok:
-            return None
+        reps = self.replicas
+        avail = [r.available(now) for r in reps]
+        ok = [a and r.api_base not in tried for a, r in zip(avail, reps, strict=True)] if tried else avail
+        if not any(ok):
+            ok = [r.api_base not in tried for r in reps]  # none known good: untried, then any
+            if not any(ok):
+                ok = [True] * len(reps)
         key = key_of(affinity) if affinity is not None else 0
         if self.strategy == "round_robin":
-            if background and not any(self.seen(self.replicas[i], now).spare for i in ok):
+            cand = [i for i, x in enumerate(ok) if x]
+            if background and not any(self.view(now, ok).spare[i] for i in cand):
                 return None
             if affinity is not None:
-                return self.replicas[max(ok, key=lambda i: rank(key, i))]
-            return self._smooth_weighted([self.replicas[i] for i in ok])
+                return reps[max(cand, key=lambda i: rank(key, i))]
+            return self._smooth_weighted([reps[i] for i in cand])
         d = self.dispatch
         hashes = block_hashes(text, d.block_bytes) if self.strategy == "prefix" and text else ()
         if not key and not hashes:
             self._ticket += 1
             key = self._ticket
-        okset = set(ok)
-        seen = [self.seen(r, now, i in okset) for i, r in enumerate(self.replicas)]
         got = choose(
-            seen,
+            self.view(now, ok),
             strategy=self.strategy,
             index=self.index,
             hashes=hashes,
@@ -165,7 +174,7 @@ class ReplicaSet:
             self.index.add(i, hashes)
             if self.shared is not None:
                 self.shared(i, hashes)
-        return self.replicas[i]
+        return reps[i]
 
     def _smooth_weighted(self, candidates: list[ReplicaState]) -> ReplicaState:
         # nginx's smooth weighted round-robin: even spread, weights respected.

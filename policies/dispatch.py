@@ -165,21 +165,44 @@ def key_of(text: str) -> int:
     return (zlib.crc32(data) << 32) | zlib.adler32(data)
 
 
-def eligible(replicas: Sequence[Seen], *, balance: float, slack: float, background: bool = False) -> list[int]:
+@dataclass(slots=True)
+class View:
+    """The pool as the rule sees it, a column per figure (position: the replica): what
+    :func:`choose` reads. :meth:`of` makes one from :class:`Seen` rows."""
+
+    load: list[float]
+    up: list[bool]
+    full: list[bool]
+    spare: list[bool]
+
+    @classmethod
+    def of(cls, replicas: Sequence[Seen]) -> View:
+        return cls(
+            [r.load for r in replicas],
+            [r.up for r in replicas],
+            [r.full for r in replicas],
+            [r.spare for r in replicas],
+        )
+
+
+def eligible(view: View | Sequence[Seen], *, balance: float, slack: float, background: bool = False) -> list[int]:
     """Step 1 of the rule: the replicas within the load bound (see the module's docstring)."""
-    up = [i for i, r in enumerate(replicas) if r.up]
+    v = view if isinstance(view, View) else View.of(view)
+    load = v.load
+    up = [i for i, ok in enumerate(v.up) if ok]
     if background:
-        up = [i for i in up if replicas[i].spare]
+        up = [i for i in up if v.spare[i]]
     if not up:
         return []
-    roomy = [i for i in up if not replicas[i].full] or up
-    least = min(replicas[i].load for i in roomy)
-    bound = max(least + slack, balance * (sum(replicas[i].load for i in up) + 1) / len(up) - 1)
-    return [i for i in roomy if replicas[i].load <= bound]
+    full = v.full
+    roomy = [i for i in up if not full[i]] or up
+    least = min([load[i] for i in roomy])
+    bound = max(least + slack, balance * (sum([load[i] for i in up]) + 1) / len(up) - 1)
+    return [i for i in roomy if load[i] <= bound]
 
 
 def choose(
-    replicas: Sequence[Seen],
+    view: View | Sequence[Seen],
     *,
     strategy: Strategy = "prefix",
     index: PrefixIndex | None = None,
@@ -193,18 +216,23 @@ def choose(
     up; for a ``background`` call, none has spare room). ``key``: the request's rendezvous key
     (default: its first block's hash). ``strategy`` ``round_robin`` is stateful and lives with the
     replica set; here it is treated as ``least_load``."""
-    pool = eligible(replicas, balance=balance, slack=slack, background=background)
+    v = view if isinstance(view, View) else View.of(view)
+    pool = eligible(v, balance=balance, slack=slack, background=background)
     if not pool:
         return None
     depth = 0
     if strategy == "prefix" and index is not None and hashes:
-        depth, mask = index.match(hashes, sum(1 << i for i in pool))
+        among = 0
+        for i in pool:
+            among |= 1 << i
+        depth, mask = index.match(hashes, among)
         if depth:
             pool = [i for i in pool if mask >> i & 1]
     if not key and hashes:
         key = hashes[0]
-    least = min(replicas[i].load for i in pool)
-    ties = [i for i in pool if replicas[i].load == least]
+    load = v.load
+    least = min([load[i] for i in pool])
+    ties = [i for i in pool if load[i] == least]
     if len(ties) == 1:
         return ties[0], depth
     return max(ties, key=lambda i: rank(key, i)), depth
