@@ -489,5 +489,48 @@ def fleet_sim(
     run(quick=quick, sweep=sweep, seed=seed, workers=workers, out=out)
 
 
+@app.command("fleet-real")
+def fleet_real(
+    quick: Annotated[
+        bool, typer.Option(help="24 requests per workload and mode (about 8 minutes on two cores).")
+    ] = False,
+    requests: Annotated[int, typer.Option(help="Requests per workload and mode.")] = 96,
+    concurrency: Annotated[int, typer.Option(help="Requests in flight, over both gateways.")] = 8,
+    max_tokens: Annotated[int, typer.Option(help="Tokens each answer may have (small: prefill dominates).")] = 8,
+    templates: Annotated[int, typer.Option(help="BBH few-shot templates of the fewshot workload.")] = 6,
+    seed: Annotated[int, typer.Option(help="Seed of the workloads' draws and orders.")] = 0,
+    workload: Annotated[
+        list[str] | None, typer.Option(help="Workloads (repeat; default all): fewshot, system, distinct.")
+    ] = None,
+    mode: Annotated[
+        list[str] | None,
+        typer.Option(help="Modes (repeat; default all): round_robin, least_load, admission, prefix."),
+    ] = None,
+    cache_tokens: Annotated[int, typer.Option(help="Each vLLM engine's KV cache in tokens.")] = 4096,
+    block_tokens: Annotated[int, typer.Option(help="vLLM's KV block (and dispatch.block_tokens).")] = 128,
+    admission: Annotated[
+        str, typer.Option(help="The admission mode's settings, a YAML flow mapping.")
+    ] = "slots: 8, cached_prompts: 16, max_skips: 8, window_ms: 50",
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/fleet-real.json"),
+) -> None:
+    """The dispatch rule on two real vLLM engines behind two gateways sharing Redis: round robin vs
+    least load vs the admission window vs prefix, three workloads, in one run."""
+    from benchmarks.fleet_real import MODES, WORKLOADS, run
+
+    run(
+        requests=24 if quick else requests,
+        concurrency=concurrency,
+        max_tokens=max_tokens,
+        templates=templates,
+        seed=seed,
+        workloads=tuple(w for w in WORKLOADS if w in set(workload or WORKLOADS)),
+        modes=tuple(m for m in MODES if m in set(mode or MODES) | {"round_robin"}),
+        cache_tokens=cache_tokens,
+        block_tokens=block_tokens,
+        admission=admission,
+        out=out,
+    )
+
+
 if __name__ == "__main__":
     app()
