@@ -20,7 +20,7 @@ from backends.engine_load import METRICS_PATH
 from backends.engine_poll import EnginePoller
 from backends.index_feed import Feed, IndexFeed
 from backends.prefix import prompt_text
-from backends.replicas import Dispatch, ReplicaSet, ReplicaState
+from backends.replicas import Dispatch, Placement, ReplicaSet, ReplicaState
 from policies.errors import UpstreamError, UpstreamRejected, UpstreamTimeout
 from policies.secrets import resolve_secret
 
@@ -100,8 +100,8 @@ class RemoteBackend:
                 balance=d.balance,
                 slack=d.slack,
                 block_tokens=d.block_tokens,
-                block_bytes=max(1, round(d.block_tokens * d.bytes_per_token)),
-                cache_blocks=max(1, d.cache_tokens // d.block_tokens),
+                bytes_per_token=d.bytes_per_token,
+                cache_tokens=d.cache_tokens,
                 batch_max_load=d.batch_max_load,
                 signals_ttl_s=d.stale_s or max(1.0, 3 * d.interval_s),
             ),
@@ -214,7 +214,8 @@ class RemoteBackend:
         tried: set[str] = set()
         last: UpstreamError | None = None
         for i in range(self.spec.retries.attempts):
-            replica = await self._next(tried, call, slot)
+            placed = await self._next(tried, call, slot)
+            replica = placed.replica
             watch = Stopwatch()
             try:
                 async with asyncio.timeout(t.total_s):  # unstreamed: headers come with the last token
@@ -225,7 +226,9 @@ class RemoteBackend:
                 continue
             finally:
                 replica.outstanding -= 1
+                self.replicas.started(placed)
             self._record(call, replica, "ok", watch)
+            self._answered(call, replica, _answer(body, "message"))
             return Completion(body, replica.api_base)
         assert last is not None
         raise last
@@ -244,7 +247,8 @@ class RemoteBackend:
         tried: set[str] = set()
         last: UpstreamError | None = None
         for i in range(self.spec.retries.attempts):
-            replica = await self._next(tried, call, slot)
+            placed = await self._next(tried, call, slot)
+            replica = placed.replica
             watch = Stopwatch()
             chunks: AsyncIterator[Body] | None = None
             try:
@@ -253,6 +257,7 @@ class RemoteBackend:
                     first = await anext(chunks)
             except BaseException as exc:  # cleanup for all; only the listed kinds are retried
                 replica.outstanding -= 1
+                self.replicas.started(placed)
                 if chunks is not None:
                     await _aclose(chunks)
                 if not isinstance(exc, TimeoutError | UpstreamError | UpstreamRejected | StopAsyncIteration):
@@ -264,9 +269,11 @@ class RemoteBackend:
                 last = self._failed(call, replica, watch, exc)
                 await self._backoff(i)
                 continue
+            self.replicas.started(placed)
             self._record(call, replica, "ok", watch)
             cleanup = _once(replica, chunks, slot)
-            return ChunkStream(first, self._rest(call, replica, chunks, watch, cleanup), replica.api_base, cleanup)
+            rest = self._rest(call, replica, chunks, watch, cleanup, _answer(first, "delta"))
+            return ChunkStream(first, rest, replica.api_base, cleanup)
         assert last is not None
         raise last
 
@@ -277,8 +284,11 @@ class RemoteBackend:
         chunks: AsyncIterator[Body],
         watch: Stopwatch,
         cleanup: Callable[[], Awaitable[None]],
+        said: str = "",
     ) -> AsyncIterator[Body]:
         t = self.spec.timeouts
+        keep = self.replicas.strategy == "prefix"  # the answer's text, for the prefix index
+        parts = [said] if keep else []
         try:
             while True:
                 budget = min(t.idle_s, t.total_s - watch.elapsed())
@@ -286,6 +296,8 @@ class RemoteBackend:
                     async with asyncio.timeout(max(budget, 0.0)):
                         chunk = await anext(chunks)
                 except StopAsyncIteration:
+                    if keep:
+                        self._answered(call, replica, "".join(parts))
                     return
                 except TimeoutError:
                     self._record(call, replica, "stream_timeout", watch)
@@ -295,6 +307,8 @@ class RemoteBackend:
                     self._record(call, replica, "stream_error", watch)
                     self.replicas.eject(replica)
                     raise
+                if keep:
+                    parts.append(_answer(chunk, "delta"))
                 yield chunk
         finally:
             await cleanup()
@@ -323,26 +337,31 @@ class RemoteBackend:
             )
             raise
 
-    async def _next(self, tried: set[str], call: Call, slot: Slot | None = None) -> ReplicaState:
+    async def _next(self, tried: set[str], call: Call, slot: Slot | None = None) -> Placement:
         """The first try goes to the admitted slot's replica; any other by the strategy. A
         background call (a batch line) waits until a replica has spare room: online goes first."""
         if slot is not None and not tried:
-            replica: ReplicaState | None = slot.replica
+            placed: Placement | None = Placement(slot.replica)
         else:
             text = prompt_text(call.body) if self.replicas.strategy == "prefix" else ""
             affinity = self._affinity(call)
-            replica = self.replicas.pick(tried, affinity, text=text, background=call.background)
+            placed = self.replicas.place(tried, affinity, text=text, background=call.background)
             waited = 0
-            while replica is None:  # only a background call: no replica has room for it now
+            while placed is None:  # only a background call: no replica has room for it now
                 if waited % 200 == 0:
                     log.info("batch_line_waits", backend=self.name, request_id=call.request_id, waited_s=waited / 20)
                 await asyncio.sleep(0.05)
                 waited += 1
-                replica = self.replicas.pick(tried, affinity, text=text, background=True)
-        assert replica is not None
-        tried.add(replica.api_base)
-        replica.outstanding += 1
-        return replica
+                placed = self.replicas.place(tried, affinity, text=text, background=True)
+        assert placed is not None
+        tried.add(placed.replica.api_base)
+        placed.replica.outstanding += 1
+        return placed
+
+    def _answered(self, call: Call, replica: ReplicaState, answer: str) -> None:
+        """The engine now caches the prompt and its answer: a conversation's next turn starts so."""
+        if answer and self.replicas.strategy == "prefix":
+            self.replicas.extend(replica, prompt_text(call.body) + "\n" + answer)
 
     def _failed(self, call: Call, replica: ReplicaState, watch: Stopwatch, exc: BaseException) -> UpstreamError:
         """Record a failed try; re-raise what must not be retried, return what may be."""
@@ -401,6 +420,17 @@ def _once(replica: ReplicaState, chunks: AsyncIterator[Body], slot: Slot | None)
             await _aclose(chunks)
 
     return cleanup
+
+
+def _answer(body: Body, part: str) -> str:
+    """The text of an answer's (``message``) or a chunk's (``delta``) first choice; "" if none."""
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return ""
+    c = choices[0]
+    inner = c.get(part)
+    text = inner.get("content") if isinstance(inner, dict) else c.get("text")
+    return text if isinstance(text, str) else ""
 
 
 async def _aclose(it: AsyncIterator[Body]) -> None:

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from backends.engine_load import EngineLoad
-from policies.dispatch import BALANCE, SLACK, PrefixIndex, Strategy, View, block_hashes, choose, key_of, rank
+from policies.dispatch import BALANCE, SLACK, PrefixIndex, Strategy, View, choose, covered, index_hashes, key_of, rank
 
+MIN_BLOCK_BYTES = 256  # the index's smallest block (64 tokens at 4 bytes a token)
 KV_FULL = 0.98  # an engine's KV-cache usage at which it takes no new request while another can
 
 
@@ -26,10 +27,34 @@ class Dispatch:
     balance: float = BALANCE
     slack: float = SLACK
     block_tokens: int = 16  # the engine's KV block, in tokens
-    block_bytes: int = 64  # the same block in prompt bytes: block_tokens times bytes per token
-    cache_blocks: int = 1 << 16  # blocks a replica's cache holds, until its engine says
+    bytes_per_token: float = 4.0  # prompt bytes a token, for blocks without a tokenizer
+    cache_tokens: int = 1 << 20  # tokens a replica's cache holds, until its engine says
     batch_max_load: float = 4.0  # a replica takes background work only under this load (and no queue)
     signals_ttl_s: float = 3.0  # an engine's figures older than this are unknown
+
+    @property
+    def block_bytes(self) -> int:
+        """The index's block in prompt bytes: the engine's block, or MIN_BLOCK_BYTES where that is
+        smaller (a long prompt then costs fewer hashes; placement needs no finer grain)."""
+        return max(MIN_BLOCK_BYTES, round(self.block_tokens * self.bytes_per_token))
+
+    @property
+    def span(self) -> float:
+        """Tokens in one of the index's blocks."""
+        return self.block_bytes / self.bytes_per_token
+
+    @property
+    def cache_blocks(self) -> int:
+        return max(1, int(self.cache_tokens // self.span))
+
+
+@dataclass(eq=False)
+class Placement:
+    """One request's replica, and the prefill it was counted for there until its first token."""
+
+    replica: ReplicaState
+    prefill: float = 0.0
+    started: bool = False
 
 
 @dataclass
@@ -44,6 +69,7 @@ class ReplicaState:
     engine: EngineLoad | None = None  # what the engine last said of its load
     engine_at: float = float("-inf")  # when (the set's clock)
     outstanding_at_poll: int = 0  # this gateway's requests on it when the engine said so
+    prefill: float = 0.0  # uncached prompt tokens this gateway sent there whose first token has not come
 
     def available(self, now: float) -> bool:
         return self.active_ok and now >= self.ejected_until
@@ -85,7 +111,7 @@ class ReplicaSet:
         replica.engine, replica.engine_at = load, self.clock()
         replica.outstanding_at_poll = replica.outstanding
         if load.blocks and load.block_size:  # the engine's cache, in the index's blocks
-            blocks = load.blocks * load.block_size // self.dispatch.block_tokens
+            blocks = int(load.blocks * load.block_size // self.dispatch.span)
             self.index.resize(self.position[replica.api_base], blocks)
 
     def known(self, replica: ReplicaState, now: float | None = None) -> bool:
@@ -104,32 +130,51 @@ class ReplicaSet:
         return own / replica.weight
 
     # -- the choice ------------------------------------------------------------------------
-    def view(self, now: float, ok: list[bool]) -> View:
+    def view(self, now: float, ok: list[bool], background: bool = False) -> View:
         """The pool as the rule sees it, in one pass (the hot path): each replica's :meth:`load`,
-        whether its KV cache is full, and whether it has spare room for background work (under
-        ``batch_max_load``, and no request waiting in its engine where the engine says)."""
-        ttl, cap, kv_full = self.dispatch.signals_ttl_s, self.dispatch.batch_max_load, KV_FULL
+        whether its KV cache is full, and (for ``background`` work) whether it has spare room:
+        under ``batch_max_load``, and no request waiting in its engine where the engine says."""
+        ttl, kv_full = self.dispatch.signals_ttl_s, KV_FULL
         load: list[float] = []
-        full: list[bool] = []
-        spare: list[bool] = []
-        for r in self.replicas:
+        full = [False] * len(self.replicas)
+        for i, r in enumerate(self.replicas):
             own: float = r.outstanding
             e = r.engine
             if e is not None and now - r.engine_at <= ttl:
                 q = e.running + e.waiting + own - r.outstanding_at_poll
-                x = (q if q > own else own) / r.weight
-                full.append(e.kv_usage is not None and e.kv_usage >= kv_full)
-                spare.append(x < cap and e.waiting == 0)
-            else:
-                x = own / r.weight
-                full.append(False)
-                spare.append(x < cap)
-            load.append(x)
-        return View(load, ok, full, spare)
+                if q > own:
+                    own = q
+                if e.kv_usage is not None and e.kv_usage >= kv_full:
+                    full[i] = True
+            load.append(own / r.weight if r.weight != 1 else own)
+        spare = full
+        if background:
+            cap = self.dispatch.batch_max_load
+            spare = [
+                x < cap and (r.engine is None or now - r.engine_at > ttl or r.engine.waiting == 0)
+                for x, r in zip(load, self.replicas, strict=True)
+            ]
+        return View(load, ok, full, spare, [r.prefill for r in self.replicas])
 
     def pick(
         self, tried: set[str], affinity: str | None = None, *, text: str = "", background: bool = False
     ) -> ReplicaState | None:
+        """:meth:`place`'s replica, for a caller that does not say when the first token came."""
+        placed = self.place(tried, affinity, text=text, background=background)
+        if placed is None:
+            return None
+        self.started(placed)
+        return placed.replica
+
+    def started(self, placed: Placement) -> None:
+        """The placed request's first token came (or it ended without one): its prefill is done."""
+        if not placed.started:
+            placed.started = True
+            placed.replica.prefill = max(0.0, placed.replica.prefill - placed.prefill)
+
+    def place(
+        self, tried: set[str], affinity: str | None = None, *, text: str = "", background: bool = False
+    ) -> Placement | None:
         """The next replica to try: untried and available ones first, then untried, then any.
 
         ``text``: the prompt (for the ``prefix`` rule's blocks); ``affinity``: the request's own
@@ -138,7 +183,7 @@ class ReplicaSet:
         batch line): only an available replica with spare room; None when there is none now."""
         now = self.clock()
         reps = self.replicas
-        avail = [r.available(now) for r in reps]
+        avail = [r.active_ok and now >= r.ejected_until for r in reps]  # ReplicaState.available, inlined
         ok = [a and r.api_base not in tried for a, r in zip(avail, reps, strict=True)] if tried else avail
         if not any(ok):
             ok = [r.api_base not in tried for r in reps]  # none known good: untried, then any
@@ -147,18 +192,22 @@ class ReplicaSet:
         key = key_of(affinity) if affinity is not None else 0
         if self.strategy == "round_robin":
             cand = [i for i, x in enumerate(ok) if x]
-            if background and not any(self.view(now, ok).spare[i] for i in cand):
+            if background and not any(self.view(now, ok, True).spare[i] for i in cand):
                 return None
             if affinity is not None:
-                return reps[max(cand, key=lambda i: rank(key, i))]
-            return self._smooth_weighted([reps[i] for i in cand])
+                return Placement(reps[max(cand, key=lambda i: rank(key, i))])
+            return Placement(self._smooth_weighted([reps[i] for i in cand]))
         d = self.dispatch
-        hashes = block_hashes(text, d.block_bytes) if self.strategy == "prefix" and text else ()
-        if not key and not hashes:
-            self._ticket += 1
-            key = self._ticket
+        hashes = index_hashes(text, d.block_bytes) if self.strategy == "prefix" and text else ()
+        size = len(text) / d.bytes_per_token if hashes else 0.0  # characters for bytes: near enough
+        if not key:  # the whole prompt (the same prompt, the same tie in every gateway), else a ticket
+            if hashes:
+                key = key_of(text)
+            else:
+                self._ticket += 1
+                key = self._ticket
         got = choose(
-            self.view(now, ok),
+            self.view(now, ok, background),
             strategy=self.strategy,
             index=self.index,
             hashes=hashes,
@@ -166,15 +215,32 @@ class ReplicaSet:
             balance=d.balance,
             slack=d.slack,
             background=background,
+            block_bytes=d.block_bytes,
+            per_token=d.bytes_per_token,
         )
         if got is None:
             return None
-        i = got[0]
+        i, depth = got
+        placed = Placement(reps[i])
         if hashes:
             self.index.add(i, hashes)
             if self.shared is not None:
                 self.shared(i, hashes)
-        return reps[i]
+            placed.prefill = max(0.0, size - covered(depth, d.block_bytes) / d.bytes_per_token)
+            reps[i].prefill += placed.prefill
+        return placed
+
+    def extend(self, replica: ReplicaState, text: str) -> None:
+        """``replica`` now also holds ``text`` (a prompt and its answer, as the conversation's next
+        turn will start): the engine caches what it generated, so the next turn's blocks lead there."""
+        if self.strategy != "prefix" or not text:
+            return
+        hashes = index_hashes(text, self.dispatch.block_bytes)
+        if hashes:
+            i = self.position[replica.api_base]
+            self.index.add(i, hashes)
+            if self.shared is not None:
+                self.shared(i, hashes)
 
     def _smooth_weighted(self, candidates: list[ReplicaState]) -> ReplicaState:
         # nginx's smooth weighted round-robin: even spread, weights respected.

@@ -23,7 +23,7 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 from backends.engine_load import EngineLoad
-from backends.replicas import Dispatch, ReplicaSet, ReplicaState
+from backends.replicas import Dispatch, Placement, ReplicaSet, ReplicaState
 from policies.dispatch import PrefixIndex
 
 if TYPE_CHECKING:
@@ -58,25 +58,36 @@ class Gateway:
         self.states = [ReplicaState(f"http://r{i}", None) for i in range(len(sim.engines))]
         d = Dispatch(
             strategy=self.strategy,  # type: ignore[arg-type]
-            block_bytes=p.block_tokens * 4,
-            cache_blocks=max(1, p.kv_tokens // p.block_tokens),
-            **self.params,  # type: ignore[arg-type]
+            block_tokens=p.block_tokens,
+            bytes_per_token=4.0,
+            cache_tokens=p.kv_tokens,
+            **self.params,
         )
         self.set = ReplicaSet(self.states, self.strategy, cooldown_s=30.0, clock=lambda: sim.now, dispatch=d)
         self.at = {s.api_base: i for i, s in enumerate(self.states)}
+        self.placed: dict[int, Placement] = {}
 
     def pick(self, q: Request) -> int | None:
         affinity = q.text[:200] if self.keyed else q.affinity
         t0 = time.perf_counter_ns()
-        got = self.set.pick(set(), affinity=affinity, text=q.text, background=q.background)
+        got = self.set.place(set(), affinity=affinity, text=q.text, background=q.background)
         self.cost_ns.append(time.perf_counter_ns() - t0)
-        return None if got is None else self.at[got.api_base]
+        if got is None:
+            return None
+        self.placed[q.rid] = got
+        return self.at[got.replica.api_base]
+
+    def first(self, i: int, q: Request) -> None:
+        if (placed := self.placed.pop(q.rid, None)) is not None:
+            self.set.started(placed)
 
     def sent(self, i: int, q: Request) -> None:
         self.states[i].outstanding += 1
 
     def ended(self, i: int, q: Request) -> None:
         self.states[i].outstanding -= 1
+        if q.answer:  # as the gateway does after an answer: the conversation so far is cached there
+            self.set.extend(self.states[i], q.text + q.answer)
 
     def poll(self, engines: list[Engine]) -> None:
         for s, e in zip(self.states, engines, strict=True):

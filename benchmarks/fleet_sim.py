@@ -67,6 +67,7 @@ class Request:
     background: bool = False
     then: Request | None = None  # the conversation's next turn, sent ``think`` s after this ends
     think: float = 0.0
+    answer: str = ""  # its answer's text, where a next turn continues it (the gateway indexes it)
     arrival: float = 0.0
     replica: int = -1
     cached: int = 0  # prompt tokens found in the replica's prefix cache
@@ -203,6 +204,9 @@ class Engine:
                 continue
             self.prefilling.remove(q)
             q.first = now
+            first = getattr(self.sim.rule, "first", None)
+            if first is not None:  # the gateway's rule counts a replica's prefill until the first token
+                first(q.replica, q)
             if q.output <= 1:
                 self._end(q)
             else:

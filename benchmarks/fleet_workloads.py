@@ -80,7 +80,7 @@ class Workload:
         if s.answer:
             extra = self._hashes(s.text + s.answer, bb)[len(hashes) :]
         prompt = math.ceil(len(s.text.encode()) / 4)
-        return Request(rid, s.text, prompt, s.output, hashes, extra, s.affinity, think=s.think)
+        return Request(rid, s.text, prompt, s.output, hashes, extra, s.affinity, think=s.think, answer=s.answer)
 
     def _hashes(self, text: str, bb: int) -> tuple[int, ...]:
         key = f"{bb}:{text}"

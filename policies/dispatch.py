@@ -2,31 +2,39 @@
 cache holds. One pure function, :func:`choose`, used by the gateway's remote backends, the Batch
 API (through them) and the fleet simulator (``benchmarks/fleet_sim.py``) alike.
 
-What the rule sees of each replica (:class:`Seen`): whether it is up, its load (requests running
-and waiting in the engine, as the engine's own counters said at the last poll plus what this
-gateway sent since; the gateway's own count where the engine says nothing), whether its KV cache
-is full, and whether it has room for background work (a Batch API line).
+What the rule sees of each replica (:class:`Seen`, or a :class:`View`, its columns): whether it is
+up, its load (requests running and waiting in the engine, as the engine's own counters said at
+the last poll plus what this gateway sent since; the gateway's own count where the engine says
+nothing), whether its KV cache is full, whether it has room for background work (a Batch API
+line), and the prefill this gateway queued there.
 
 What it knows of the caches is a :class:`PrefixIndex`: for each replica, the block hashes of the
 prompts it was given (or, where the engine publishes its KV-cache events, the blocks it holds),
-aged out least recently used first at the replica's cache capacity. A prompt's blocks are fixed
-runs of its UTF-8 bytes (:func:`block_hashes`), each hash covering everything before it, as an
-engine's block hashes do: two prompts share block k only if they share their first k blocks.
+aged out least recently used first at the replica's cache capacity. A prompt's blocks are runs
+of its UTF-8 bytes (:func:`index_hashes`: fixed, then doubling every few blocks), each hash
+covering everything before it, as an engine's block hashes do: two prompts share block k only if
+they share their first k blocks.
 
-The rule (``strategy: prefix``), consistent hashing with bounded loads plus the cache:
+The rule (``strategy: prefix``), consistent hashing with bounded loads, then the prefill ahead:
 
 1. **Eligible**: the replicas that are up, whose KV cache is not full, and whose load is within
    the bound: at most ``slack`` above the least loaded replica's, or at most ``balance`` times the
    mean once this request is counted. A hot prefix cannot pile onto one replica: past the bound,
    its requests go elsewhere (which then caches it too).
-2. **Cache**: among the eligible, those holding the longest run of the prompt's blocks.
-3. **Load**: among those (all eligible when none holds a block), the least loaded; a tie goes to
-   the replica the request's key ranks first (rendezvous hashing on the key: the session, the
-   batch group, or the prompt's first block), so gateways that see the same loads agree.
+2. **Prefill ahead**: among the eligible, the replica where the prompt's first token should come
+   soonest, as the prompt tokens to prefill there before it: what this gateway sent there whose
+   first token has not come (``Seen.prefill``), plus the part of this prompt its cache does not
+   hold (by the index). A replica holding the prefix wins unless it is buried in other prefills;
+   among replicas that hold nothing, the one with the least prefill queued. Counting running
+   requests instead (least load) herds new prompts onto the replica whose requests just ended,
+   and their prefills then share its steps (measured by the simulator: docs/fleet.md).
+3. **Ties** (equal cost: often, when nothing is queued) go by the request's key (the session or
+   batch group, else the whole prompt's hash): the same prompt gets the same replica in every
+   gateway that sees the same figures; different prompts spread evenly.
 
-``strategy: least_load`` is steps 1 (without the cache) and 3. A background call (a batch line)
-may only go to a replica with ``spare`` room; when none has, :func:`choose` returns None and the
-caller waits: online requests go first.
+``strategy: least_load`` is step 1 and the least loaded of the eligible, ties by the key. A
+background call (a batch line) may only go to a replica with ``spare`` room; when none has,
+:func:`choose` returns None and the caller waits: online requests go first.
 
 No I/O, no clock: the caller gives the loads and owns the index.
 """
@@ -55,6 +63,7 @@ class Seen:
     load: float = 0.0  # requests on it (running and waiting), per unit of weight
     full: bool = False  # its KV cache is full: a new request would wait or preempt another
     spare: bool = True  # it may take background work now (its queue is under the batch threshold)
+    prefill: float = 0.0  # prompt tokens sent to it whose first token has not come (uncached part)
 
 
 def block_hashes(text: str, block_bytes: int, limit: int = MAX_BLOCKS) -> tuple[int, ...]:
@@ -71,6 +80,39 @@ def block_hashes(text: str, block_bytes: int, limit: int = MAX_BLOCKS) -> tuple[
         h = zlib.crc32(data[k * block_bytes : (k + 1) * block_bytes], h)
         out.append(((k + 1) << 32) | h)
     return tuple(out)
+
+
+GROW = 8  # the index's blocks of one size before the size doubles
+
+
+def index_hashes(text: str, block_bytes: int, limit: int = MAX_BLOCKS) -> tuple[int, ...]:
+    """The prefix index's blocks of ``text``: as :func:`block_hashes`, but the block size doubles
+    every :data:`GROW` blocks (8 of ``block_bytes``, 8 of twice that, ...): a long prompt costs a
+    few dozen hashes, not hundreds, and the first blocks, where prompts part, stay fine-grained.
+    Block k ends at byte :func:`covered` (k, block_bytes)."""
+    if block_bytes < 1:
+        raise ValueError("block_bytes must be at least 1")
+    data = memoryview(text.encode("utf-8", "surrogatepass"))
+    end, crc = len(data), zlib.crc32
+    out: list[int] = []
+    h = start = k = 0
+    size = block_bytes
+    while True:
+        stop = start + size
+        for _ in range(GROW):
+            if stop > end or k >= limit:
+                return tuple(out)
+            h = crc(data[start:stop], h)
+            k += 1
+            out.append((k << 32) | h)
+            start, stop = stop, stop + size
+        size *= 2
+
+
+def covered(depth: int, block_bytes: int) -> int:
+    """Bytes the first ``depth`` blocks of :func:`index_hashes` cover."""
+    groups, rest = divmod(depth, GROW)
+    return block_bytes * (GROW * ((1 << groups) - 1) + rest * (1 << groups))
 
 
 class PrefixIndex:
@@ -107,6 +149,25 @@ class PrefixIndex:
             depth += 1
             alive = nxt
         return (depth, alive) if depth else (0, 0)
+
+    def depths(self, hashes: Iterable[int], among: int) -> dict[int, int]:
+        """Each replica of the bit mask ``among`` holding the prompt's first block, with the length
+        of the run of ``hashes`` it holds from there."""
+        out: dict[int, int] = {}
+        depth, alive = 0, among
+        holders = self._holders
+        for h in hashes:
+            nxt = alive & holders.get(h, 0)
+            gone = alive & ~nxt
+            if gone and depth:
+                _bits(gone, depth, out)
+            if not nxt:
+                return out
+            depth += 1
+            alive = nxt
+        if depth:
+            _bits(alive, depth, out)
+        return out
 
     def add(self, replica: int, hashes: Sequence[int]) -> None:
         """``replica`` now holds ``hashes`` (a prompt it was given, or blocks its engine stored).
@@ -150,6 +211,13 @@ class PrefixIndex:
             self._holders.pop(h, None)
 
 
+def _bits(mask: int, depth: int, out: dict[int, int]) -> None:
+    while mask:
+        low = mask & -mask
+        out[low.bit_length() - 1] = depth
+        mask ^= low
+
+
 def rank(key: int, replica: int) -> int:
     """Rendezvous hashing's weight of ``replica`` for ``key``: the highest takes the key. A
     64-bit mix (splitmix64's finaliser) of the two: cheap, and the same in every process."""
@@ -174,6 +242,7 @@ class View:
     up: list[bool]
     full: list[bool]
     spare: list[bool]
+    prefill: list[float] | None = None  # prompt tokens sent there whose first token has not come
 
     @classmethod
     def of(cls, replicas: Sequence[Seen]) -> View:
@@ -182,6 +251,7 @@ class View:
             [r.up for r in replicas],
             [r.full for r in replicas],
             [r.spare for r in replicas],
+            [r.prefill for r in replicas],
         )
 
 
@@ -211,28 +281,58 @@ def choose(
     balance: float = BALANCE,
     slack: float = SLACK,
     background: bool = False,
+    block_bytes: int = 1,
+    per_token: float = 1.0,
 ) -> tuple[int, int] | None:
     """(replica, blocks matched) for one request, or None when no replica may take it (none is
     up; for a ``background`` call, none has spare room). ``key``: the request's rendezvous key
-    (default: its first block's hash). ``strategy`` ``round_robin`` is stateful and lives with the
-    replica set; here it is treated as ``least_load``."""
+    (default: its last block's hash). ``hashes``: the prompt's :func:`index_hashes` of
+    ``block_bytes``; ``per_token``: bytes a token (a match saves the tokens of its blocks).
+    ``strategy`` ``round_robin`` is stateful and lives with the replica set; here it is treated
+    as ``least_load``."""
     v = view if isinstance(view, View) else View.of(view)
     pool = eligible(v, balance=balance, slack=slack, background=background)
     if not pool:
         return None
-    depth = 0
-    if strategy == "prefix" and index is not None and hashes:
-        among = 0
-        for i in pool:
-            among |= 1 << i
-        depth, mask = index.match(hashes, among)
-        if depth:
-            pool = [i for i in pool if mask >> i & 1]
     if not key and hashes:
-        key = hashes[0]
+        key = hashes[-1]
+    if strategy == "prefix" and hashes:
+        return _by_prefill(v, pool, index, hashes, key, block_bytes, per_token)
     load = v.load
     least = min([load[i] for i in pool])
-    ties = [i for i in pool if load[i] == least]
+    return tie([i for i in pool if load[i] == least], key), 0
+
+
+def tie(ties: list[int], key: int) -> int:
+    """One of ``ties`` (replica positions, in order) by the request's key: the same key, the same
+    one, in every gateway; different keys spread evenly."""
     if len(ties) == 1:
-        return ties[0], depth
-    return max(ties, key=lambda i: rank(key, i)), depth
+        return ties[0]
+    return ties[rank(key, len(ties)) % len(ties)]
+
+
+def _by_prefill(
+    v: View,
+    pool: list[int],
+    index: PrefixIndex | None,
+    hashes: Sequence[int],
+    key: int,
+    block_bytes: int,
+    per_token: float,
+) -> tuple[int, int]:
+    """Steps 2 and 3 of the rule: the replica where the prompt's first token comes soonest, as the
+    prefill ahead of it: what this gateway sent there and is not yet started, plus the part of
+    this prompt its cache does not hold. Ties (every replica the same) by the key."""
+    among = 0
+    for i in pool:
+        among |= 1 << i
+    depths = index.depths(hashes, among) if index is not None else {}
+    costs = list(v.prefill) if v.prefill else [0.0] * len(v.load)  # the prefill ahead; + size for all
+    saved: dict[int, float] = {}
+    for i, d in depths.items():
+        if d not in saved:
+            saved[d] = covered(d, block_bytes) / per_token
+        costs[i] -= saved[d]
+    best = min([costs[i] for i in pool])
+    chosen = tie([i for i in pool if costs[i] == best], key)
+    return chosen, depths.get(chosen, 0)

@@ -202,3 +202,15 @@ def test_a_refused_connection_takes_the_replica_out_at_once_and_a_good_read_brin
 def test_least_load_ties_without_a_key_go_round() -> None:
     rs, _ = _set(3)
     assert {rs.pick(set()).api_base for _ in range(30)} == {r.api_base for r in rs.replicas}  # type: ignore[union-attr]
+
+
+def test_a_conversations_next_turn_goes_where_its_answer_is_cached() -> None:
+    rs, _ = _set(4, "prefix")
+    turn1 = "User: plan a trip to Lisbon for a family of four, with a day for museums. " * 6
+    first = rs.pick(set(), text=turn1)
+    assert first is not None
+    answer = "Day one: the Alfama and the castle; day two: the tile museum and Belem. " * 8
+    rs.extend(first, turn1 + "\n" + answer)  # what the backend does when the answer is done
+    first.outstanding += 1  # still busy with another request: within the bound
+    turn2 = turn1 + "\n" + answer + "\nUser: and if it rains?"
+    assert rs.pick(set(), text=turn2) is first

@@ -7,7 +7,18 @@ import time
 
 import pytest
 
-from policies.dispatch import PrefixIndex, Seen, block_hashes, choose, eligible, key_of, rank
+from policies.dispatch import (
+    PrefixIndex,
+    Seen,
+    View,
+    block_hashes,
+    choose,
+    covered,
+    eligible,
+    index_hashes,
+    key_of,
+    rank,
+)
 
 SYSTEM = "You are a careful assistant for the billing team. " * 40  # about 2 KB: 32 blocks of 64 bytes
 
@@ -110,3 +121,24 @@ def test_the_rule_is_cheap_at_64_replicas(replicas: int) -> None:
         choose(loads, index=idx, hashes=p)
     per = (time.perf_counter() - t0) / (len(prompts) * 5)
     assert per < 2e-3
+
+
+def test_index_blocks_grow_and_cover_what_they_say() -> None:
+    text = "abcdefgh" * 2000  # 16,000 bytes
+    hashes = index_hashes(text, 256)
+    assert covered(len(hashes), 256) <= len(text.encode()) < covered(len(hashes) + 1, 256)
+    assert len(hashes) < 16_000 // 256  # fewer than fixed blocks would be
+    assert covered(8, 256) == 8 * 256 and covered(9, 256) == 8 * 256 + 512
+    longer = index_hashes(text + "more", 256)
+    assert longer[: len(hashes)] == hashes  # the same prefix, the same blocks
+
+
+def test_a_holder_buried_in_prefill_loses_to_an_idle_replica() -> None:
+    idx = PrefixIndex([1000] * 2)
+    p = index_hashes(SYSTEM + "q", 64)
+    idx.add(0, p)
+    held = covered(len(p), 64)  # bytes; one byte a token here
+    view = View([1.0, 1.0], [True, True], [False, False], [True, True], [0.0, 0.0])
+    assert choose(view, index=idx, hashes=p, block_bytes=64, per_token=1.0) == (0, len(p))
+    view.prefill = [held + 10.0, 0.0]  # more prefill queued there than the cache saves
+    assert choose(view, index=idx, hashes=p, block_bytes=64, per_token=1.0) == (1, 0)
