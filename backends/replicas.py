@@ -9,6 +9,7 @@ is :func:`policies.dispatch.choose`. ``clock`` is injectable for tests.
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -198,11 +199,13 @@ class ReplicaSet:
                 return Placement(reps[max(cand, key=lambda i: rank(key, i))])
             return Placement(self._smooth_weighted([reps[i] for i in cand]))
         d = self.dispatch
-        hashes = index_hashes(text, d.block_bytes) if self.strategy == "prefix" and text else ()
-        size = len(text) / d.bytes_per_token if hashes else 0.0  # characters for bytes: near enough
+        data = text.encode("utf-8", "surrogatepass") if self.strategy == "prefix" and text else b""
+        hashes = index_hashes(data, d.block_bytes) if data else ()
+        size = len(data) / d.bytes_per_token if hashes else 0.0
         if not key:  # the whole prompt (the same prompt, the same tie in every gateway), else a ticket
-            if hashes:
-                key = key_of(text)
+            if hashes:  # the CRC of the whole prompt: the blocks' chain continued over the rest
+                tail = memoryview(data)[covered(len(hashes), d.block_bytes) :]
+                key = (len(data) << 32) | zlib.crc32(tail, hashes[-1] & 0xFFFFFFFF)
             else:
                 self._ticket += 1
                 key = self._ticket

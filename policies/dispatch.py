@@ -85,14 +85,14 @@ def block_hashes(text: str, block_bytes: int, limit: int = MAX_BLOCKS) -> tuple[
 GROW = 8  # the index's blocks of one size before the size doubles
 
 
-def index_hashes(text: str, block_bytes: int, limit: int = MAX_BLOCKS) -> tuple[int, ...]:
+def index_hashes(text: str | bytes, block_bytes: int, limit: int = MAX_BLOCKS) -> tuple[int, ...]:
     """The prefix index's blocks of ``text``: as :func:`block_hashes`, but the block size doubles
     every :data:`GROW` blocks (8 of ``block_bytes``, 8 of twice that, ...): a long prompt costs a
     few dozen hashes, not hundreds, and the first blocks, where prompts part, stay fine-grained.
     Block k ends at byte :func:`covered` (k, block_bytes)."""
     if block_bytes < 1:
         raise ValueError("block_bytes must be at least 1")
-    data = memoryview(text.encode("utf-8", "surrogatepass"))
+    data = memoryview(text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text)
     end, crc = len(data), zlib.crc32
     out: list[int] = []
     h = start = k = 0
