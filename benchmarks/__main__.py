@@ -492,7 +492,7 @@ def fleet_sim(
 @app.command("fleet-real")
 def fleet_real(
     quick: Annotated[
-        bool, typer.Option(help="24 requests per workload and mode (about 8 minutes on two cores).")
+        bool, typer.Option(help="24 requests per workload and mode (about 7 minutes on two cores; the full run 17).")
     ] = False,
     requests: Annotated[int, typer.Option(help="Requests per workload and mode.")] = 96,
     concurrency: Annotated[int, typer.Option(help="Requests in flight, over both gateways.")] = 8,

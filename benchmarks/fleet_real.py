@@ -164,7 +164,6 @@ def describe(items: list[tuple[str, Messages]]) -> dict[str, Any]:
     return {"n": len(items), "groups": dict(groups), "prompt_chars": sum(chars), "max_chars": max(chars), "note": note}
 
 
-# -- the run ---------------------------------------------------------------------------------
 async def _main(
     loads: dict[str, list[tuple[str, Messages]]], opts: Options, tmp: Path, console: Console, result: dict[str, Any]
 ) -> None:
@@ -173,7 +172,7 @@ async def _main(
         with Fleet(tmp) as fleet:
             redis = await _redis(fleet, tmp)
             t0 = time.monotonic()
-            n_ctx = min(MAX_MODEL_LEN, opts.cache_tokens)  # vLLM wants one whole context in the cache
+            n_ctx = min(MAX_MODEL_LEN, opts.cache_tokens - opts.block_tokens)  # vLLM: a context and a block
             servers = await start_vllm_pool(fleet, http, n_ctx, tmp, opts.block_tokens, opts.cache_tokens)
             result["engines_start_s"] = round(time.monotonic() - t0, 1)
             result["engines_seen"] = [await _engine_seen(http, s) for s in servers]
@@ -289,6 +288,7 @@ async def _mode(b: Bench, name: str, mode: str, items: list[tuple[str, Messages]
     row.update(
         other_cpu_cores=other,
         log_events={e: n for e in LOG_EVENTS if (n := sum(t.count(e) for t in logs))},
+        log_samples=[ln[:400] for t in logs for ln in t.splitlines() if any(e in ln for e in LOG_EVENTS)][:6],
         placement=placement,
     )
     return row
