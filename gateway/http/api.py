@@ -108,9 +108,9 @@ async def _generate(call: Call, surface: surfaces.Surface) -> Response:
         if out.served is not None:
             Calls().whole(whole).flag(ex.request_id, out.served.model, out.served.backend)
         return (
-            events(surface.whole_events(whole), headers)
+            events(await surface.whole_events(whole), headers)
             if out.stream
-            else json_response(surface.whole(whole), headers=headers)
+            else json_response(await surface.whole(whole), headers=headers)
         )
     assert out.served is not None and out.served.stream is not None
     return Relay(ex, out.served, headers, surface.relay(ex, out.served))
@@ -129,7 +129,7 @@ async def completions(call: Call) -> Response:
 @door("responses")
 async def create_response(call: Call) -> Response:
     """``POST /v1/responses``: translated to chat, through the same service, translated back."""
-    return await _generate(call, surfaces.Responses(gateway_state(call.request), call))
+    return await _generate(call, await surfaces.Responses.open(gateway_state(call.request), call))
 
 
 @door("messages", anthropic=True)
@@ -221,10 +221,11 @@ async def _stored(request: Request, action: str) -> Response:
         authorization = request.headers.get("authorization")
         await rt.authenticate(authorization)
         owner, operator = surfaces.owner(rt, authorization)
+        store = rt.responses or state.responses
         if action == "delete":
-            state.responses.delete(response_id, owner, operator)
+            await store.delete(response_id, owner, operator)
             return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
-        return json_response(state.responses.get(response_id, owner, operator).response)
+        return json_response((await store.get(response_id, owner, operator)).response)
     except TriageError as exc:
         return error_response(exc)
 

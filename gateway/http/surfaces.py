@@ -10,6 +10,7 @@ from collections.abc import AsyncGenerator
 from typing import Protocol
 
 import orjson
+import structlog
 
 from backends.base import Body, Kind
 from gateway.http import anthropic_messages, responses
@@ -22,15 +23,19 @@ from gateway.service.bodies import check
 from gateway.service.dispatch import Served
 from gateway.service.keys import metering
 from gateway.service.runtime import Runtime
+from gateway.state.responses import Responses as Responses_
+from gateway.state.stores import StoreDown
 from policies.errors import InvalidRequest
+
+log = structlog.get_logger("triage.http")
 
 
 class Surface(Protocol):
     kind: Kind
     chat: Body  # the request as a chat (or text completion) body
 
-    def whole(self, completion: Body) -> Body: ...
-    def whole_events(self, completion: Body) -> bytes: ...
+    async def whole(self, completion: Body) -> Body: ...
+    async def whole_events(self, completion: Body) -> bytes: ...
     def relay(self, ex: Exchange, served: Served) -> AsyncGenerator[bytes, None]: ...
 
 
@@ -40,10 +45,10 @@ class OpenAI:
     def __init__(self, kind: Kind, call: Call) -> None:
         self.kind, self.chat = kind, call.body
 
-    def whole(self, completion: Body) -> Body:
+    async def whole(self, completion: Body) -> Body:
         return completion
 
-    def whole_events(self, completion: Body) -> bytes:
+    async def whole_events(self, completion: Body) -> bytes:
         chunks = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in typed.chunks(completion))
         return chunks + b"data: [DONE]\n\n"
 
@@ -54,20 +59,31 @@ class OpenAI:
 class Responses:
     """``POST /v1/responses``: input items to chat messages (after the stored turns of
     ``previous_response_id``, the key's own), the answer to a ``response``, stored unless
-    ``store: false``."""
+    ``store: false``: in the fleet's store where the policy's ``state`` is shared (Redis), else in
+    this process's. Made by :meth:`open` (the stored turns are read first)."""
 
     kind: Kind = "chat"
 
-    def __init__(self, state: GatewayState, call: Call) -> None:
+    def __init__(self, req: Body, store: Responses_, owner: str | None) -> None:
+        self.req, self.store, self.owner = req, store, owner
+        self.id = responses.new_id("resp")
+        self.kept = req.get("store", True) is not False
+        self.chat: Body = {}
+        self.turns: list[Body] = []
+        self._pending: tuple[Body, Body] | None = None  # a streamed answer to store before its last event
+
+    @classmethod
+    async def open(cls, state: GatewayState, call: Call) -> Responses:
         req = call.body
         check(responses.ResponsesRequest, req)
-        self.req, self.store = req, state.responses
-        self.owner, operator = owner(call.ex.rt, call.request.headers.get("authorization"))
+        rt = call.ex.rt
+        who, operator = owner(rt, call.request.headers.get("authorization"))
+        self = cls(req, rt.responses or state.responses, who)
         earlier: list[Body] = []
         previous = req.get("previous_response_id")
         if previous:
-            before = self.store.get(previous, self.owner, operator)
-            limit = call.ex.rt.policy.limits.max_body_bytes
+            before = await self.store.get(previous, self.owner, operator)
+            limit = rt.policy.limits.max_body_bytes
             if before.size + len(call.raw) > limit:  # the conversation is sent upstream whole: it counts as the body
                 raise InvalidRequest(
                     f"the conversation up to this turn is {before.size + len(call.raw)} bytes, over the "
@@ -76,26 +92,45 @@ class Responses:
                 )
             earlier = before.messages
         self.chat, self.turns = responses.chat_body(req, earlier)
-        self.id = responses.new_id("resp")
-        self.kept = req.get("store", True) is not False
+        return self
 
-    def whole(self, completion: Body) -> Body:
+    async def whole(self, completion: Body) -> Body:
         out, turn = responses.from_chat(self.req, self.id, completion)
         if self.kept:
-            self.store.put(out, [*self.turns, turn], self.owner)
+            await self._put(out, turn)
         return out
 
-    def whole_events(self, completion: Body) -> bytes:
-        out = self.whole(completion)
+    async def whole_events(self, completion: Body) -> bytes:
+        out = await self.whole(completion)
         t = responses.StreamTranslator(self.req, self.id, out["model"])
         return t.start() + t.feed(as_chunk(completion)) + t.finish()[0]
 
     def relay(self, ex: Exchange, served: Served) -> AsyncGenerator[bytes, None]:
         keep = self._keep if self.kept else None
-        return translated(ex, served, responses.StreamTranslator(self.req, self.id, served.model, keep))
+        inner = translated(ex, served, responses.StreamTranslator(self.req, self.id, served.model, keep))
+        return self._stored_first(inner)
+
+    async def _stored_first(self, inner: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+        """The stream, with the answer stored before its last event goes out: a client that
+        continues it at once finds it, on any gateway."""
+        try:
+            async for data in inner:
+                if self._pending is not None:
+                    out, turn = self._pending
+                    self._pending = None
+                    await self._put(out, turn)
+                yield data
+        finally:
+            await inner.aclose()
 
     def _keep(self, out: Body, turn: Body) -> None:
-        self.store.put(out, [*self.turns, turn], self.owner)
+        self._pending = (out, turn)
+
+    async def _put(self, out: Body, turn: Body) -> None:
+        try:
+            await self.store.put(out, [*self.turns, turn], self.owner)
+        except StoreDown as exc:  # the answer still goes out; a later previous_response_id is a 404
+            log.error("response_not_stored", response_id=self.id, error=exc.message)
 
 
 class Messages:
@@ -106,10 +141,10 @@ class Messages:
     def __init__(self, call: Call) -> None:
         self.chat = anthropic_messages.chat_body(call.body)
 
-    def whole(self, completion: Body) -> Body:
+    async def whole(self, completion: Body) -> Body:
         return anthropic_messages.from_chat(completion)
 
-    def whole_events(self, completion: Body) -> bytes:
+    async def whole_events(self, completion: Body) -> bytes:
         t = anthropic_messages.StreamTranslator(str(completion.get("model", "")))
         return t.start() + t.feed(as_chunk(completion)) + t.finish()
 

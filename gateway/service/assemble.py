@@ -26,7 +26,8 @@ from gateway.service.quality import layer as quality_layer
 from gateway.service.quality.watch import Watch
 from gateway.service.runtime import Runtime
 from gateway.state.quality import open_quality
-from gateway.state.stores import Store, StoreDown, open_store
+from gateway.state.responses_redis import RedisResponses
+from gateway.state.stores import RedisStore, Store, StoreDown, open_store
 from policies import loader
 from policies.budget import EscalationBudget
 from policies.errors import NotReady, PolicyInvalid, TriageError
@@ -162,6 +163,7 @@ async def build(
         fits=fits,
         base_dir=base_dir,
         semantic=_semantic(policy, encoding, version, store),
+        responses=RedisResponses(store) if isinstance(store, RedisStore) else None,
         watch=watch,
         serve=layered(policy),
         noted=quality_layer.noted if watch is not None else None,

@@ -19,6 +19,7 @@ import structlog
 
 from backends.base import Backend
 from backends.engine_handle import EngineHandle
+from gateway.state.responses import Responses
 from gateway.state.stores import MemoryStore, Store
 from policies import plans
 from policies.budget import EscalationBudget
@@ -52,6 +53,7 @@ class Runtime:
     retired: bool = False
     store: Store = field(default_factory=MemoryStore)  # rate windows and spend (policy: state)
     store_problem: str | None = None  # the store was down at start and the policy allows degraded mode
+    responses: Responses | None = None  # stored Responses in the fleet's store (None: the app's own, this process)
     store_checked: float = 0.0  # when a degraded store was last asked whether it is back (monotonic)
     operator_hashes: frozenset[str] = frozenset()  # keys that see every key's files and batches
     keyring: Keyring | None = None  # who may call (None: the policy's keys only, no store keys)

@@ -1,7 +1,10 @@
 """Stored Responses (``/v1/responses`` with ``store``, the default, as OpenAI's): each response
 with the chat turns that led to it, kept for ``ttl_s`` and bounded by count and bytes, for ``GET``
-/ ``DELETE /v1/responses/{id}`` and ``previous_response_id``. One process only: a fleet's shared
-store belongs with the state stores (docs/surfaces.md, "Known limits")."""
+/ ``DELETE /v1/responses/{id}`` and ``previous_response_id``.
+
+Two stores behind one interface (:class:`Responses`): :class:`ResponseStore`, this process's
+(the embedded default), and ``gateway/state/responses_redis.py``'s, the fleet's (``state.store:
+redis``): a chain started on one gateway continues on any other."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -27,6 +30,25 @@ class Stored:
     size: int = 0  # bytes of its turns and response, as JSON: what the store's bounds count
 
 
+class Responses(Protocol):
+    async def put(self, response: Body, messages: list[Body], owner: str | None = None) -> None:
+        """Keep ``response`` (by its ``id``) with the turns that led to it, for ``owner``."""
+        ...
+
+    async def get(self, response_id: str, owner: str | None = None, operator: bool = False) -> Stored:
+        """The stored response: :class:`NotFound` when it is missing, expired, or another key's
+        (an operator key reads any)."""
+        ...
+
+    async def delete(self, response_id: str, owner: str | None = None, operator: bool = False) -> None:
+        """As :meth:`get`, then gone."""
+        ...
+
+
+def not_found(response_id: str) -> NotFound:
+    return NotFound(f"No response with id '{response_id}' is stored (it expired, was deleted or never stored)")
+
+
 @dataclass
 class ResponseStore:
     """Stored responses, by id, for ``ttl_s`` seconds, each with its owner: only the key that made
@@ -42,7 +64,7 @@ class ResponseStore:
     _owned: dict[str | None, int] = field(default_factory=dict)  # owner -> bytes held
     clock: Callable[[], float] = time.monotonic
 
-    def put(self, response: Body, messages: list[Body], owner: str | None = None) -> None:
+    async def put(self, response: Body, messages: list[Body], owner: str | None = None) -> None:
         self._sweep()
         size = len(orjson.dumps(messages)) + len(orjson.dumps(response))
         self._add(response["id"], Stored(response, messages, self.clock() + self.ttl_s, owner, size))
@@ -51,15 +73,15 @@ class ResponseStore:
         while self._owned.get(owner, 0) > self.max_bytes_per_owner:
             self._drop(next(k for k, v in self._items.items() if v.owner == owner))
 
-    def get(self, response_id: str, owner: str | None = None, operator: bool = False) -> Stored:
+    async def get(self, response_id: str, owner: str | None = None, operator: bool = False) -> Stored:
         self._sweep()
         found = self._items.get(response_id)
         if found is None or not (operator or found.owner is None or found.owner == owner):
-            raise NotFound(f"No response with id '{response_id}' is stored (it expired, was deleted or never stored)")
+            raise not_found(response_id)
         return found
 
-    def delete(self, response_id: str, owner: str | None = None, operator: bool = False) -> None:
-        self.get(response_id, owner, operator)
+    async def delete(self, response_id: str, owner: str | None = None, operator: bool = False) -> None:
+        await self.get(response_id, owner, operator)
         self._drop(response_id)
 
     @property

@@ -302,6 +302,18 @@ class RedisStore:
         self._key_revoke = self._redis.register_script(_KEY_REVOKE)
         self.where = url.split("://", 1)[-1].split("@")[-1].split("?")[0]  # host:port/db: no password in messages
 
+    @property
+    def redis(self) -> Any:
+        """The client, for a store kept beside this one (``gateway/state/responses_redis.py``)."""
+        return self._redis
+
+    def key(self, *parts: str) -> str:
+        return self._k(*parts)
+
+    async def run(self, what: Awaitable[T]) -> T:
+        """A Redis call under this store's timeout; :class:`StoreDown` when it fails."""
+        return await self._call(what)
+
     async def _call(self, what: Awaitable[T]) -> T:
         from redis.exceptions import RedisError
 

@@ -3,6 +3,7 @@ and a chained conversation counts against the body limit (a real gateway, a scri
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -32,27 +33,31 @@ def test_a_key_cannot_read_delete_or_continue_another_keys_stored_response(gatew
 
 
 def test_the_responses_store_is_bounded_by_bytes_in_all_and_per_key() -> None:
+    asyncio.run(_bounded())
+
+
+async def _bounded() -> None:
     from gateway.state.responses import ResponseStore
 
     store = ResponseStore(max_bytes=10_000, max_bytes_per_owner=4_000)
     turn = [{"role": "user", "content": "x" * 900}]
     for i in range(6):  # about 1 KB each: the key's bound keeps its newest 3
-        store.put({"id": f"a{i}"}, turn, owner="alice")
-    kept = [i for i in range(6) if _stored(store, f"a{i}", "alice")]
+        await store.put({"id": f"a{i}"}, turn, owner="alice")
+    kept = [i for i in range(6) if await _stored(store, f"a{i}", "alice")]
     assert kept == [2, 3, 4, 5] or kept == [3, 4, 5], kept
     assert store.bytes <= 4_000
     for i in range(12):
-        store.put({"id": f"k{i}"}, turn, owner=f"key{i}")
+        await store.put({"id": f"k{i}"}, turn, owner=f"key{i}")
     assert store.bytes <= 10_000
-    assert not _stored(store, "a5", "alice")  # the oldest went first, across keys
-    assert _stored(store, "k11", "key11")
+    assert not await _stored(store, "a5", "alice")  # the oldest went first, across keys
+    assert await _stored(store, "k11", "key11")
 
 
-def _stored(store: Any, rid: str, owner: str) -> bool:
+async def _stored(store: Any, rid: str, owner: str) -> bool:
     from policies.errors import NotFound
 
     try:
-        store.get(rid, owner)
+        await store.get(rid, owner)
     except NotFound:
         return False
     return True
