@@ -50,8 +50,8 @@ from typing import Literal
 Strategy = Literal["round_robin", "least_load", "prefix"]
 STRATEGIES: tuple[str, ...] = ("round_robin", "least_load", "prefix")
 
-BALANCE = 1.5  # the default bound on a replica's load against the mean (benchmarks/fleet_sim.py measures it)
-SLACK = 2.0  # requests above the least loaded replica that are always within the bound
+BALANCE = 1.25  # the default bound on a replica's load against the mean (python -m benchmarks fleet-sim --sweep)
+SLACK = 8.0  # requests above the least loaded replica that are always within the bound (the same sweep)
 MAX_BLOCKS = 512  # a prompt's blocks hashed at most (its first MAX_BLOCKS * block_bytes bytes)
 
 

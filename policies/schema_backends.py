@@ -109,8 +109,8 @@ class DispatchSpec(Strict):
     cache_tokens: int = Field(
         1 << 20, ge=1, description="tokens a replica's prefix cache holds, until its engine says (vLLM does)"
     )
-    balance: float = Field(1.5, ge=1.0, le=100, description="a replica's load may reach this times the mean")
-    slack: float = Field(2.0, ge=0, le=1e6, description="requests above the least loaded replica always allowed")
+    balance: float = Field(1.25, ge=1.0, le=100, description="a replica's load may reach this times the mean")
+    slack: float = Field(8.0, ge=0, le=1e6, description="requests above the least loaded replica always allowed")
     batch_max_load: float = Field(
         4.0, gt=0, description="a Batch API line goes only to a replica under this load with no request waiting"
     )

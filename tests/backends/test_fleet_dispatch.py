@@ -119,7 +119,7 @@ def test_two_gateways_sharing_a_redis_agree_on_a_prefix(
     gateway: Callable[..., Gateway], vllm_server: VllmServer, vllm_replica: VllmServer, redis_url: str
 ) -> None:
     servers = (vllm_server, vllm_replica)
-    pool = "    strategy: prefix\n    dispatch: {engine: vllm, interval_s: 0.1, block_tokens: 128}\n"
+    pool = "    strategy: prefix\n    dispatch: {engine: vllm, interval_s: 0.1, block_tokens: 128, slack: 2}\n"
     text = policy(*(s.api_base for s in servers), pool=pool, extra=f"state: {{store: redis, url: '{redis_url}'}}\n")
     one, two = gateway(text), gateway(text)
     first_block = block_hashes(TEMPLATE, 128 * 4)[0]
