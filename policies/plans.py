@@ -9,18 +9,22 @@ tokenizer) resolves a name here and nowhere else, into one of three plans:
   request (then that model's chain); ``chain`` is what serves when nothing picks; ``reasoning``:
   the routed model that switches reasoning per request (``reasoning: {mode: router}``), resolved;
 - :class:`TypedPlan`: a ``cascade`` virtual model: a typed question is decided by ``cascade`` (the
-  policy's; None without one), any other request follows ``open``, the plan of its open route.
+  policy's; None without one), any other request follows ``open``, the plan of its open route;
+- :class:`SplitPlan`: a ``split`` virtual model: each request goes to one target by weight
+  (:func:`split_target`, sticky per caller), then follows that target's plan.
 
 A plan holds everything a request needs of the policy, so nothing after it looks a name up again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from policies.errors import ModelNotFound
-from policies.schema import AliasModel, CascadeModel, Policy, RoutedModel, SemanticModel
+from policies.schema import AliasModel, CascadeModel, Policy, RoutedModel, SemanticModel, SplitModel
 from policies.tiers import Cascade, ModelTier
 
 
@@ -49,7 +53,36 @@ class TypedPlan:
         return self.open.chain
 
 
-Plan = ChainPlan | EncoderPlan | TypedPlan
+@dataclass(frozen=True)
+class SplitPlan:
+    name: str
+    targets: tuple[tuple[str, float], ...]  # in the policy's order, with their weights
+    sticky: str  # user | key | session | none
+
+    @property
+    def chain(self) -> tuple[str, ...]:
+        return tuple(t for t, _ in self.targets)
+
+
+def split_target(plan: SplitPlan, who: str | None) -> str:
+    """The target of ``plan`` for the caller ``who`` (its sticky id): the same caller, the same
+    target while the weights stay; None draws anew. A point in [0, 1) from the split's name and
+    the id, placed on the weights laid end to end."""
+    if who is None:
+        u = random.random()
+    else:
+        digest = hashlib.blake2b(f"{plan.name}|{who}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
+        u = int.from_bytes(digest, "big") / 2**64
+    total = sum(w for _, w in plan.targets)
+    point = u * total
+    for target, weight in plan.targets:
+        point -= weight
+        if point < 0:
+            return target
+    return plan.targets[-1][0]
+
+
+Plan = ChainPlan | EncoderPlan | TypedPlan | SplitPlan
 
 
 def _price(policy: Policy, model: str) -> float:
@@ -84,6 +117,8 @@ def resolve(policy: Policy, name: str) -> Plan:
         return ChainPlan(name, _chain(policy, list(vm.targets)))
     if isinstance(vm, CascadeModel):
         return TypedPlan(name, resolve(policy, vm.open), policy.cascade)
+    if isinstance(vm, SplitModel):
+        return SplitPlan(name, tuple(vm.targets.items()), vm.sticky)
     if isinstance(vm, RoutedModel):
         return EncoderPlan(name, vm, _chain(policy, sorted(vm.routes(), key=lambda m: -_price(policy, m))))
     return EncoderPlan(name, vm, _chain(policy, [vm.default]), _reasoning_router(policy, vm))

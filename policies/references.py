@@ -14,6 +14,7 @@ from policies.schema import (
     Policy,
     RoutedModel,
     SemanticModel,
+    SplitModel,
     VirtualModel,
 )
 from policies.tiers import EncoderTier, ModelTier, ScorerTier
@@ -64,6 +65,17 @@ def _virtual_problems(policy: Policy, name: str, vm: VirtualModel) -> list[tuple
         return problems
     if isinstance(vm, RoutedModel):
         return problems + _routed_problems(policy, name, vm)
+    if isinstance(vm, SplitModel):
+        for target in vm.targets:
+            other = policy.virtual_models.get(target)
+            if target not in models and not isinstance(other, AliasModel | SemanticModel | RoutedModel):
+                problems.append(
+                    (
+                        ("virtual_models", name, "targets", target),
+                        f"'{target}' is not a model or an alias/semantic/routed virtual model",
+                    )
+                )
+        return problems
     if isinstance(vm, AliasModel):
         refs: list[tuple[Loc, str]] = [(("targets", i), t) for i, t in enumerate(vm.targets)]
     else:

@@ -45,6 +45,7 @@ from policies.schema_models import (
     RoutedModel,
     RouterProbe,
     SemanticModel,
+    SplitModel,
     VirtualModel,
 )
 from policies.strict import Strict
@@ -406,6 +407,7 @@ __all__ = [
     "ScriptedToolCall",
     "SemanticCacheSpec",
     "SemanticModel",
+    "SplitModel",
     "StateSpec",
     "TaskHead",
     "Timeouts",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from policies.quality import ShadowSpec
 from policies.strict import Strict
@@ -65,6 +65,30 @@ class AliasModel(Strict):
     type: Literal["alias"]
     targets: list[str] = Field(min_length=1)
     description: str = ""
+
+
+class SplitModel(Strict):
+    """A virtual model whose traffic is split between targets by weight: a rollout (90% to the
+    current model, 10% to a candidate), sticky per ``sticky`` so one user sees one model."""
+
+    type: Literal["split"]
+    targets: dict[str, float] = Field(
+        min_length=1, description="model (or alias, semantic or routed virtual model) -> its weight, > 0"
+    )
+    sticky: Literal["user", "key", "session", "none"] = Field(
+        "user",
+        description="what keeps a caller on one target: user (the request's `user` field, else the key), key, "
+        "session (the `x-session-id` header, else the user), none (each request drawn anew)",
+    )
+    description: str = ""
+
+    @field_validator("targets")
+    @classmethod
+    def _weights(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = [name for name, w in v.items() if not w > 0 or w != w or w == float("inf")]
+        if bad:
+            raise ValueError(f"weights must be positive and finite: {', '.join(bad)}")
+        return v
 
 
 class ReasoningRule(Strict):
@@ -209,4 +233,6 @@ class RoutedModel(Strict):
         return list(dict.fromkeys(c.model for c in self.candidates))
 
 
-VirtualModel = Annotated[AliasModel | SemanticModel | CascadeModel | RoutedModel, Field(discriminator="type")]
+VirtualModel = Annotated[
+    AliasModel | SemanticModel | CascadeModel | RoutedModel | SplitModel, Field(discriminator="type")
+]

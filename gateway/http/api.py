@@ -81,6 +81,8 @@ def answer_headers(ex: Exchange, out: Outcome) -> dict[str, str]:
     served = out.served
     assert served is not None
     headers = {"x-request-id": ex.request_id, "x-triage-model": served.model, "x-triage-backend": served.backend}
+    if served.split is not None:  # a split virtual model's choice: "name=target"
+        headers["x-triage-split"] = served.split
     if served.route is not None:
         headers.update(route_headers(served.route, served.reasoning_switch))
         if served.model != served.route.model:  # the route's model failed: a fallback answered

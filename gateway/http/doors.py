@@ -130,6 +130,7 @@ class Call:
         once, as a stream does) or ``always`` (a decision, which may ask several tiers)."""
         watch = always or self.ex.rt.admission or self.ex.rt.local_engines
         ctx = self.ex.context(self.wait if watch else None)
+        ctx.session = self.request.headers.get("x-session-id")
         if self.ex.rt.policy.response_cache is not None:
             ctx.cache = directive(self.request.headers.get("x-triage-cache"))
         return ctx

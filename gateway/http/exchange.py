@@ -73,6 +73,7 @@ class Exchange:
     usage: dict[str, Any] | None = None
     prompt: Any = None
     route: Route | None = None
+    split: str | None = None  # a split virtual model's choice ("name=target")
     decision: Decision | None = None
     key: ApiKey | None = None  # the key that called (its name is logged, never the key)
     cost: float | None = None
@@ -105,7 +106,7 @@ class Exchange:
             return
         served = outcome.served
         assert served is not None
-        self.route = served.route
+        self.route, self.split = served.route, served.split
         self.served, self.backend, self.replica = served.model, served.backend, served.replica
         self.cache = outcome.cache
         if outcome.cache is not None and outcome.cache.result == "hit":  # no engine asked: its share of the price
@@ -223,6 +224,8 @@ class Exchange:
         }
         if self.route is not None:
             event["route"] = asdict(self.route)
+        if self.split is not None:
+            event["split"] = self.split
         if self.cache is not None:
             event["cache"] = self.cache.event()
         if self.decision is not None:

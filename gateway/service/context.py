@@ -32,6 +32,7 @@ class Context:
     affinity: str | None = None  # a replica hint (a batch's prefix group)
     wait: Wait | None = None  # None: awaited as is
     cache: Directive | None = None  # the request's `x-triage-cache` header: allow, refresh, bypass
+    session: str | None = None  # the request's `x-session-id` header: a split's sticky id (sticky: session)
 
     def item(self, i: int) -> Context:
         """The context of the ``i``-th item of a batch of questions: its own id, the same attempts."""

@@ -19,7 +19,7 @@ from gateway.service import messages, typed
 from gateway.service.bodies import ChatRequest, CompletionRequest, check
 from policies.cascade import Decision
 from policies.fit import Shape, shape_of
-from policies.plans import ChainPlan, EncoderPlan, TypedPlan, resolve
+from policies.plans import ChainPlan, EncoderPlan, SplitPlan, TypedPlan, resolve
 from policies.schema import Policy
 from policies.semantic import Route
 
@@ -41,6 +41,7 @@ class Served:
     route: Route | None = None
     reasoning_switch: str | None = None
     skipped: tuple[tuple[str, str], ...] = ()  # models down the chain that could not take it, and why
+    split: str | None = None  # a split virtual model's choice: "name=target"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +55,7 @@ class Job:
     kind: Kind
     body: Mapping[str, Any]
     requested: str
-    plan: ChainPlan | EncoderPlan | None
+    plan: ChainPlan | EncoderPlan | SplitPlan | None
     stream: bool = False
     shape: Shape | None = None
     typed: typed.TypedAsk | None = None
@@ -84,7 +85,9 @@ def make(policy: Policy, kind: Kind, body: Mapping[str, Any]) -> Job:
     return Job(kind, MappingProxyType(checked), requested, plan, request.stream, shape_of(kind, checked), ask)
 
 
-def internal(kind: Kind, body: Mapping[str, Any], plan: ChainPlan | EncoderPlan | None, shape: Shape | None) -> Job:
+def internal(
+    kind: Kind, body: Mapping[str, Any], plan: ChainPlan | EncoderPlan | SplitPlan | None, shape: Shape | None
+) -> Job:
     """A job the gateway asks itself (a cascade tier's question, a shadow check, an embedding):
     its body made by triage, not checked again."""
     return Job(kind, MappingProxyType(dict(body)), str(body.get("model")), plan, bool(body.get("stream")), shape)

@@ -4,6 +4,9 @@ here: :class:`gateway.service.service.Service` gives it to the cascade."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from backends.base import Body, Kind
 from gateway.service import fitting
 from gateway.service import job as jobs
@@ -13,7 +16,7 @@ from gateway.service.job import Job, Served
 from gateway.service.runtime import Runtime
 from policies.errors import InvalidRequest
 from policies.fit import Shape, shape_of
-from policies.plans import EncoderPlan, TypedPlan, resolve
+from policies.plans import ChainPlan, EncoderPlan, SplitPlan, TypedPlan, resolve, split_target
 from policies.schema import RoutedModel
 from policies.semantic import Route
 
@@ -23,9 +26,34 @@ async def serve_plan(rt: Runtime, job: Job, ctx: Context) -> Served:
     a model that cannot take what the job needs (its ``shape``) is skipped."""
     plan = job.plan
     assert plan is not None, "a generating job has a plan"
+    split = None
+    if isinstance(plan, SplitPlan):  # one target by weight, sticky per caller; then its own plan
+        target = split_target(plan, sticky_id(plan.sticky, job.body, ctx))
+        split = f"{plan.name}={target}"
+        chosen = resolve(rt.policy, target)
+        assert isinstance(chosen, ChainPlan | EncoderPlan), "validated: a split's targets are models or routers"
+        plan = chosen
     route = await route_of(rt, plan, job.kind, dict(job.body), job.shape) if isinstance(plan, EncoderPlan) else None
     chain = resolve(rt.policy, route.model).chain if route is not None else plan.chain
-    return await dispatch(rt, job, ctx, chain, route)
+    served = await dispatch(rt, job, ctx, chain, route)
+    served.split = split
+    return served
+
+
+def sticky_id(sticky: str, body: Mapping[str, Any], ctx: Context) -> str | None:
+    """What keeps a caller on one target of a split (None: drawn anew): the request's `user`
+    field, its key, its `x-session-id` header, as the split's ``sticky`` says (each falling back
+    to the next: session, user, key)."""
+    if sticky == "none":
+        return None
+    key = f"key:{ctx.key.sha256 or ctx.key.name}" if ctx.key is not None else None
+    if sticky == "key":
+        return key
+    user = body.get("user")
+    user_id = f"user:{user}" if isinstance(user, str) and user else None
+    if sticky == "session" and ctx.session:
+        return f"session:{ctx.session}"
+    return user_id or key
 
 
 async def serve_chat(rt: Runtime, body: Body, ctx: Context) -> Served:
