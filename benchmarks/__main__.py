@@ -532,5 +532,18 @@ def fleet_real(
     )
 
 
+@app.command("split")
+def split(
+    requests: Annotated[int, typer.Option(help="Requests to each of the two rows, alternating.")] = 3000,
+    warmup: Annotated[int, typer.Option(help="Requests to each row first, not counted.")] = 300,
+) -> None:
+    """What a weighted split adds to a request against its model asked by name, in one run."""
+    import json
+
+    from benchmarks.split_bench import run
+
+    print(json.dumps(run(requests=requests, warmup=warmup), indent=1))
+
+
 if __name__ == "__main__":
     app()

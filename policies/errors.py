@@ -10,7 +10,7 @@ The ground floor: it imports nothing of triage, and every package may import it.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 
 class TriageError(Exception):
@@ -175,6 +175,29 @@ class UpstreamTimeout(UpstreamError):
     status = 504
     type = "timeout"
     default_code = "upstream_timeout"
+
+
+_CONTENT = ("content_filter", "content_policy_violation", "content_policy", "safety")
+
+
+ErrorClass = Literal["context_window", "rate_limit", "content_policy", "timeout", "server_error"]
+
+
+def error_class(exc: TriageError) -> ErrorClass | None:
+    """Why an upstream call failed, as a policy's ``fallbacks_on`` names it: ``context_window``,
+    ``rate_limit``, ``content_policy``, ``timeout``, ``server_error``; None for a refusal of the
+    request itself (any other 4xx: the client's fault, no fallback)."""
+    if isinstance(exc, UpstreamTimeout):
+        return "timeout"
+    if isinstance(exc, UpstreamRejected):
+        if exc.code == "context_length_exceeded":
+            return "context_window"
+        if exc.code in _CONTENT or "content management policy" in exc.detail.lower():
+            return "content_policy"
+        return None
+    if isinstance(exc, UpstreamError):
+        return "rate_limit" if exc.upstream_status == 429 else "server_error"
+    return None
 
 
 class UpstreamRejected(TriageError):

@@ -38,11 +38,15 @@ def _model_problems(policy: Policy) -> list[tuple[Loc, str]]:
     for name, spec in models.items():
         if spec.backend not in policy.backends:
             problems.append((("models", name, "backend"), f"backend '{spec.backend}' is not defined"))
-        for i, fb in enumerate(spec.fallbacks):
+        listed: list[tuple[tuple[str | int, ...], str]] = [
+            (("fallbacks", i), fb) for i, fb in enumerate(spec.fallbacks)
+        ]
+        listed += [(("fallbacks_on", why, i), fb) for why, fbs in spec.fallbacks_on.items() for i, fb in enumerate(fbs)]
+        for where, fb in listed:
             if fb not in models:
-                problems.append((("models", name, "fallbacks", i), f"model '{fb}' is not defined"))
+                problems.append((("models", name, *where), f"model '{fb}' is not defined"))
             elif fb == name:
-                problems.append((("models", name, "fallbacks", i), "a model cannot fall back to itself"))
+                problems.append((("models", name, *where), "a model cannot fall back to itself"))
     return problems
 
 

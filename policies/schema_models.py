@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from policies.errors import ErrorClass
 from policies.quality import ShadowSpec
 from policies.strict import Strict
 
@@ -34,6 +35,12 @@ class ModelSpec(Strict):
     )
     prices: Prices = Prices()
     fallbacks: list[str] = Field(default_factory=list)
+    fallbacks_on: dict[ErrorClass, list[str]] = Field(
+        default_factory=dict,
+        description="models tried next when this one fails for that reason, before `fallbacks`: context_window "
+        "(the prompt does not fit), rate_limit (429 or quota), content_policy (the provider refused the content), "
+        "timeout, server_error (5xx, a refused or broken connection)",
+    )
     tokenizer: str | None = Field(
         None,
         description="a HuggingFace tokenizer.json of the model, relative to the policy file: batches group "

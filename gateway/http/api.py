@@ -83,6 +83,8 @@ def answer_headers(ex: Exchange, out: Outcome) -> dict[str, str]:
     headers = {"x-request-id": ex.request_id, "x-triage-model": served.model, "x-triage-backend": served.backend}
     if served.split is not None:  # a split virtual model's choice: "name=target"
         headers["x-triage-split"] = served.split
+    if served.fallbacks:  # the models that failed first, and why: "big (context_window), ..."
+        headers["x-triage-fallbacks"] = ", ".join(f"{m} ({why})" for m, why in served.fallbacks)
     if served.route is not None:
         headers.update(route_headers(served.route, served.reasoning_switch))
         if served.model != served.route.model:  # the route's model failed: a fallback answered

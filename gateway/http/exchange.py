@@ -74,6 +74,7 @@ class Exchange:
     prompt: Any = None
     route: Route | None = None
     split: str | None = None  # a split virtual model's choice ("name=target")
+    fallbacks: tuple[tuple[str, str], ...] = ()  # models that failed before the one that served, and why
     decision: Decision | None = None
     key: ApiKey | None = None  # the key that called (its name is logged, never the key)
     cost: float | None = None
@@ -106,7 +107,7 @@ class Exchange:
             return
         served = outcome.served
         assert served is not None
-        self.route, self.split = served.route, served.split
+        self.route, self.split, self.fallbacks = served.route, served.split, served.fallbacks
         self.served, self.backend, self.replica = served.model, served.backend, served.replica
         self.cache = outcome.cache
         if outcome.cache is not None and outcome.cache.result == "hit":  # no engine asked: its share of the price
@@ -226,6 +227,8 @@ class Exchange:
             event["route"] = asdict(self.route)
         if self.split is not None:
             event["split"] = self.split
+        if self.fallbacks:
+            event["fallbacks"] = [{"model": m, "error_class": why} for m, why in self.fallbacks]
         if self.cache is not None:
             event["cache"] = self.cache.event()
         if self.decision is not None:

@@ -1,7 +1,10 @@
 """Send one job down its model chain: the model, its fallbacks, the policy's fallback.
 
 Replica retries happen inside each backend; this moves to the next model when a backend has
-given up (an upstream error or timeout). A request the upstream rejected (4xx) is not retried. A
+given up (an upstream error or timeout). A model's ``fallbacks_on`` come first, for the reason it
+failed (``policies.errors.error_class``: a context window exceeded, a rate limit, a content-policy
+refusal, a timeout, a server error); then the chain goes on. A request the upstream rejected
+(another 4xx, or one of those classes with no fallback of its own) is not retried. A
 model that cannot take the request (its context, tools, images: ``gateway.service.fitting``) is
 skipped, and said so; when none down the chain can, the request is a 400, never sent. The body
 each link sends is made from the job there (:meth:`gateway.service.job.Job.upstream`).
@@ -20,7 +23,7 @@ from gateway.service.context import Context
 from gateway.service.job import Job, Served
 from gateway.service.runtime import Runtime
 from policies import reasoning
-from policies.errors import UpstreamError
+from policies.errors import UpstreamError, UpstreamRejected, error_class
 from policies.fit import nothing_fits
 from policies.schema import ModelSpec
 from policies.semantic import Route
@@ -34,26 +37,40 @@ async def dispatch(rt: Runtime, job: Job, ctx: Context, chain: Sequence[str], ro
     """The first model of ``chain`` that answers ``job``; ``route``, when the encoder chose the
     chain's head, switches reasoning per candidate and is kept in what is served. A model that
     cannot take what the job needs (its ``shape``; None: not checked) is skipped."""
-    last: UpstreamError | None = None
+    last: UpstreamError | UpstreamRejected | None = None
     skipped: list[tuple[str, str]] = []
-    for name in chain:
+    taken: list[tuple[str, str]] = []  # (model that failed, why): the fallbacks taken, for the trace
+    todo = list(chain)
+    i = 0
+    while i < len(todo):
+        name = todo[i]
+        i += 1
         spec = rt.policy.models[name]
         backend = rt.backends[spec.backend]
         if job.kind == "embedding" and not backend.capabilities.embeddings:
             continue  # this backend has no embeddings API: the next model down the chain
         if job.shape is not None and (why := await fitting.refusal(rt, name, job.shape)) is not None:
             skipped.append((name, why))
-            log.info("model_skipped", request_id=ctx.request_id, model=name, reason=why, next=_after(chain, name))
+            log.info("model_skipped", request_id=ctx.request_id, model=name, reason=why, next=_after(todo, i))
             continue
         upstream_body, switch = _link(rt, job, name, spec, route)
         call = Call(job.kind, upstream_body, ctx.request_id, ctx.attempts, ctx.affinity, ctx.surface == "batch")
         try:
             if call.stream:
                 stream = await tracing.upstream(backend.open_stream, call, backend.name, name, chain)
-                return Served(name, backend.name, stream.replica, None, stream, route, switch, tuple(skipped))
-            completion = await tracing.upstream(backend.complete, call, backend.name, name, chain)
-            return Served(name, backend.name, completion.replica, completion, None, route, switch, tuple(skipped))
-        except UpstreamError as exc:
+                served = Served(name, backend.name, stream.replica, None, stream, route, switch, tuple(skipped))
+            else:
+                completion = await tracing.upstream(backend.complete, call, backend.name, name, chain)
+                served = Served(name, backend.name, completion.replica, completion, None, route, switch, tuple(skipped))
+            served.fallbacks = tuple(taken)
+            return served
+        except (UpstreamError, UpstreamRejected) as exc:
+            why = error_class(exc)
+            extra = [m for m in spec.fallbacks_on.get(why, []) if m not in todo[:i]] if why is not None else []
+            if isinstance(exc, UpstreamRejected) and not extra:
+                raise  # the request's own fault, with no fallback for its reason
+            todo[i:] = extra + [m for m in todo[i:] if m not in extra]  # its reason's fallbacks come first
+            taken.append((name, why or "error"))
             last = exc
             log.warning(
                 "model_failed",
@@ -61,8 +78,11 @@ async def dispatch(rt: Runtime, job: Job, ctx: Context, chain: Sequence[str], ro
                 model=name,
                 backend=backend.name,
                 error=exc.message,
-                next=_after(chain, name),
+                error_class=why,
+                next=_after(todo, i),
             )
+    if isinstance(last, UpstreamRejected):
+        raise last
     if last is None and skipped:
         raise nothing_fits(f"the model '{job.requested}' may go to", skipped, "messages")
     if last is None:
@@ -85,6 +105,5 @@ def _link(rt: Runtime, job: Job, name: str, spec: ModelSpec, route: Route | None
     return body, switch
 
 
-def _after(chain: Sequence[str], name: str) -> str | None:
-    i = chain.index(name)
-    return chain[i + 1] if i + 1 < len(chain) else None
+def _after(todo: Sequence[str], i: int) -> str | None:
+    return todo[i] if i < len(todo) else None

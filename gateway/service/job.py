@@ -42,6 +42,7 @@ class Served:
     reasoning_switch: str | None = None
     skipped: tuple[tuple[str, str], ...] = ()  # models down the chain that could not take it, and why
     split: str | None = None  # a split virtual model's choice: "name=target"
+    fallbacks: tuple[tuple[str, str], ...] = ()  # models that failed before this one answered, and why
 
 
 @dataclass(frozen=True, slots=True)

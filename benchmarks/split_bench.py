@@ -1,0 +1,68 @@
+"""``python -m benchmarks split``: what a weighted split adds to a request, against the same model
+asked by name, in one run (issue 54's goal: at most 0.05 ms p50).
+
+One fast upstream (:mod:`benchmarks.upstream`) and one ``triage serve`` in front of it, whose
+policy has two models on that upstream and a ``split`` virtual model over them (90/10, sticky per
+user). Requests alternate between the model by name and the split (each with its own ``user``),
+one at a time, so both rows see the same machine at the same moment; reported: p50 and p99 of
+each, the difference of the p50s, and their ratio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from benchmarks.procs import Fleet, Proc, free_port
+
+POLICY = """version: 1
+backends:
+  up: {{type: openai, replicas: [{{api_base: "{base}/v1"}}], health: {{enabled: false}}}}
+models:
+  current: {{backend: up, upstream: bench}}
+  candidate: {{backend: up, upstream: bench}}
+virtual_models:
+  chat: {{type: split, targets: {{current: 90, candidate: 10}}, sticky: user}}
+logging: {{level: warning}}
+"""
+
+
+def run(requests: int = 3000, warmup: int = 300) -> dict[str, Any]:
+    return asyncio.run(_main(requests, warmup))
+
+
+async def _main(requests: int, warmup: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="triage-split-") as tmp, Fleet(Path(tmp)) as fleet:
+        async with aiohttp.ClientSession() as http:
+            up = fleet.upstream()
+            await up.wait_ready(http, 20)
+            (Path(tmp) / "policy.yaml").write_text(POLICY.format(base=up.base))
+            port = free_port()
+            argv = [sys.executable, "-m", "gateway.cli", "serve", "--policy", str(Path(tmp) / "policy.yaml")]
+            gw = fleet.add(
+                Proc("triage", [*argv, "--port", str(port), "--no-watch"], port, "/health", Path(tmp) / "gw.log")
+            )
+            await gw.wait_ready(http, 60)
+            times: dict[str, list[float]] = {"current": [], "chat": []}
+            for i in range(warmup + requests):
+                for model in ("current", "chat"):
+                    body = {"model": model, "user": f"u{i}", "messages": [{"role": "user", "content": "hi"}]}
+                    t0 = time.perf_counter()
+                    async with http.post(gw.base + "/v1/chat/completions", json=body) as r:
+                        await r.read()
+                        assert r.status == 200, r.status
+                    if i >= warmup:
+                        times[model].append((time.perf_counter() - t0) * 1000)
+    out = {m: {"p50_ms": statistics.median(t), "p99_ms": sorted(t)[int(len(t) * 0.99)]} for m, t in times.items()}
+    added = out["chat"]["p50_ms"] - out["current"]["p50_ms"]
+    report = {"requests": requests, "by_name": out["current"], "split": out["chat"], "added_p50_ms": added}
+    report["ratio_p50"] = out["chat"]["p50_ms"] / out["current"]["p50_ms"]
+    report["met"] = added <= 0.05
+    return report
