@@ -26,6 +26,26 @@ import pytest
 from tests import lanes
 
 
+@contextlib.contextmanager
+def asgi_server(app: Any) -> Iterator[str]:
+    """``app`` (an ASGI app: a fake engine) under a real uvicorn in a thread; its base URL."""
+    import threading
+
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -10,7 +10,6 @@ import http.client
 import json
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +19,6 @@ import httpx
 import openai
 import pytest
 import structlog
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -29,6 +27,7 @@ from starlette.routing import Route
 from backends.base import Call, ChunkStream, Completion
 from tests.conftest import Gateway, free_port
 from tests.http.test_errors import MSG, error_of
+from tests.servers import asgi_server
 
 POLICY = """version: 1
 backends:
@@ -212,16 +211,8 @@ def fake_engine(request: Request) -> JSONResponse:
 @pytest.fixture
 def engine() -> Iterator[str]:
     """The fake engine under a real uvicorn; its base URL."""
-    app = Starlette(routes=[Route("/{path:path}", fake_engine, methods=["GET", "POST"])])
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with asgi_server(Starlette(routes=[Route("/{path:path}", fake_engine, methods=["GET", "POST"])])) as url:
+        yield url
 
 
 def test_upstream_credentials_and_addresses_never_reach_the_client(

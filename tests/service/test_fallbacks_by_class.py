@@ -7,20 +7,18 @@ scripted backend. The real engines' own context overflows are in test_fallbacks_
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
 import structlog
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from tests.conftest import Gateway, free_port
+from tests.conftest import Gateway
 from tests.http.test_hardening import policy
+from tests.servers import asgi_server
 
 ANSWERS = {
     "toolong": (400, {"error": {"message": "This model's maximum context length is 2048 tokens", "code": 400}}),
@@ -41,16 +39,8 @@ async def fake_engine(request: Request) -> JSONResponse:
 
 @pytest.fixture
 def engine() -> Iterator[str]:
-    app = Starlette(routes=[Route("/{path:path}", fake_engine, methods=["GET", "POST"])])
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with asgi_server(Starlette(routes=[Route("/{path:path}", fake_engine, methods=["GET", "POST"])])) as url:
+        yield url
 
 
 def test_each_error_class_takes_its_own_fallback(gateway: Callable[..., Gateway], engine: str) -> None:
