@@ -148,7 +148,7 @@ class ReplicaSet:
                 if e.kv_usage is not None and e.kv_usage >= kv_full:
                     full[i] = True
             load.append(own / r.weight if r.weight != 1 else own)
-        spare = full
+        spare = full  # read only for background work: then computed below
         if background:
             cap = self.dispatch.batch_max_load
             spare = [
