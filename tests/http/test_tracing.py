@@ -169,6 +169,7 @@ FRONT = """version: 1
 backends:
   pool:
     type: openai
+    strategy: round_robin  # by weight: the dead replica first
     replicas:
       - {{api_base: "{dead}", weight: 1000}}
       - {{api_base: "{engine}"}}
