@@ -305,10 +305,9 @@ def choose(
 
 def tie(ties: list[int], key: int) -> int:
     """One of ``ties`` (replica positions, in order) by the request's key: the same key, the same
-    one, in every gateway; different keys spread evenly."""
-    if len(ties) == 1:
-        return ties[0]
-    return ties[rank(key, len(ties)) % len(ties)]
+    one, in every gateway. The keys' low bits are a CRC (a prompt's, a session's) or a counter (a
+    request with neither: then ties go round in turn)."""
+    return ties[key % len(ties)] if len(ties) > 1 else ties[0]
 
 
 def _by_prefill(

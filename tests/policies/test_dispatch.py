@@ -71,7 +71,7 @@ def test_the_replica_holding_the_prefix_takes_it_within_the_bound() -> None:
     # past the bound (slack 2 above the least loaded, and over 1.5x the mean) it goes elsewhere
     hot = [Seen(load=0), Seen(load=1), Seen(load=3), Seen(load=0)]
     got = choose(hot, index=idx, hashes=p, slack=2, balance=1.5)
-    assert got is not None and got[0] in (0, 3) and got[1] == 0
+    assert got is not None and got[0] != 2 and got[1] == 0  # any replica within the bound, not the holder
 
 
 def test_without_a_match_the_least_loaded_and_ties_by_the_key() -> None:
