@@ -20,6 +20,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
+from policies import catalogue
 from policies.errors import PolicyInvalid
 from policies.references import reference_problems
 from policies.schema import LOCAL_GGUF, Loc, Policy, RoutedModel
@@ -129,9 +130,11 @@ def _first_row_columns(path: Path) -> tuple[str, ...]:
     return tuple(sorted(first.get("correct") or first.get("score") or {}))
 
 
-def parse(text: str, file: str = "<policy>", base_dir: Path | None = None) -> Policy:
+def parse(text: str, file: str = "<policy>", base_dir: Path | None = None, *, catalogued: bool = True) -> Policy:
     """Validate policy text; raise :class:`PolicyInvalid` listing every problem. With ``base_dir``
-    (the policy file's folder) the files it names are checked too."""
+    (the policy file's folder) the files it names are checked too. ``catalogued``: a provider
+    model's missing prices and context window taken from litellm's catalogue
+    (:mod:`policies.catalogue`); False: the policy as written."""
     yaml = YAML(typ="rt")
     try:
         root = yaml.load(text)
@@ -159,7 +162,7 @@ def parse(text: str, file: str = "<policy>", base_dir: Path | None = None) -> Po
         problems.append(Problem(file, line + 1, col + 1, _dotted(loc), message))
     if problems:
         raise PolicyInvalid([str(p) for p in problems])
-    return policy
+    return catalogue.fill(policy) if catalogued else policy
 
 
 SECRET_FIELDS = frozenset({"api_key", "sha256", "admin_key", "url", "database"})  # those that take env:NAME
@@ -210,10 +213,10 @@ def located(path: str | Path | None, problems: Sequence[tuple[Loc, str]]) -> lis
     return out
 
 
-def load(path: str | Path) -> Policy:
+def load(path: str | Path, *, catalogued: bool = True) -> Policy:
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise PolicyInvalid([f"{path}:1:1: cannot read: {exc.strerror or exc}"]) from None
-    return parse(text, str(path), path.parent)
+    return parse(text, str(path), path.parent, catalogued=catalogued)

@@ -8,12 +8,17 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from policies import loader
+from policies import catalogue, loader
 from policies.errors import PolicyInvalid
 from policies.schema import Policy
 
 
-def validate(files: Annotated[list[Path], typer.Argument(help="Policy files to check.")]) -> None:
+def validate(
+    files: Annotated[list[Path], typer.Argument(help="Policy files to check.")],
+    explain: Annotated[
+        bool, typer.Option("--explain", help="Also say where each model's prices and context window come from.")
+    ] = False,
+) -> None:
     """Check policy files; exit 1 if any has a problem. Where the policy's heads are trained, the labels
     its semantic virtual models route on are checked against them too."""
     out = Console(highlight=False, soft_wrap=True)
@@ -40,8 +45,23 @@ def validate(files: Annotated[list[Path], typer.Argument(help="Policy files to c
             f"{len(policy.virtual_models)} virtual models)",
             markup=False,
         )
+        if explain:
+            _explain(out, path, policy)
     if bad:
         raise typer.Exit(1)
+
+
+def _explain(out: Console, path: Path, policy: Policy) -> None:
+    """Each model's prices (per million tokens) and context window, and where each came from: the
+    policy, litellm's catalogue (policies/catalogue.py), or the default."""
+    said = catalogue.sources(loader.load(path, catalogued=False))
+    for name, spec in policy.models.items():
+        p, window = spec.prices, spec.context_length
+        out.print(
+            f"  {name}: in {p.input_per_mtok:g} / out {p.output_per_mtok:g} per Mtok ({said[name]['prices']}); "
+            f"context {window if window is not None else 'the engine says'} ({said[name]['context_length']})",
+            markup=False,
+        )
 
 
 def _label_problems(policy: Policy, path: Path) -> list[str]:
