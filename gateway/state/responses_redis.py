@@ -7,7 +7,7 @@ key's responses hold at most ``max_bytes_per_owner`` bytes, its oldest dropped f
 Per response: one string (the response, its turns and its owner, as JSON) with its TTL. Per key:
 a sorted set of its responses by expiry and a hash of their sizes, which the put script trims, in
 one atomic step, to the key's bound. The bound on all keys together is the Redis server's own
-(``maxmemory`` with an eviction policy: docs/fleet.md). A store that fails is a 503
+(``maxmemory`` with an eviction policy: docs/surfaces.md). A store that fails is a 503
 (``StoreDown``) on a read; a put that fails is logged and the answer still goes out (unstored).
 """
 
