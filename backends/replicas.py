@@ -98,6 +98,13 @@ class ReplicaSet:
         self.position = {r.api_base: i for i, r in enumerate(replicas)}
         self.shared: Callable[[int, tuple[int, ...]], None] | None = None  # told of every index addition
         self._ticket = 0  # the key of a request with neither a key nor blocks: ties then go round
+        # the engines' figures as the view adds them to this gateway's counts, rebuilt when one changes
+        # or goes stale (:meth:`_refresh`): the hot path then reads lists, not every replica's objects
+        self._base = [0.0] * len(replicas)  # the engine's requests beyond this gateway's own at its poll
+        self._waiting = [0.0] * len(replicas)
+        self._full = [False] * len(replicas)
+        self._fresh_until = float("-inf")
+        self._weighted = any(r.weight != 1 for r in replicas)
 
     def any_available(self) -> bool:
         now = self.clock()
@@ -106,6 +113,7 @@ class ReplicaSet:
     # -- what the engines said -------------------------------------------------------------
     def observe(self, replica: ReplicaState, load: EngineLoad | None) -> None:
         """The engine's answer to a poll (None: it gave none; its figures are unknown from now)."""
+        self._fresh_until = float("-inf")  # the view's figures are rebuilt at the next choice
         if load is None:
             replica.engine, replica.engine_at = None, float("-inf")
             return
@@ -132,30 +140,36 @@ class ReplicaSet:
 
     # -- the choice ------------------------------------------------------------------------
     def view(self, now: float, ok: list[bool], background: bool = False) -> View:
-        """The pool as the rule sees it, in one pass (the hot path): each replica's :meth:`load`,
-        whether its KV cache is full, and (for ``background`` work) whether it has spare room:
-        under ``batch_max_load``, and no request waiting in its engine where the engine says."""
-        ttl, kv_full = self.dispatch.signals_ttl_s, KV_FULL
-        load: list[float] = []
-        full = [False] * len(self.replicas)
-        for i, r in enumerate(self.replicas):
-            own: float = r.outstanding
-            e = r.engine
-            if e is not None and now - r.engine_at <= ttl:
-                q = e.running + e.waiting + own - r.outstanding_at_poll
-                if q > own:
-                    own = q
-                if e.kv_usage is not None and e.kv_usage >= kv_full:
-                    full[i] = True
-            load.append(own / r.weight if r.weight != 1 else own)
-        spare = full  # read only for background work: then computed below
+        """The pool as the rule sees it (the hot path): each replica's :meth:`load` (this gateway's
+        count plus the engine's others, kept as lists between polls), whether its KV cache is
+        full, and (for ``background`` work) whether it has spare room: under ``batch_max_load``,
+        and no request waiting in its engine where the engine says."""
+        if now > self._fresh_until:
+            self._refresh(now)
+        reps = self.replicas
+        if self._weighted:
+            load = [(r.outstanding + b) / r.weight for r, b in zip(reps, self._base, strict=True)]
+        else:
+            load = [r.outstanding + b for r, b in zip(reps, self._base, strict=True)]
+        spare = self._full  # read only for background work: then computed here
         if background:
             cap = self.dispatch.batch_max_load
-            spare = [
-                x < cap and (r.engine is None or now - r.engine_at > ttl or r.engine.waiting == 0)
-                for x, r in zip(load, self.replicas, strict=True)
-            ]
-        return View(load, ok, full, spare, [r.prefill for r in self.replicas])
+            spare = [x < cap and w == 0 for x, w in zip(load, self._waiting, strict=True)]
+        return View(load, ok, self._full, spare, [r.prefill for r in reps])
+
+    def _refresh(self, now: float) -> None:
+        """The engines' figures that are fresh, as lists; the moment the first of them goes stale."""
+        ttl, until = self.dispatch.signals_ttl_s, float("inf")
+        for i, r in enumerate(self.replicas):
+            e = r.engine
+            if e is not None and now - r.engine_at <= ttl:
+                self._base[i] = max(0.0, e.queue - r.outstanding_at_poll)
+                self._waiting[i] = e.waiting
+                self._full[i] = e.kv_usage is not None and e.kv_usage >= KV_FULL
+                until = min(until, r.engine_at + ttl)
+            else:
+                self._base[i], self._waiting[i], self._full[i] = 0.0, 0.0, False
+        self._fresh_until = until
 
     def pick(
         self, tried: set[str], affinity: str | None = None, *, text: str = "", background: bool = False
