@@ -65,7 +65,10 @@ class OpenAICompatBackend(RemoteBackend):
             finally:
                 resp.release()
             message, code = _error_of(raw, resp.status)
-            raise upstream_failure(self.name, resp.status, message, code, self.spec.error_text)
+            failure = upstream_failure(self.name, resp.status, message, code, self.spec.error_text)
+            if isinstance(failure, UpstreamError) and resp.status in (429, 503):
+                failure.retry_after_s = retry_after(resp.headers.get("retry-after"))
+            raise failure
         return resp
 
     async def _call_once(self, replica: ReplicaState, call: Call) -> Body:
@@ -142,6 +145,15 @@ class OpenAICompatBackend(RemoteBackend):
         finally:
             resp.release()
         return resp.status, resp.headers.get("content-type", ""), body
+
+
+def retry_after(value: str | None) -> float | None:
+    """A ``retry-after`` header's seconds (the delay form; an HTTP date is not read), at most an hour."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return min(seconds, 3600.0) if seconds is not None and seconds >= 0 and seconds == seconds else None
 
 
 def server_root(api_base: str) -> str:

@@ -381,7 +381,7 @@ class RemoteBackend:
         assert isinstance(exc, UpstreamError)
         timed_out = isinstance(exc, UpstreamTimeout)
         self._record(call, replica, "timeout" if timed_out else "error", watch)
-        self.replicas.eject(replica)
+        self.replicas.eject(replica, exc.retry_after_s)
         log.warning(
             "upstream_failed",
             backend=self.name,

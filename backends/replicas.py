@@ -271,8 +271,9 @@ class ReplicaSet:
         best.current_weight -= total
         return best
 
-    def eject(self, replica: ReplicaState) -> None:
-        replica.ejected_until = self.clock() + self.cooldown_s
+    def eject(self, replica: ReplicaState, for_s: float | None = None) -> None:
+        """Out for ``cooldown_s``, or what the replica asked (a 429's ``retry-after``) if longer."""
+        replica.ejected_until = self.clock() + max(self.cooldown_s, for_s or 0.0)
 
     def restore(self, replica: ReplicaState) -> None:
         replica.ejected_until = 0.0

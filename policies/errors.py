@@ -164,11 +164,13 @@ class UpstreamError(TriageError):
         detail: str | None = None,
         param: str | None = None,
         code: str | None = None,
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message, param=param, code=code)
         self.retryable = retryable
         self.upstream_status = upstream_status
         self.detail = detail
+        self.retry_after_s = retry_after_s  # a 429's or 503's `retry-after`: how long the replica asked to be left
 
 
 class UpstreamTimeout(UpstreamError):

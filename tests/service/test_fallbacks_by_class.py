@@ -126,3 +126,39 @@ models:
         "p.yaml:4:52: models.a.fallbacks_on.rate_limit[0]: model 'ghost' is not defined",
         "p.yaml:4:59: models.a.fallbacks_on.rate_limit[1]: a model cannot fall back to itself",
     ]
+
+
+def test_a_rate_limited_replica_stays_out_as_long_as_its_retry_after_says(
+    gateway: Callable[..., Gateway], engine: str
+) -> None:
+    gw = gateway(
+        f"""version: 1
+backends:
+  limited: {{type: openai, replicas: [{{api_base: '{engine}/limited'}}], retries: {{attempts: 1}},
+            health: {{enabled: false, cooldown_s: 0.5}}}}
+  spare: {{type: scripted}}
+models:
+  limited: {{backend: limited, fallbacks_on: {{rate_limit: [spare]}}}}
+  spare: {{backend: spare}}
+"""
+    )
+    with gw.http() as http:
+        r = http.post("/v1/chat/completions", json={"model": "limited", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200 and r.headers["x-triage-fallbacks"] == "limited (rate_limit)"
+    rs = gw.app.state.triage.holder.current.backends["limited"].replicas  # type: ignore[attr-defined]
+    left = rs.replicas[0].ejected_until - rs.clock()
+    assert 5.0 < left <= 7.0  # the engine's retry-after (7 s), not the policy's cooldown (0.5 s)
+
+
+def test_retry_after_is_read_as_seconds_and_bounded() -> None:
+    from backends.openai_compat import retry_after
+
+    assert [retry_after(v) for v in ("7", "0.5", "86400", "-1", "nan", "Wed, 21 Oct 2015 07:28:00 GMT", None)] == [
+        7.0,
+        0.5,
+        3600.0,
+        None,
+        None,
+        None,
+        None,
+    ]
