@@ -155,7 +155,12 @@ def assign(keys: list[str], bases: list[str], chars: int) -> list[int]:
     it: rendezvous hashing of the key with ``chars`` > 0, else round robin (in arrival order)."""
     rs = ReplicaSet([ReplicaState(b, None) for b in bases], "round_robin", 0.0)
     index = {b: i for i, b in enumerate(bases)}
-    return [index[rs.pick(set(), k if chars else None).api_base] for k in keys]
+    out = []
+    for k in keys:
+        got = rs.pick(set(), k if chars else None)
+        assert got is not None, "an online request always gets a replica"
+        out.append(index[got.api_base])
+    return out
 
 
 def predicted_reuse(tokens: list[tuple[int, ...]], where: list[int], replicas: int) -> float:

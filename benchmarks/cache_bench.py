@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import itertools
-import shutil
 import statistics
 import tempfile
 from collections.abc import Iterator
@@ -43,7 +42,7 @@ from rich.table import Table
 from benchmarks.load import Target, interleaved
 from benchmarks.meters import cpu_kind
 from benchmarks.overhead import machine
-from benchmarks.procs import Fleet, Proc, StartFailed, free_port
+from benchmarks.procs import Fleet, start_redis
 
 GOAL_HIT_MS = 0.3
 GOAL_SEMANTIC_MS = 1.0
@@ -97,28 +96,6 @@ def run(
     return result
 
 
-async def _redis(fleet: Fleet, workdir: Path) -> Proc | None:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        return None
-    port = free_port()
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    proc = fleet.add(Proc("redis", [*argv, "--dir", str(workdir)], port, "", workdir / "redis.log"))
-    import redis.asyncio as aioredis
-
-    client = aioredis.Redis(port=port)
-    try:
-        for _ in range(100):
-            try:
-                await client.ping()
-                return proc
-            except (OSError, aioredis.ConnectionError):
-                await asyncio.sleep(0.05)
-    finally:
-        await client.aclose()
-    raise StartFailed("redis-server did not answer")
-
-
 async def _main(
     rounds: int, requests: int, warmup: int, semantic: bool, workdir: Path, console: Console
 ) -> dict[str, Any]:
@@ -128,7 +105,7 @@ async def _main(
         with Fleet(workdir) as fleet:
             up = fleet.upstream()
             await up.wait_ready(probe, 20)
-            redis = await _redis(fleet, workdir)
+            redis = await start_redis(fleet, workdir)
             cache = "response_cache: {ttl_s: 3600}\n"
             procs = {
                 "direct": up,

@@ -24,7 +24,6 @@ import asyncio
 import gzip
 import json
 import random
-import shutil
 import statistics
 import tempfile
 import time
@@ -46,7 +45,7 @@ from benchmarks import prefix_bench as prefix
 from benchmarks import vllm as vllm_engine
 from benchmarks.affinity import reset_caches, start_gateway, start_vllm_pool
 from benchmarks.overhead import machine
-from benchmarks.procs import HOST, Fleet, Proc, StartFailed, free_port
+from benchmarks.procs import HOST, Fleet, Proc, StartFailed, start_redis
 
 DATA = prefix.DATA.parents[1]  # the shared data folder
 MODES = ("round_robin", "least_load", "admission", "prefix")
@@ -192,23 +191,10 @@ async def _main(
 
 async def _redis(fleet: Fleet, tmp: Path) -> Proc:
     """A ``redis-server`` on a free loopback port, stopped with the fleet."""
-    binary = shutil.which("redis-server")
-    if binary is None:
+    proc = await start_redis(fleet, tmp)
+    if proc is None:
         raise StartFailed("redis-server is not installed (apt-get install redis-server)")
-    port = free_port()
-    argv = [binary, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no", "--dir", str(tmp)]
-    proc = fleet.add(Proc("redis", argv, port, "", tmp / "redis.log"))
-    client = aioredis.Redis(host=HOST, port=port)
-    try:
-        for _ in range(200):
-            try:
-                await client.ping()
-                return proc
-            except (OSError, aioredis.ConnectionError):
-                await asyncio.sleep(0.05)
-    finally:
-        await client.aclose()
-    raise StartFailed("redis-server did not answer")
+    return proc
 
 
 async def _engine_seen(http: aiohttp.ClientSession, server: Proc) -> dict[str, Any]:

@@ -306,3 +306,29 @@ litellm_settings:
   drop_params: true
 general_settings: {{}}
 """
+
+
+async def start_redis(fleet: Fleet, workdir: Path) -> Proc | None:
+    """A ``redis-server`` on a free loopback port (no persistence), stopped with the fleet; None
+    where Debian's redis-server is not installed."""
+    import shutil
+
+    import redis.asyncio as aioredis
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        return None
+    port = free_port()
+    argv = [binary, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no", "--dir", str(workdir)]
+    proc = fleet.add(Proc("redis", argv, port, "", workdir / "redis.log"))
+    client = aioredis.Redis(host=HOST, port=port)
+    try:
+        for _ in range(200):
+            try:
+                await client.ping()
+                return proc
+            except (OSError, aioredis.ConnectionError):
+                await asyncio.sleep(0.05)
+    finally:
+        await client.aclose()
+    raise StartFailed("redis-server did not answer")
