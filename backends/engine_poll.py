@@ -114,6 +114,3 @@ class EnginePoller:
         if replica.active_ok:
             log.warning("replica_health", backend=self.backend, replica=replica.api_base, healthy=False)
         replica.active_ok = False
-
-    def known(self, replica: ReplicaState) -> bool:
-        return self._why.get(replica.api_base) is None and self.replicas.known(replica)

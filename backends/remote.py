@@ -96,7 +96,6 @@ class RemoteBackend:
             spec.rule,
             spec.health.cooldown_s,
             dispatch=Dispatch(
-                strategy=spec.rule,
                 balance=d.balance,
                 slack=d.slack,
                 block_tokens=d.block_tokens,

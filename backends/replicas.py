@@ -24,7 +24,6 @@ KV_FULL = 0.98  # an engine's KV-cache usage at which it takes no new request wh
 class Dispatch:
     """How a replica set chooses: the policy's ``dispatch`` section, resolved."""
 
-    strategy: Strategy = "round_robin"
     balance: float = BALANCE
     slack: float = SLACK
     block_tokens: int = 16  # the engine's KV block, in tokens
@@ -132,11 +131,9 @@ class ReplicaSet:
         """Requests on ``replica`` per unit of weight: the engine's running and waiting at its last
         answer, plus what this gateway sent since and minus what of its own ended since (never
         under this gateway's own count); this gateway's own count where the engine says nothing."""
-        own: float = replica.outstanding
-        if self.known(replica, now):
-            assert replica.engine is not None
-            own = max(own, replica.engine.queue + own - replica.outstanding_at_poll)
-        return own / replica.weight
+        if now > self._fresh_until:
+            self._refresh(now)
+        return (replica.outstanding + self._base[self.position[replica.api_base]]) / replica.weight
 
     # -- the choice ------------------------------------------------------------------------
     def view(self, now: float, ok: list[bool], background: bool = False) -> View:

@@ -165,7 +165,7 @@ def pick_cost(replicas: int = 64, n: int = 3000, seed: int = 0) -> dict[str, flo
     for wl in fleet_workloads.WORKLOADS:
         _, flat = _workload(wl, n, seed).instances(16, 1.0)
         states = [ReplicaState(f"http://r{i}", None) for i in range(replicas)]
-        rs = ReplicaSet(states, "prefix", 30.0, dispatch=Dispatch(strategy="prefix", block_tokens=16))
+        rs = ReplicaSet(states, "prefix", 30.0, dispatch=Dispatch(block_tokens=16))
         for s in states:
             rs.observe(s, EngineLoad(rng.randint(0, 40), rng.randint(0, 2), rng.random() * 0.9))
         times = []

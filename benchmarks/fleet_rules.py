@@ -57,7 +57,6 @@ class Gateway:
         p = sim.profile
         self.states = [ReplicaState(f"http://r{i}", None) for i in range(len(sim.engines))]
         d = Dispatch(
-            strategy=self.strategy,  # type: ignore[arg-type]
             block_tokens=p.block_tokens,
             bytes_per_token=4.0,
             cache_tokens=p.kv_tokens,

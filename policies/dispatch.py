@@ -48,7 +48,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 Strategy = Literal["round_robin", "least_load", "prefix"]
-STRATEGIES: tuple[str, ...] = ("round_robin", "least_load", "prefix")
 
 BALANCE = 1.25  # the default bound on a replica's load against the mean (python -m benchmarks fleet-sim --sweep)
 SLACK = 8.0  # requests above the least loaded replica that are always within the bound (the same sweep)

@@ -63,7 +63,7 @@ def _set(n: int = 2, strategy: str = "least_load") -> tuple[ReplicaSet, list[flo
         strategy,
         1.0,
         clock=lambda: now[0],
-        dispatch=Dispatch(strategy=strategy, signals_ttl_s=1.0),  # type: ignore[arg-type]
+        dispatch=Dispatch(signals_ttl_s=1.0),
     )
     return rs, now
 
