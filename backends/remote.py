@@ -162,7 +162,7 @@ class RemoteBackend:
         if self.feed is not None:
             await self.feed.close()
             self.feed = None
-        if store is not None and self.spec.dispatch.share and self.replicas.strategy == "prefix":
+        if store is not None and self.spec.dispatch.share and self.replicas.indexed:
             self.feed = IndexFeed(self.name, self.replicas, store)
             await self.feed.start()
 
@@ -227,7 +227,8 @@ class RemoteBackend:
                 replica.outstanding -= 1
                 self.replicas.started(placed)
             self._record(call, replica, "ok", watch)
-            self._answered(call, replica, _answer(body, "message"))
+            if self.replicas.indexed:
+                self._answered(call, replica, _answer(body, "message"))
             return Completion(body, replica.api_base)
         assert last is not None
         raise last
@@ -271,7 +272,8 @@ class RemoteBackend:
             self.replicas.started(placed)
             self._record(call, replica, "ok", watch)
             cleanup = _once(replica, chunks, slot)
-            rest = self._rest(call, replica, chunks, watch, cleanup, _answer(first, "delta"))
+            said = _answer(first, "delta") if self.replicas.indexed else ""
+            rest = self._rest(call, replica, chunks, watch, cleanup, said)
             return ChunkStream(first, rest, replica.api_base, cleanup)
         assert last is not None
         raise last
@@ -286,7 +288,7 @@ class RemoteBackend:
         said: str = "",
     ) -> AsyncIterator[Body]:
         t = self.spec.timeouts
-        keep = self.replicas.strategy == "prefix"  # the answer's text, for the prefix index
+        keep = self.replicas.indexed  # the answer's text, for the prefix index
         parts = [said] if keep else []
         try:
             while True:
@@ -342,7 +344,7 @@ class RemoteBackend:
         if slot is not None and not tried:
             placed: Placement | None = Placement(slot.replica)
         else:
-            text = prompt_text(call.body) if self.replicas.strategy == "prefix" else ""
+            text = prompt_text(call.body) if self.replicas.indexed else ""
             affinity = self._affinity(call)
             placed = self.replicas.place(tried, affinity, text=text, background=call.background)
             waited = 0
@@ -359,7 +361,7 @@ class RemoteBackend:
 
     def _answered(self, call: Call, replica: ReplicaState, answer: str) -> None:
         """The engine now caches the prompt and its answer: a conversation's next turn starts so."""
-        if answer and self.replicas.strategy == "prefix":
+        if answer:
             self.replicas.extend(replica, prompt_text(call.body) + "\n" + answer)
 
     def _failed(self, call: Call, replica: ReplicaState, watch: Stopwatch, exc: BaseException) -> UpstreamError:

@@ -104,6 +104,8 @@ class ReplicaSet:
         self._full = [False] * len(replicas)
         self._fresh_until = float("-inf")
         self._weighted = any(r.weight != 1 for r in replicas)
+        # the prefix index matters only where there is a choice to make
+        self.indexed = self.strategy == "prefix" and len(replicas) > 1
 
     def any_available(self) -> bool:
         now = self.clock()
@@ -193,8 +195,10 @@ class ReplicaSet:
         key (a session, a batch group): the rendezvous key its ties are broken by, and, under
         ``round_robin``, the replica itself (the batch-only affinity of old). ``background`` (a
         batch line): only an available replica with spare room; None when there is none now."""
-        now = self.clock()
         reps = self.replicas
+        if len(reps) == 1 and not background:  # nothing to choose: no rule, no index
+            return Placement(reps[0])
+        now = self.clock()
         avail = [r.active_ok and now >= r.ejected_until for r in reps]  # ReplicaState.available, inlined
         ok = [a and r.api_base not in tried for a, r in zip(avail, reps, strict=True)] if tried else avail
         if not any(ok):
@@ -210,7 +214,7 @@ class ReplicaSet:
                 return Placement(reps[max(cand, key=lambda i: rank(key, i))])
             return Placement(self._smooth_weighted([reps[i] for i in cand]))
         d = self.dispatch
-        data = text.encode("utf-8", "surrogatepass") if self.strategy == "prefix" and text else b""
+        data = text.encode("utf-8", "surrogatepass") if self.indexed and text else b""
         hashes = index_hashes(data, d.block_bytes) if data else ()
         size = len(data) / d.bytes_per_token if hashes else 0.0
         if not key:  # the whole prompt (the same prompt, the same tie in every gateway), else a ticket
@@ -247,7 +251,7 @@ class ReplicaSet:
     def extend(self, replica: ReplicaState, text: str) -> None:
         """``replica`` now also holds ``text`` (a prompt and its answer, as the conversation's next
         turn will start): the engine caches what it generated, so the next turn's blocks lead there."""
-        if self.strategy != "prefix" or not text:
+        if not self.indexed or not text:
             return
         hashes = index_hashes(text, self.dispatch.block_bytes)
         if hashes:
