@@ -26,6 +26,7 @@ from gateway.service.quality import layer as quality_layer
 from gateway.service.quality.watch import Watch
 from gateway.service.runtime import Runtime
 from gateway.state.quality import open_quality
+from gateway.state.responses import Responses
 from gateway.state.responses_redis import RedisResponses
 from gateway.state.stores import RedisStore, Store, StoreDown, open_store
 from policies import loader
@@ -144,6 +145,7 @@ async def build(
         await opened.close()
         raise
     hashes, operators, keyring = _keyring(policy, keys, store, admin)
+    responses = await _responses(policy, previous, store, opened) if engines else None
     crash_guard.guard().log_content = policy.logging.log_prompts  # the engines' crash logs
     return Runtime(
         policy,
@@ -163,7 +165,7 @@ async def build(
         fits=fits,
         base_dir=base_dir,
         semantic=_semantic(policy, encoding, version, store),
-        responses=RedisResponses(store) if isinstance(store, RedisStore) else None,
+        responses=responses,
         watch=watch,
         serve=layered(policy),
         noted=quality_layer.noted if watch is not None else None,
@@ -180,6 +182,27 @@ def _keyring(
     operators = frozenset(digest for name, digest in keys if name in policy.access.operator_keys)
     by_digest = {digest: policy.keys[i].model_copy(update={"sha256": digest}) for i, (_, digest) in enumerate(keys)}
     return hashes, operators, Keyring(by_digest, store, dynamic=admin is not None)
+
+
+async def _responses(policy: Policy, previous: Runtime | None, store: Store, opened: _Opened) -> Responses | None:
+    """Stored Responses in the fleet's store: PostgreSQL where ``state.database`` names it (the
+    previous runtime's while it is unchanged), else Redis where ``state.store`` is; None: the
+    app's own (this process). PostgreSQL wins where both are set: it keeps them on disk and bounds
+    all keys' together itself (Redis only by its ``maxmemory``). What this start opened is closed
+    when the database cannot be reached."""
+    database = policy.state.database
+    if database is None:
+        return RedisResponses(store) if isinstance(store, RedisStore) else None
+    if previous is not None and previous.responses is not None and previous.policy.state.database == database:
+        return previous.responses
+    from gateway.state.pg import database_dsn
+    from gateway.state.responses_pg import PgResponses
+
+    try:
+        return await PgResponses.open(database_dsn(policy.state))
+    except StoreDown as exc:
+        await opened.close()
+        raise PolicyInvalid([f"state.database: {exc.message}"]) from None
 
 
 @dataclass

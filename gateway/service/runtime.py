@@ -165,7 +165,8 @@ class RuntimeHolder:
     def __init__(self, runtime: Runtime) -> None:
         self.current = runtime
         self._retired: list[Runtime] = []
-        self._pending: dict[int, Backend | Encoding | Store | Watch] = {}  # by id: objects of retired runtimes
+        # by id: objects of retired runtimes
+        self._pending: dict[int, Backend | Encoding | Store | Watch | Responses] = {}
         self._later: set[asyncio.Task[None]] = set()  # work after an answer (spend records): awaited at close
 
     def later(self, work: Coroutine[Any, Any, None]) -> None:
@@ -188,7 +189,7 @@ class RuntimeHolder:
         old, self.current = self.current, new
         old.retired = True
         self._retired.append(old)
-        for obj in (*old.backends.values(), old.encoding, old.store, old.watch):
+        for obj in (*old.backends.values(), old.encoding, old.store, old.watch, old.responses):
             if obj is not None:
                 self._pending[id(obj)] = obj
         await self._collect()
@@ -204,13 +205,15 @@ class RuntimeHolder:
         await self.current.store.close()
         if self.current.watch is not None:
             await self.current.watch.close()
+        if self.current.responses is not None:
+            await self.current.responses.close()
 
     async def _collect(self) -> None:
         self._retired = [rt for rt in self._retired if rt.in_flight > 0]
         live = {
             id(obj)
             for rt in (self.current, *self._retired)
-            for obj in (*rt.backends.values(), rt.encoding, rt.store, rt.watch)
+            for obj in (*rt.backends.values(), rt.encoding, rt.store, rt.watch, rt.responses)
             if obj is not None
         }
         closing = [obj for key, obj in self._pending.items() if key not in live]

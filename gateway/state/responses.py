@@ -2,9 +2,11 @@
 with the chat turns that led to it, kept for ``ttl_s`` and bounded by count and bytes, for ``GET``
 / ``DELETE /v1/responses/{id}`` and ``previous_response_id``.
 
-Two stores behind one interface (:class:`Responses`): :class:`ResponseStore`, this process's
-(the embedded default), and ``gateway/state/responses_redis.py``'s, the fleet's (``state.store:
-redis``): a chain started on one gateway continues on any other."""
+Three stores behind one interface (:class:`Responses`): :class:`ResponseStore`, this process's
+(the embedded default), and the fleet's, where a chain started on one gateway continues on any
+other: ``gateway/state/responses_pg.py``'s where the policy's ``state.database`` names PostgreSQL
+(it wins where Redis is set too), else ``gateway/state/responses_redis.py``'s (``state.store:
+redis``)."""
 
 from __future__ import annotations
 
@@ -42,6 +44,10 @@ class Responses(Protocol):
 
     async def delete(self, response_id: str, owner: str | None = None, operator: bool = False) -> None:
         """As :meth:`get`, then gone."""
+        ...
+
+    async def close(self) -> None:
+        """What the store holds of its own (a connection pool) let go."""
         ...
 
 
@@ -83,6 +89,9 @@ class ResponseStore:
     async def delete(self, response_id: str, owner: str | None = None, operator: bool = False) -> None:
         await self.get(response_id, owner, operator)
         self._drop(response_id)
+
+    async def close(self) -> None:
+        """Nothing to let go: the responses are this process's memory."""
 
     @property
     def bytes(self) -> int:

@@ -88,3 +88,6 @@ class RedisResponses:
         pipe.zrem(self.store.key("resp-owner", o), response_id)
         pipe.hdel(self.store.key("resp-size", o), response_id)
         await self.store.run(pipe.execute())
+
+    async def close(self) -> None:
+        """Nothing of its own: the client is the state store's, closed with it."""
