@@ -64,22 +64,24 @@ class SplitPlan:
         return tuple(t for t, _ in self.targets)
 
 
-def split_target(plan: SplitPlan, who: str | None) -> str:
+def split_target(plan: SplitPlan, who: str | None, targets: tuple[tuple[str, float], ...] | None = None) -> str:
     """The target of ``plan`` for the caller ``who`` (its sticky id): the same caller, the same
     target while the weights stay; None draws anew. A point in [0, 1) from the split's name and
-    the id, placed on the weights laid end to end."""
+    the id, placed on the weights laid end to end (``targets``: the plan's, or the same weights
+    with rolled-back targets renamed)."""
+    targets = plan.targets if targets is None else targets
     if who is None:
         u = random.random()
     else:
         digest = hashlib.blake2b(f"{plan.name}|{who}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
         u = int.from_bytes(digest, "big") / 2**64
-    total = sum(w for _, w in plan.targets)
+    total = sum(w for _, w in targets)
     point = u * total
-    for target, weight in plan.targets:
+    for target, weight in targets:
         point -= weight
         if point < 0:
             return target
-    return plan.targets[-1][0]
+    return targets[-1][0]
 
 
 Plan = ChainPlan | EncoderPlan | TypedPlan | SplitPlan

@@ -208,14 +208,15 @@ def estimate(model: str, slice_: str, rows: Iterable[Counts], z: float = Z95) ->
 
 
 def estimates(rows: Iterable[Counts]) -> list[Estimate]:
-    """Every model's estimate, then each of its slices' (question types) where it has more than one."""
+    """Every model's estimate, then each of its slices' (question types; a split's or mirror's ok
+    and error) where it has more than one, or where all its records are errors."""
     rows = list(rows)
     out: list[Estimate] = []
     for model in sorted({r.model for r in rows}):
         mine = [r for r in rows if r.model == model]
         out.append(estimate(model, "", mine))
         slices = sorted({r.slice for r in mine if r.slice})
-        if len(slices) > 1:
+        if len(slices) > 1 or slices == ["error"]:  # a mirror's or split's failures are a slice of their own
             out.extend(estimate(model, s, [r for r in mine if r.slice == s]) for s in slices)
     return out
 

@@ -4,6 +4,7 @@ with where it stands (``policies.loader`` turns the place into file:line:col).""
 
 from __future__ import annotations
 
+from policies.rollouts import primary_of
 from policies.schema import (
     AliasModel,
     CascadeModel,
@@ -229,10 +230,55 @@ def _shadow_problems(policy: Policy) -> list[tuple[Loc, str]]:
                 problems.append(
                     (("virtual_models", name, "shadow", "reference"), f"'{ref}' is not one of the candidates")
                 )
+        if isinstance(vm, SplitModel):
+            problems.extend(_split_watch_problems(name, vm, shadowed))
+    problems.extend(_mirror_problems(policy, shadowed))
     if policy.quality is None:
         problems.extend(
-            (where, "shadow checks need a `quality` section (where the pairs are kept)") for where in shadowed
+            (where, "shadow checks, mirrors and guards need a `quality` section (where the records are kept)")
+            for where in shadowed
         )
+    return problems
+
+
+def _split_watch_problems(name: str, vm: SplitModel, watched: list[Loc]) -> list[tuple[Loc, str]]:
+    """A split's guard and shadow checks name its own targets; a guard needs a candidate to judge,
+    an agreement bound needs the shadow checks that measure it."""
+    problems: list[tuple[Loc, str]] = []
+    where: Loc = ("virtual_models", name)
+    if vm.shadow is not None:
+        watched.append((*where, "shadow"))
+        if vm.shadow.reference is not None and vm.shadow.reference not in vm.targets:
+            problems.append(((*where, "shadow", "reference"), f"'{vm.shadow.reference}' is not one of the targets"))
+    guard = vm.guard
+    if guard is None:
+        return problems
+    watched.append((*where, "guard"))
+    if len(vm.targets) < 2:
+        problems.append(((*where, "guard"), "a guard needs a candidate beside the primary: two targets or more"))
+    if guard.primary is not None and guard.primary not in vm.targets:
+        problems.append(((*where, "guard", "primary"), f"'{guard.primary}' is not one of the targets"))
+    if guard.min_agreement is not None and vm.shadow is None:
+        problems.append(((*where, "guard", "min_agreement"), "an agreement bound needs the split's `shadow` checks"))
+    ref, primary = vm.shadow.reference if vm.shadow is not None else None, primary_of(vm.targets.items(), guard)
+    if ref is not None and ref != primary:
+        problems.append(
+            ((*where, "shadow", "reference"), f"the shadow's reference must be the guard's primary '{primary}'")
+        )
+    return problems
+
+
+def _mirror_problems(policy: Policy, watched: list[Loc]) -> list[tuple[Loc, str]]:
+    """A mirror copies a name a request may name to a policy model other than itself."""
+    problems: list[tuple[Loc, str]] = []
+    for name, mirror in policy.mirrors.items():
+        watched.append(("mirrors", name))
+        if name not in policy.models and name not in policy.virtual_models:
+            problems.append((("mirrors", name), f"model '{name}' is not defined"))
+        if mirror.to not in policy.models:
+            problems.append((("mirrors", name, "to"), f"'{mirror.to}' is not a model of the policy"))
+        elif mirror.to == name:
+            problems.append((("mirrors", name, "to"), "a mirror's candidate is another model than the one mirrored"))
     return problems
 
 

@@ -12,6 +12,7 @@ from typing import Literal, get_args
 from pydantic import Field, field_validator, model_validator
 
 from policies.quality import QualitySpec
+from policies.rollouts import MirrorSpec
 from policies.schema_backends import (
     ENV_REF,
     LOCAL_GGUF,
@@ -357,6 +358,10 @@ class Policy(Strict):
     response_cache: ResponseCacheSpec | None = Field(None, description="answers kept and served again (off: unset)")
     quality: QualitySpec | None = Field(
         None, description="records of cascade and routed answers, shadow checks and feedback (off: unset)"
+    )
+    mirrors: dict[str, MirrorSpec] = Field(
+        default_factory=dict,
+        description="model name a request names -> a candidate asked a share of its requests in the background",
     )
     console: ConsoleSpec = ConsoleSpec()
 

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 
 from policies.errors import ErrorClass
 from policies.quality import ShadowSpec
+from policies.rollouts import GuardSpec
 from policies.strict import Strict
 
 
@@ -86,6 +87,13 @@ class SplitModel(Strict):
         "user",
         description="what keeps a caller on one target: user (the request's `user` field, else the key), key, "
         "session (the `x-session-id` header, else the user), none (each request drawn anew)",
+    )
+    guard: GuardSpec | None = Field(
+        None, description="roll a candidate back to the primary when its errors or its agreement cross a bound"
+    )
+    shadow: ShadowSpec | None = Field(
+        None,
+        description="a sampled share of the candidates' answers asked of the primary too (`reference`: the primary)",
     )
     description: str = ""
 

@@ -109,6 +109,10 @@ def quality(
         console.print(table(doc))
         for d in doc.get("drift", []):
             console.print(f"[red]drift[/] {d['model']}{'/' + d['slice'] if d['slice'] else ''}: {d['reason']}")
+        for r in doc.get("rollbacks", []):
+            console.print(f"[red]rolled back[/] {r['split']}: {r['target']} -> {r['primary']} ({r['reason']})")
+        for model, lat in doc.get("mirror_latency", {}).items():
+            console.print(f"{model}: {lat['calls']} recent calls, p50 {lat['p50_ms']} ms, p95 {lat['p95_ms']} ms")
     if plot_to is not None:
         plot(doc, plot_to)
         typer.echo(f"plot: {plot_to}", err=True)

@@ -349,8 +349,23 @@ class _QualitySampler:
             registry=registry,
             multiprocess_mode="livemax",
         )
+        self.rolled_back = Gauge(
+            "triage_rollout_rolled_back",
+            "1 while a split's candidate is rolled back to its primary by the split's guard",
+            ["split", "target"],
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.mirror_latency = Gauge(
+            "triage_mirror_latency_seconds",
+            "A mirror's candidate calls: latency over its last calls (quantile: 0.5, 0.95)",
+            ["model", "quantile"],
+            registry=registry,
+            multiprocess_mode="liveall",
+        )
         self.seen: dict[tuple[str, ...], float] = {}
         self.flagged: set[tuple[str, str]] = set()
+        self.rolled: set[tuple[str, str]] = set()
 
     def _up(self, counter: Counter, labels: tuple[str, ...], total: float) -> None:
         key = (str(id(counter)), *labels)
@@ -380,3 +395,10 @@ class _QualitySampler:
         for labels in self.flagged | now:
             self.drift.labels(*labels).set(1.0 if labels in now else 0.0)
         self.flagged |= now
+        gone = {(str(r["split"]), str(r["target"])) for r in w.guard.report()}
+        for labels in self.rolled | gone:
+            self.rolled_back.labels(*labels).set(1.0 if labels in gone else 0.0)
+        self.rolled |= gone
+        for model, seen in w.latency_report().items():
+            self.mirror_latency.labels(model, "0.5").set(seen["p50_ms"] / 1000)
+            self.mirror_latency.labels(model, "0.95").set(seen["p95_ms"] / 1000)

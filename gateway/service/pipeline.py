@@ -17,7 +17,8 @@ from gateway.service.runtime import Runtime
 from policies.errors import InvalidRequest
 from policies.fit import Shape, shape_of
 from policies.plans import ChainPlan, EncoderPlan, SplitPlan, TypedPlan, resolve, split_target
-from policies.schema import RoutedModel
+from policies.rollouts import GuardSpec, primary_of, without
+from policies.schema import Policy, RoutedModel, SplitModel
 from policies.semantic import Route
 
 
@@ -28,16 +29,34 @@ async def serve_plan(rt: Runtime, job: Job, ctx: Context) -> Served:
     assert plan is not None, "a generating job has a plan"
     split = None
     if isinstance(plan, SplitPlan):  # one target by weight, sticky per caller; then its own plan
-        target = split_target(plan, sticky_id(plan.sticky, job.body, ctx))
-        split = f"{plan.name}={target}"
-        chosen = resolve(rt.policy, target)
-        assert isinstance(chosen, ChainPlan | EncoderPlan), "validated: a split's targets are models or routers"
-        plan = chosen
+        name = plan.name
+        target, plan = split_choice(rt, plan, job.body, ctx)
+        split = f"{name}={target}"
     route = await route_of(rt, plan, job.kind, dict(job.body), job.shape) if isinstance(plan, EncoderPlan) else None
     chain = resolve(rt.policy, route.model).chain if route is not None else plan.chain
     served = await dispatch(rt, job, ctx, chain, route)
     served.split = split
     return served
+
+
+def split_choice(
+    rt: Runtime, plan: SplitPlan, body: Mapping[str, Any], ctx: Context
+) -> tuple[str, ChainPlan | EncoderPlan]:
+    """A split's target for this request (its share of a rolled-back candidate going to the
+    primary: ``policies.rollouts.without``), and that target's plan."""
+    targets = plan.targets
+    gone = rt.watch.guard.gone(plan.name) if rt.watch is not None else None
+    if gone:
+        targets = without(targets, gone, primary_of(targets, guard_of(rt.policy, plan.name)))
+    target = split_target(plan, sticky_id(plan.sticky, body, ctx), targets)
+    chosen = resolve(rt.policy, target)
+    assert isinstance(chosen, ChainPlan | EncoderPlan), "validated: a split's targets are models or routers"
+    return target, chosen
+
+
+def guard_of(policy: Policy, name: str) -> GuardSpec | None:
+    vm = policy.virtual_models.get(name)
+    return vm.guard if isinstance(vm, SplitModel) else None
 
 
 def sticky_id(sticky: str, body: Mapping[str, Any], ctx: Context) -> str | None:

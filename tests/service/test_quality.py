@@ -245,7 +245,7 @@ def test_a_shadow_needs_a_top_and_a_quality_section() -> None:
         load_text(
             policy().replace("quality: {path: quality.sqlite3, target: 0.8, min_pairs: 20, check_every_s: 0.1}\n", "")
         )
-    assert "shadow checks need a `quality` section" in str(err.value)
+    assert "shadow checks, mirrors and guards need a `quality` section" in str(err.value)
     one_tier = policy().replace("    - {name: big, type: model, model: top, logprobs: false}\n", "")
     with pytest.raises(PolicyInvalid) as err:
         load_text(one_tier)

@@ -13,6 +13,7 @@ Either check runs off the request's path (:class:`gateway.service.quality.watch.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from backends.base import Body, Kind
@@ -98,7 +99,6 @@ def routed(
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or vm.output_tokens * 4
     upper = watch.reserve(rt.policy.models.get(ref), watch.body_chars(body), int(max_tokens))
     asked = {**body, "model": ref, "stream": False}
-    encoding = rt.encoding
     found = resolve(rt.policy, ref)
     assert isinstance(found, ChainPlan), "validated: a routed model's candidates are models"
     plan_top: ChainPlan = found
@@ -112,6 +112,14 @@ def routed(
             rt, fresh.model, fresh.completion.body.get("usage")
         )
 
+    w.check(plan.name, vm.shadow, upper, record, kept, ask_top, texts_agree(rt))
+
+
+def texts_agree(rt: Runtime) -> Callable[[str, str], Awaitable[bool]]:
+    """Whether two open answers agree: the same text, or texts the encoder reads as the same (the
+    semantic cache's rule); without an encoder, only the same text."""
+    encoding = rt.encoding
+
     async def same(a: str, b: str) -> bool:
         if a.strip() == b.strip():
             return True
@@ -120,4 +128,4 @@ def routed(
         (ea, _), (eb, _) = [await encoding.embedder.embed(t[:ANSWER_CHARS]) for t in (a, b)]
         return semantic_cache.agree(ea, eb)
 
-    w.check(plan.name, vm.shadow, upper, record, kept, ask_top, same)
+    return same

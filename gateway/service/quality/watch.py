@@ -25,7 +25,7 @@ import contextlib
 import dataclasses
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
@@ -33,10 +33,12 @@ import structlog
 
 from backends.base import Body
 from gateway.service.context import Context
+from gateway.service.quality.guard import Guard
 from gateway.state.quality import Pair, QualityStore, Record
 from gateway.state.stores import StoreDown
 from policies import quality, spend
 from policies.quality import QualitySpec, ShadowSpec
+from policies.rollouts import MirrorSpec
 from policies.schema import ModelSpec
 
 log = structlog.get_logger("triage.quality")
@@ -45,6 +47,7 @@ FLUSH_S = 0.5  # how often buffered records are written
 FLUSH_ROWS = 256  # ...or as soon as this many wait
 PRUNE_S = 3600.0  # how often records past retention are deleted
 SHADOW = "shadow"  # the surface of a shadow call's context (logs)
+LATENCIES = 512  # a mirror's latencies kept for its report
 
 
 class Watch:
@@ -69,6 +72,8 @@ class Watch:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
         self._pruned = 0.0
+        self.guard = Guard(now)
+        self.latencies: dict[str, deque[float]] = {}  # mirror model -> its calls' latencies, seconds
 
     # -- records ------------------------------------------------------------------------------
 
@@ -95,7 +100,7 @@ class Watch:
 
     # -- shadow checks -----------------------------------------------------------------------
 
-    def admit(self, model: str, spec: ShadowSpec, reserve: float) -> float | None:
+    def admit(self, model: str, spec: ShadowSpec | MirrorSpec, reserve: float) -> float | None:
         """Whether to check this request: sampled, then within the day's budget and the cap on
         calls in flight. Admitted: the reservation taken (``reserve``, or the dearest check seen if
         more), which the check's end gives back against its real cost; else None."""
@@ -156,18 +161,42 @@ class Watch:
                 return
             agree = await same(kept, answer)
             self.results[(model, "agree" if agree else "disagree")] += 1
-            self.shadow_cost[model] = self.shadow_cost.get(model, 0.0) + cost
-            self._dearest[model] = max(self._dearest.get(model, 0.0), cost)
-            pair = Pair(record.request_id, self.now(), kept, answer, agree, cost)
-            try:
-                await self.store.pair(pair)
-            except StoreDown as exc:
-                log.error("quality_pair_lost", model=model, request_id=record.request_id, error=exc.message)
+            await self.keep_pair(model, Pair(record.request_id, self.now(), kept, answer, agree, cost))
         finally:
-            self._in_flight[model] -= 1
-            day, spent = self._spent.get(model, ("", 0.0))
-            if day == spend.day(self.now()):
-                self._spent[model] = (day, max(0.0, spent - reserve + cost))
+            self.release(model, reserve, cost)
+
+    async def keep_pair(self, model: str, pair: Pair) -> None:
+        """A check's pair written now (a store that fails loses it: logged)."""
+        self.shadow_cost[model] = self.shadow_cost.get(model, 0.0) + pair.cost
+        self._dearest[model] = max(self._dearest.get(model, 0.0), pair.cost)
+        try:
+            await self.store.pair(pair)
+        except StoreDown as exc:
+            log.error("quality_pair_lost", model=model, request_id=pair.request_id, error=exc.message)
+
+    def release(self, model: str, reserve: float, cost: float) -> None:
+        """A check admitted by :meth:`admit` is over: its place in flight freed, its reservation
+        settled against what it cost."""
+        self._in_flight[model] -= 1
+        day, spent = self._spent.get(model, ("", 0.0))
+        if day == spend.day(self.now()):
+            self._spent[model] = (day, max(0.0, spent - reserve + cost))
+
+    def timed(self, model: str, seconds: float) -> None:
+        """A mirrored call's latency (the last :data:`LATENCIES` per model, for the report)."""
+        self.latencies.setdefault(model, deque(maxlen=LATENCIES)).append(seconds)
+
+    def latency_report(self) -> dict[str, dict[str, float | int]]:
+        out: dict[str, dict[str, float | int]] = {}
+        for model, seen in sorted(self.latencies.items()):
+            ordered = sorted(seen)
+            if ordered:
+                out[model] = {
+                    "calls": len(ordered),
+                    "p50_ms": round(1000 * ordered[len(ordered) // 2], 3),
+                    "p95_ms": round(1000 * ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 3),
+                }
+        return out
 
     # -- feedback and what the operator reads -----------------------------------------------
 
@@ -192,6 +221,8 @@ class Watch:
             ],
             "shadow": {f"{m}/{r}": n for (m, r), n in sorted(self.results.items())},
             "shadow_cost_today": {m: round(self.spent_today(m), 6) for m in sorted(self._spent)},
+            "rollbacks": self.guard.report(),
+            "mirror_latency": self.latency_report(),
         }
 
     async def _estimate(self) -> list[quality.Estimate]:
@@ -230,6 +261,7 @@ class Watch:
             last_check = t
             try:
                 await self._estimate()
+                await self.guard.judge(self.store)
                 if t - self._pruned > PRUNE_S:
                     self._pruned = t
                     await self.store.prune(self.now() - self.spec.retention_s)
