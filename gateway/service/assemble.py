@@ -33,7 +33,7 @@ from policies import loader
 from policies.budget import EscalationBudget
 from policies.errors import NotReady, PolicyInvalid, TriageError
 from policies.fit import Fit
-from policies.schema import Policy
+from policies.schema import Policy, SplitModel
 from policies.secrets import MissingSecret, resolve_secret
 from policies.semantic_cache import Vector
 from policies.tiers import ScorerTier
@@ -135,6 +135,8 @@ async def build(
     opened = _Opened(previous, store)
     try:
         watch = opened.watch = await _watch(policy, previous, base_dir, source)
+        if watch is not None:  # the guarded splits of this policy (weights that changed forget their rollbacks)
+            watch.guard.watch({n: vm for n, vm in policy.virtual_models.items() if isinstance(vm, SplitModel)})
         encoding, quality, probe_heads = await _encoding(policy, previous, base_dir)
         opened.encoding = encoding
         backends = await _backends(policy, previous, opened.started, engines)
