@@ -5,6 +5,7 @@ with where it stands (``policies.loader`` turns the place into file:line:col).""
 from __future__ import annotations
 
 from policies.rollouts import primary_of
+from policies.references_access import access_problems
 from policies.schema import (
     AliasModel,
     CascadeModel,
@@ -30,6 +31,7 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
         *_shadow_problems(policy),
         *_cache_problems(policy),
         *_key_problems(policy),
+        *access_problems(policy),
     ]
 
 

@@ -13,10 +13,10 @@ from pydantic import Field, field_validator, model_validator
 
 from policies.quality import QualitySpec
 from policies.rollouts import MirrorSpec
+from policies.schema_access import Access, ApiKey, KeyLimits, Role, TeamSpec, TokenClaims, TokenSpec
 from policies.schema_backends import (
     ENV_REF,
     LOCAL_GGUF,
-    SHA256,
     AdmissionSpec,
     Backend,
     GGUFProbeBackendSpec,
@@ -163,50 +163,6 @@ class Limits(Strict):
     )
 
 
-class KeyLimits(Strict):
-    """A key's share of the fleet, enforced across every gateway that shares the state store."""
-
-    rpm: int | None = Field(None, ge=1, description="requests per minute (a sliding 60 s window)")
-    tpm: int | None = Field(None, ge=1, description="prompt + completion tokens per minute (a sliding 60 s window)")
-    budget_per_day: float | None = Field(None, gt=0, description="spend per UTC day, in the prices' currency")
-    budget_per_month: float | None = Field(None, gt=0, description="spend per UTC calendar month")
-
-
-class ApiKey(Strict):
-    name: str
-    sha256: str = Field(description="hex sha256 of the key, or env:NAME holding it")
-    models: list[str] | None = Field(None, description="the models and virtual models it may ask for (all: unset)")
-    limits: KeyLimits = KeyLimits()
-
-    @field_validator("sha256")
-    @classmethod
-    def _hash(cls, v: str) -> str:
-        if not (SHA256.match(v) or ENV_REF.match(v)):
-            raise ValueError("sha256 must be 64 lowercase hex digits or 'env:NAME'")
-        return v
-
-
-class Access(Strict):
-    """Who sees what, when the policy lists keys."""
-
-    operator_keys: list[str] = Field(
-        default_factory=list, description="names of keys (in keys) that see every key's files and batches"
-    )
-    public_metrics: bool = Field(False, description="serve /metrics without a key (for a scraper)")
-    admin_key: str | None = Field(
-        None,
-        description="hex sha256 of the admin API's own key, or env:NAME holding it: turns on /admin (keys made "
-        "there live in the state store) and makes every request need a key",
-    )
-
-    @field_validator("admin_key")
-    @classmethod
-    def _admin_hash(cls, v: str | None) -> str | None:
-        if v is not None and not (SHA256.match(v) or ENV_REF.match(v)):
-            raise ValueError("admin_key must be 64 lowercase hex digits or 'env:NAME'")
-        return v
-
-
 class SemanticCacheSpec(Strict):
     """A request answered by a *similar* earlier request's answer, in the same context (the same
     system prompt, earlier turns and fields), where the fitted rule says it is acceptable."""
@@ -351,6 +307,7 @@ class Policy(Strict):
     batches: BatchSettings = BatchSettings()
     limits: Limits = Limits()
     keys: list[ApiKey] = Field(default_factory=list)
+    teams: dict[str, TeamSpec] = Field(default_factory=dict, description="teams: their models and shared limits")
     access: Access = Access()
     state: StateSpec = StateSpec()
     logging: Logging = Logging()
@@ -404,6 +361,7 @@ __all__ = [
     "Replica",
     "ResponseCacheSpec",
     "Retries",
+    "Role",
     "RoutedCandidate",
     "RoutedModel",
     "RouterProbe",
@@ -415,7 +373,10 @@ __all__ = [
     "SplitModel",
     "StateSpec",
     "TaskHead",
+    "TeamSpec",
     "Timeouts",
+    "TokenClaims",
+    "TokenSpec",
     "TracingSpec",
     "VirtualModel",
 ]

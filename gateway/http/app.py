@@ -22,7 +22,7 @@ from starlette.routing import Route as HTTPRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.batch.runner import BatchRunner
-from gateway.http import admin, batch_api, console
+from gateway.http import admin, batch_api, console, console_tenancy
 from gateway.http.api import HOT_ROUTES, router
 from gateway.http.app_state import GatewayState
 from gateway.http.doors import AFTER, error_response
@@ -96,6 +96,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(batch_api.router)
     app.include_router(admin.router)
     app.include_router(console.router)
+    app.include_router(console_tenancy.router)
     _error_handlers(app)
     app.add_middleware(_Edge)
     app.add_middleware(tracing.Middleware, tracing=traces)  # outside the edge: its 500s are in the span

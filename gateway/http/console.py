@@ -4,8 +4,9 @@ small script for the live parts, shipped in the wheel (``gateway/http/console/``
 Behind the admin key (``access.admin_key``; 404 while it is unset or ``console.enabled`` is off):
 a login form sets a signed session cookie (``console_auth``). Without a session a page redirects to
 the login and ``/console/api/*`` answers 401 in the API's error shape. Every write needs the
-session's CSRF token and a same-origin ``Origin``. Keys are made, revoked and rotated by the admin
-API's own code (``gateway.service.keys.admin``).
+session's CSRF token and a same-origin ``Origin``. A key with a role logs in too, and sees and does
+what the role table allows (``policies/roles.py``); the keys, teams and audit pages are
+``console_tenancy``'s, on the admin API's own code.
 
 Pages: traffic (live, polled every second), decisions (tiers, escalations, routes, cost against
 always-top, the quality watch's estimates), one request's trace, keys and spend, batches, eval
@@ -16,6 +17,7 @@ prompts.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import mimetypes
@@ -33,10 +35,10 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from gateway.http import console_auth
 from gateway.http.doors import gateway_state, read_body
 from gateway.obs import recent
-from gateway.service.keys import admin as key_admin
+from gateway.service.keys import access
 from gateway.service.runtime import Runtime
-from policies.errors import Forbidden, InvalidRequest, NotFound, TriageError, Unauthorized
-from policies.schema import KeyLimits
+from policies.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
+from policies.roles import Action, decide
 
 router = APIRouter(prefix="/console")
 log = structlog.get_logger("triage.console")
@@ -68,6 +70,8 @@ PAGES = [
     ("decisions", "/console/decisions", "Decisions"),
     ("requests", "/console/requests", "One request"),
     ("keys", "/console/keys", "Keys and spend"),
+    ("teams", "/console/teams", "Teams"),
+    ("audit", "/console/audit", "Audit log"),
     ("batches", "/console/batches", "Batches"),
     ("reports", "/console/reports", "Eval reports"),
 ]
@@ -76,31 +80,60 @@ PAGES = [
 def _runtime(request: Request) -> Runtime:
     """The runtime, while the console is on (404 otherwise, as for an unknown path)."""
     rt: Runtime = gateway_state(request).holder.current
-    if rt.admin_digest is None or not rt.policy.console.enabled:
+    if not access.on(rt) or not rt.policy.console.enabled:
         raise NotFound("the console is off: set access.admin_key in the policy (and console.enabled)")
     return rt
 
 
-def _session(request: Request, rt: Runtime) -> console_auth.Session | None:
-    assert rt.admin_digest is not None
+def _cookie(request: Request, rt: Runtime) -> console_auth.Session | None:
     return console_auth.check(console_auth.secret(), rt.admin_digest, request.cookies.get(console_auth.COOKIE))
+
+
+async def _session(request: Request, rt: Runtime) -> console_auth.Session | None:
+    """The session, with whom it stands for now: None when the cookie is no session, or its key is
+    revoked or has no role any more."""
+    session = _cookie(request, rt)
+    if session is None:
+        return None
+    who = await access.of_digest(rt, session.subject)
+    if who is None:
+        return None
+    request.state.console_who = who
+    return dataclasses.replace(session, who=who)
+
+
+def _action(request: Request) -> Action:
+    """What a console request does, as the role table names it."""
+    path, write = request.url.path, request.method == "POST"
+    if path.startswith("/console/keys"):
+        return "keys.write" if write else "keys.read"
+    if path.startswith("/console/teams"):
+        return "teams.write" if write else "teams.read"
+    if path.startswith("/console/audit"):
+        return "audit.read"
+    return "traffic.read"
 
 
 class _Login(Exception):
     """No session on a page: the login, then back here."""
 
 
-def _page_session(request: Request) -> tuple[Runtime, console_auth.Session]:
+async def _page_session(request: Request) -> tuple[Runtime, console_auth.Session]:
     rt = _runtime(request)
-    session = _session(request, rt)
+    session = await _session(request, rt)
     if session is None:
         raise _Login()
     return rt, session
 
 
 def _render(template: str, request: Request, status: int = 200, **context: Any) -> HTMLResponse:
-    body = _ENV.get_template(template).render(pages=PAGES, path=request.url.path, **context)
+    who = getattr(request.state, "console_who", None)
+    pages = [p for p in PAGES if who is None or decide(who, _PAGE_ACTIONS.get(p[0], "traffic.read")).allowed]
+    body = _ENV.get_template(template).render(pages=pages, path=request.url.path, who=who, **context)
     return HTMLResponse(body, status_code=status, headers=_HEADERS)
+
+
+_PAGE_ACTIONS: dict[str, Action] = {"keys": "keys.read", "teams": "teams.read", "audit": "audit.read"}
 
 
 def _login_redirect(request: Request) -> Response:
@@ -113,9 +146,15 @@ def page(handler: Any) -> Any:
 
     async def route(request: Request, **kwargs: Any) -> Response:
         try:
-            rt, session = _page_session(request)
+            rt, session = await _page_session(request)
         except _Login:
             return _login_redirect(request)
+        assert session.who is not None
+        verdict = decide(session.who, _action(request))
+        if not verdict.allowed:
+            log.warning("console_refused", who=session.who.name, role=session.who.role, path=request.url.path)
+            csrf = session.csrf(console_auth.secret())
+            return _render("forbidden.html", request, status=403, csrf=csrf, reason=verdict.reason)
         return await handler(request, rt, session, **kwargs)
 
     route.__name__ = handler.__name__
@@ -170,15 +209,19 @@ async def login_form(request: Request) -> Response:
 async def login(request: Request) -> Response:
     rt = _runtime(request)
     fields = await _form(request, rt, None)
-    assert rt.admin_digest is not None
     sent = hashlib.sha256(fields.get("key", "").strip().encode()).hexdigest()
     target = _safe_next(fields.get("next"))
-    if not hmac.compare_digest(sent, rt.admin_digest):
-        log.warning("console_login_failed", client=request.client.host if request.client else None)
-        return _render("login.html", request, status=401, next=target, error="That is not the admin key.")
+    client = request.client.host if request.client else None
+    who = await access.of_digest(rt, sent)  # the admin key, or a live key with a role
+    if who is None:
+        log.warning("console_login_failed", client=client)
+        error = "That is not the admin key. Nor is it a live key with a role."
+        return _render("login.html", request, status=401, next=target, error=error)
     ttl = rt.policy.console.session_s
-    value, _ = console_auth.issue(console_auth.secret(), rt.admin_digest, ttl)
-    log.info("console_login", client=request.client.host if request.client else None)
+    admin = rt.admin_digest is not None and hmac.compare_digest(sent, rt.admin_digest)
+    value, _ = console_auth.issue(console_auth.secret(), sent, ttl, carried=not admin)
+    where = access.Where(client, request.headers.get("user-agent"), "console")
+    await access.record(rt, who, "console.login", where, "console", 303)
     response = RedirectResponse(target, status_code=303, headers=_HEADERS)
     response.set_cookie(
         console_auth.COOKIE,
@@ -195,7 +238,7 @@ async def login(request: Request) -> Response:
 @router.post("/logout")
 async def logout(request: Request) -> Response:
     rt = _runtime(request)
-    await _form(request, rt, _session(request, rt))
+    await _form(request, rt, _cookie(request, rt))
     response = RedirectResponse("/console/login", status_code=303, headers=_HEADERS)
     response.delete_cookie(console_auth.COOKIE, path="/console", httponly=True, samesite="strict")
     return response
@@ -215,8 +258,11 @@ async def traffic_page(request: Request, rt: Runtime, session: console_auth.Sess
 async def traffic_api(request: Request) -> Response:
     """The traffic page's numbers, polled by its script: 401 without a session."""
     rt = _runtime(request)
-    if _session(request, rt) is None:
+    session = await _session(request, rt)
+    if session is None or session.who is None:
         raise Unauthorized("no console session: log in at /console/login")
+    if not (verdict := decide(session.who, "traffic.read")).allowed:
+        raise access.denied(verdict.reason)
     body = orjson.dumps(recent.traffic(gateway_state(request).metrics.recent))
     return Response(body, media_type="application/json", headers=_HEADERS)
 
@@ -249,80 +295,6 @@ async def request_page(request: Request, rt: Runtime, session: console_auth.Sess
         return _render("trace.html", request, status=404, csrf=csrf, t=None, request_id=request_id, kept=ring.size)
     keys = [k for k in ring.keys_of(request_id) if k != seen.key]  # other keys that sent the same id
     return _render("trace.html", request, csrf=csrf, t=seen.trace(), request_id=request_id, kept=ring.size, keys=keys)
-
-
-@router.get("/keys")
-@page
-async def keys_page(request: Request, rt: Runtime, session: console_auth.Session) -> Response:
-    return await _keys(request, rt, session)
-
-
-async def _keys(
-    request: Request,
-    rt: Runtime,
-    session: console_auth.Session,
-    made: dict[str, Any] | None = None,
-    error: str | None = None,
-    status: int = 200,
-) -> Response:
-    q = request.query_params
-    try:
-        spend = await key_admin.spend_report(rt, None, q.get("from") or None, q.get("to") or None)
-    except InvalidRequest as exc:
-        spend, error = await key_admin.spend_report(rt, None, None, None), exc.message
-        status = 400
-    rows = await key_admin.rows(rt)
-    models = sorted(rt.policy.models) + sorted(rt.policy.virtual_models)
-    csrf = session.csrf(console_auth.secret())
-    context = {"keys": rows, "spend": spend, "made": made, "error": error, "models": models}
-    return _render("keys.html", request, status=status, csrf=csrf, **context)
-
-
-@router.post("/keys")
-@page
-async def create_key(request: Request, rt: Runtime, session: console_auth.Session) -> Response:
-    fields = await _form(request, rt, session)
-    name = fields.get("name", "").strip()
-    models = [m.strip() for m in fields.get("models", "").split(",") if m.strip()] or None
-    try:
-        numbers: dict[str, float | int] = {}
-        for k, kind in (("rpm", int), ("tpm", int), ("budget_per_day", float), ("budget_per_month", float)):
-            if v := fields.get(k, "").strip():
-                numbers[k] = kind(v)
-        limits = KeyLimits.model_validate(numbers)
-        if not name or len(name) > 64 or not all(c.isalnum() or c in "_.@-" for c in name) or not name.isascii():
-            raise InvalidRequest("a name is 1 to 64 letters, digits or _ . @ -", param="name")
-        made = await key_admin.create(rt, name, models, limits)
-    except (TriageError, ValueError) as exc:
-        message = exc.message if isinstance(exc, TriageError) else f"limits: {exc}"
-        return await _keys(request, rt, session, error=message, status=getattr(exc, "status", 400))
-    return await _keys(request, rt, session, made=made, status=201)
-
-
-@router.post("/keys/{name}/revoke")
-@page
-async def revoke_key(request: Request, rt: Runtime, session: console_auth.Session, name: str) -> Response:
-    await _form(request, rt, session)
-    try:
-        await key_admin.revoke(rt, name)
-    except TriageError as exc:
-        return await _keys(request, rt, session, error=exc.message, status=exc.status)
-    return RedirectResponse("/console/keys", status_code=303, headers=_HEADERS)
-
-
-@router.post("/keys/{name}/rotate")
-@page
-async def rotate_key(request: Request, rt: Runtime, session: console_auth.Session, name: str) -> Response:
-    fields = await _form(request, rt, session)
-    try:
-        grace = float(fields.get("grace_s") or 0)
-        if not 0 <= grace <= 7 * 86400:
-            raise InvalidRequest("grace_s is 0 to 604800 seconds", param="grace_s")
-        made = await key_admin.rotate(rt, name, grace)
-    except (TriageError, ValueError) as exc:
-        message = exc.message if isinstance(exc, TriageError) else "grace_s must be a number"
-        return await _keys(request, rt, session, error=message, status=getattr(exc, "status", 400))
-    return await _keys(request, rt, session, made=made)
 
 
 @router.get("/batches")

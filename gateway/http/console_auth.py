@@ -1,7 +1,10 @@
 """The console's login: a session cookie signed by the gateway, and the checks on every write.
 
 A login with the admin key (``access.admin_key``) gets a cookie ``<expiry>.<nonce>.<signature>``:
-HMAC-SHA256 under the console's secret over the admin key's sha256, the expiry and the nonce. It is
+HMAC-SHA256 under the console's secret over the admin key's sha256, the expiry and the nonce. A
+login with a key that has a role gets ``<expiry>.<nonce>.<signature>.<the key's sha256>``, signed
+the same way over that sha256: each page asks again whether that key is live and what its role is
+(:mod:`gateway.service.keys.access`), so a revoked key's session ends with it. It is
 ``HttpOnly`` (no script reads it), ``SameSite=Strict`` (no other site's page sends it), ``Path=/console``
 and ``Secure`` on HTTPS. Nothing is kept on the server: every gateway process that shares the secret
 accepts it, and a new admin key in the policy ends every session (the digest is signed). A cookie
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from policies.paths import cache_dir
+from policies.roles import Principal
 
 COOKIE = "triage_console"
 SECRET_ENV = "TRIAGE_CONSOLE_SECRET"
@@ -60,6 +64,8 @@ def secret() -> bytes:
 class Session:
     nonce: str
     expires: float
+    subject: str = ""  # the sha256 of the key logged in with (the admin key's, or a key with a role)
+    who: Principal | None = None  # whom the subject stands for now (the console asks on every page)
 
     def csrf(self, key: bytes) -> str:
         """The token the session's forms carry."""
@@ -70,26 +76,32 @@ def _sign(key: bytes, admin_digest: str, expires: int, nonce: str) -> str:
     return hmac.new(key, f"{admin_digest}|{expires}|{nonce}".encode(), hashlib.sha256).hexdigest()
 
 
-def issue(key: bytes, admin_digest: str, ttl_s: float, now: float | None = None) -> tuple[str, Session]:
-    """A new session: the cookie's value, and the session it stands for."""
+def issue(
+    key: bytes, subject: str, ttl_s: float, now: float | None = None, carried: bool = False
+) -> tuple[str, Session]:
+    """A new session for ``subject`` (the sha256 of the key logged in with): the cookie's value, and
+    the session it stands for. ``carried``: the subject is written in the cookie (a key with a role);
+    else it is the admin key's, known to the gateway."""
     expires = int((time.time() if now is None else now) + ttl_s)
     nonce = secrets.token_urlsafe(16)
-    return f"{expires}.{nonce}.{_sign(key, admin_digest, expires, nonce)}", Session(nonce, float(expires))
+    value = f"{expires}.{nonce}.{_sign(key, subject, expires, nonce)}" + (f".{subject}" if carried else "")
+    return value, Session(nonce, float(expires), subject)
 
 
-def check(key: bytes, admin_digest: str, value: str | None, now: float | None = None) -> Session | None:
+def check(key: bytes, admin_digest: str | None, value: str | None, now: float | None = None) -> Session | None:
     """The session a cookie stands for; None when it is missing, forged, altered or expired."""
     if not value or len(value) > 256:
         return None
     parts = value.split(".")
-    if len(parts) != 3 or not parts[0].isascii() or not parts[0].isdigit():
+    if len(parts) not in (3, 4) or not parts[0].isascii() or not parts[0].isdigit():
         return None
     expires, nonce, sig = int(parts[0]), parts[1], parts[2]
-    if not hmac.compare_digest(sig, _sign(key, admin_digest, expires, nonce)):
+    subject = parts[3] if len(parts) == 4 else admin_digest
+    if not subject or not hmac.compare_digest(sig, _sign(key, subject, expires, nonce)):
         return None
     if expires <= (time.time() if now is None else now):
         return None
-    return Session(nonce, float(expires))
+    return Session(nonce, float(expires), subject)
 
 
 def same_origin(origin: str | None, referer: str | None, host: str | None) -> bool:

@@ -21,7 +21,7 @@ from gateway.service import service
 from gateway.service.cache import layer as cache_layer
 from gateway.service.cache.semantic import SemanticCache
 from gateway.service.job import Serve
-from gateway.service.keys.keyring import Keyring, as_key
+from gateway.service.keys.keyring import Keyring, as_key, keyring_for
 from gateway.service.quality import layer as quality_layer
 from gateway.service.quality.watch import Watch
 from gateway.service.runtime import Runtime
@@ -183,7 +183,7 @@ def _keyring(
     hashes = frozenset(digest for _, digest in keys)
     operators = frozenset(digest for name, digest in keys if name in policy.access.operator_keys)
     by_digest = {digest: policy.keys[i].model_copy(update={"sha256": digest}) for i, (_, digest) in enumerate(keys)}
-    return hashes, operators, Keyring(by_digest, store, dynamic=admin is not None)
+    return hashes, operators, keyring_for(policy, by_digest, store, admin is not None)
 
 
 async def _responses(policy: Policy, previous: Runtime | None, store: Store, opened: _Opened) -> Responses | None:

@@ -117,26 +117,31 @@ class Runtime:
 
     @property
     def keys_required(self) -> bool:
-        return bool(self.key_hashes) or self.admin_digest is not None
+        required = self.keyring is not None and self.keyring.required  # tokens too (access.tokens)
+        return required or bool(self.key_hashes) or self.admin_digest is not None
 
     async def authenticate(self, authorization: str | None, send: str = "Authorization: Bearer <key>") -> ApiKey | None:
-        """The key sent, checked: None when the gateway runs without keys; Unauthorized (401) when
-        it is missing, unknown or revoked; StoreDown (503) when a store key cannot be looked up."""
+        """The key (or signed token) sent, checked: None when the gateway runs without keys;
+        Unauthorized (401) when it is missing, unknown, revoked or a bad token; StoreDown (503) when
+        a store key cannot be looked up."""
         if not self.keys_required:
             return None
-        digest = self.key_digest(authorization)
-        key = None
-        if digest is not None and self.keyring is not None:
-            key = await self.keyring.lookup(digest)
+        key = await self.keyring.caller(authorization) if self.keyring is not None else None
         if key is None:
             raise Unauthorized(f"Incorrect, revoked or missing API key: send '{send}'")
         return key
 
     def key_digest(self, authorization: str | None) -> str | None:
-        """The sha256 of the bearer key sent, None without one (what the keys are looked up by)."""
+        """The sha256 of the bearer key sent, None without one (what the keys are looked up by, and
+        what a caller's files, batches and stored Responses belong to). A signed token's is its
+        issuer's and subject's, the same across the user's tokens: asked once ``authenticate`` has
+        verified it."""
         if not authorization or not authorization.startswith("Bearer "):
             return None
-        return hashlib.sha256(authorization[7:].strip().encode()).hexdigest()
+        credential = authorization[7:].strip()
+        if self.keyring is not None and (digest := self.keyring.token_subject(credential)) is not None:
+            return digest
+        return hashlib.sha256(credential.encode()).hexdigest()
 
     def ready(self) -> bool:
         return any(b.healthy() for b in self.backends.values())

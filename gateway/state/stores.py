@@ -57,6 +57,12 @@ class Store(Protocol):
         until the window frees some (0 for a budget): ``("day" | "month" | "tpm" | "rpm", used, wait)``."""
         ...
 
+    async def check_all(self, checks: tuple[Check, ...]) -> tuple[int, Refusal] | None:
+        """:meth:`check` for several subjects at once (a key and its team): every limit of each is
+        checked, and only when all pass is one request counted against each one's rpm; else which
+        of ``checks`` refused (its index) and why."""
+        ...
+
     async def record(self, key: str, model: str, day: str, cost: float, tokens: int, window_s: float) -> None:
         """Add a served request's cost to the key's spend for the day and model, and its tokens to
         the key's tpm window: one write."""
@@ -126,7 +132,20 @@ class MemoryStore:
         return q
 
     async def check(self, c: Check) -> Refusal | None:
+        refused = await self.check_all((c,))
+        return None if refused is None else refused[1]
+
+    async def check_all(self, checks: tuple[Check, ...]) -> tuple[int, Refusal] | None:
         now = time.time()
+        for i, c in enumerate(checks):
+            if (refused := self._refusal(c, now)) is not None:
+                return i, refused
+        for c in checks:
+            if c.rpm is not None:
+                self._trim(f"rpm:{c.key}", c.window_s, now).append((now, 1))
+        return None
+
+    def _refusal(self, c: Check, now: float) -> Refusal | None:
         by_day = [sum(self._spend[(c.key, d)].values()) if (c.key, d) in self._spend else 0.0 for d in c.days]
         if c.budget_day is not None and by_day and by_day[0] >= c.budget_day:
             return "day", by_day[0], 0.0
@@ -140,7 +159,6 @@ class MemoryStore:
             q = self._trim(f"rpm:{c.key}", c.window_s, now)
             if len(q) >= c.rpm:
                 return "rpm", float(len(q)), max(q[0][0] + c.window_s - now, 0.001)
-            q.append((now, 1))
         return None
 
     async def record(self, key: str, model: str, day: str, cost: float, tokens: int, window_s: float) -> None:
@@ -209,39 +227,53 @@ class MemoryStore:
         return None
 
 
-# KEYS: rpm window (sorted set), tpm window, then the spend hashes of the days counted (today
-# first). ARGV: window seconds, rpm, tpm, day budget, month budget (0: none), a unique member.
-# Redis's own clock, so gateways whose clocks differ share one window.
+# KEYS, per subject (a key, its team): its rpm window (sorted set), its tpm window, then the spend
+# hashes of its days counted (today first). ARGV: window seconds, a unique member, then per subject:
+# its number of days, rpm, tpm, day budget, month budget (0: none). Every subject is checked before
+# any is counted. Redis's own clock, so gateways whose clocks differ share one window.
 _CHECK = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local w = tonumber(ARGV[1])
-local today, month = 0, 0
-for i = 3, #KEYS do
-  local s = 0
-  for _, v in ipairs(redis.call('HVALS', KEYS[i])) do s = s + tonumber(v) end
-  if i == 3 then today = s end
-  month = month + s
-end
-if tonumber(ARGV[4]) > 0 and today >= tonumber(ARGV[4]) then return {'day', tostring(today), '0'} end
-if tonumber(ARGV[5]) > 0 and month >= tonumber(ARGV[5]) then return {'month', tostring(month), '0'} end
-if tonumber(ARGV[3]) > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - w)
-  local used = 0
-  for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do used = used + tonumber(string.match(m, ':(%d+)$')) end
-  if used >= tonumber(ARGV[3]) then
-    local oldest = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-    return {'tpm', tostring(used), tostring(math.max(tonumber(oldest[2]) + w - now, 0.001))}
+local k, a, i = 1, 3, 0
+local counted = {}
+while a <= #ARGV do
+  local n, rpm, tpm = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local bday, bmonth = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  local today, month = 0, 0
+  for d = 1, n do
+    local s = 0
+    for _, v in ipairs(redis.call('HVALS', KEYS[k + 1 + d])) do s = s + tonumber(v) end
+    if d == 1 then today = s end
+    month = month + s
   end
-end
-if tonumber(ARGV[2]) > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - w)
-  if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
-    local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-    return {'rpm', tostring(redis.call('ZCARD', KEYS[1])), tostring(math.max(tonumber(oldest[2]) + w - now, 0.001))}
+  if bday > 0 and today >= bday then return {tostring(i), 'day', tostring(today), '0'} end
+  if bmonth > 0 and month >= bmonth then return {tostring(i), 'month', tostring(month), '0'} end
+  if tpm > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[k + 1], '-inf', now - w)
+    local used = 0
+    for _, m in ipairs(redis.call('ZRANGE', KEYS[k + 1], 0, -1)) do
+      used = used + tonumber(string.match(m, ':(%d+)$'))
+    end
+    if used >= tpm then
+      local oldest = redis.call('ZRANGE', KEYS[k + 1], 0, 0, 'WITHSCORES')
+      return {tostring(i), 'tpm', tostring(used), tostring(math.max(tonumber(oldest[2]) + w - now, 0.001))}
+    end
   end
-  redis.call('ZADD', KEYS[1], now, ARGV[6] .. ':1')
-  redis.call('PEXPIRE', KEYS[1], math.ceil(w * 1000) + 1000)
+  if rpm > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', now - w)
+    local c = redis.call('ZCARD', KEYS[k])
+    if c >= rpm then
+      local oldest = redis.call('ZRANGE', KEYS[k], 0, 0, 'WITHSCORES')
+      return {tostring(i), 'rpm', tostring(c), tostring(math.max(tonumber(oldest[2]) + w - now, 0.001))}
+    end
+    counted[#counted + 1] = KEYS[k]
+  end
+  k, a, i = k + 2 + n, a + 5, i + 1
+end
+for _, key in ipairs(counted) do
+  redis.call('ZADD', key, now, ARGV[2] .. ':1')
+  redis.call('PEXPIRE', key, math.ceil(w * 1000) + 1000)
 end
 return false
 """
@@ -326,12 +358,18 @@ class RedisStore:
         return ":".join((self._prefix, *parts))
 
     async def check(self, c: Check) -> Refusal | None:
-        keys = [self._k("w", f"rpm:{c.key}"), self._k("w", f"tpm:{c.key}")]
-        keys += [self._k("spend", c.key, d) for d in c.days]
-        args: list[str | float] = [c.window_s, c.rpm or 0, c.tpm or 0, c.budget_day or 0, c.budget_month or 0]
-        args.append(uuid.uuid4().hex)
+        refused = await self.check_all((c,))
+        return None if refused is None else refused[1]
+
+    async def check_all(self, checks: tuple[Check, ...]) -> tuple[int, Refusal] | None:
+        keys: list[str] = []
+        args: list[str | float] = [checks[0].window_s, uuid.uuid4().hex]
+        for c in checks:
+            keys += [self._k("w", f"rpm:{c.key}"), self._k("w", f"tpm:{c.key}")]
+            keys += [self._k("spend", c.key, d) for d in c.days]
+            args += [len(c.days), c.rpm or 0, c.tpm or 0, c.budget_day or 0, c.budget_month or 0]
         out = await self._call(self._check(keys=keys, args=args))
-        return None if out is None else (_text(out[0]), float(out[1]), float(out[2]))
+        return None if out is None else (int(_text(out[0])), (_text(out[1]), float(out[2]), float(out[3])))
 
     async def record(self, key: str, model: str, day: str, cost: float, tokens: int, window_s: float) -> None:
         keys = [self._k("spend", key, day), self._k("w", f"tpm:{key}")]

@@ -8,10 +8,10 @@ server, some providers) is charged what triage relayed: the prompt estimated fro
 bytes (:func:`policies.fit.estimate`, more tokens than English text has), the completion as the
 larger of the chunks that carried text and its bytes at the same rate.
 
-For a key with a ``tpm`` or a budget, the stream is counted as it goes: every
-:data:`CHECK_EVERY` generated chunks, those tokens and their cost are written to the key's tpm
-window and spend, and the key's limits are checked again (no request counted against ``rpm``).
-A stream that has crossed one is stopped with that limit's error, in-band. At the end, what the
+For a key with a ``tpm`` or a budget (or a key of a team, whose limits it shares), the stream is
+counted as it goes: every :data:`CHECK_EVERY` generated chunks, those tokens and their cost are
+written to the key's tpm window and spend, and the key's limits are checked again (no request counted
+against ``rpm``). A stream that has crossed one is stopped with that limit's error, in-band. At the end, what the
 engine reported (or the estimate) less what was written on the way is recorded, as for any
 request. A stream overshoots its key's limit by at most its prompt and :data:`CHECK_EVERY`
 tokens (and what concurrent requests of the key use meanwhile, as everywhere).
@@ -81,8 +81,11 @@ class StreamMeter:
 
     @property
     def limited(self) -> bool:
-        lim = self.key.limits if self.key is not None else None
-        return lim is not None and (
+        """The key (or its team, whose limits it shares) may have a tpm or a budget to stop at."""
+        if self.key is None:
+            return False
+        lim = self.key.limits
+        return self.key.team is not None or (
             lim.tpm is not None or lim.budget_per_day is not None or lim.budget_per_month is not None
         )
 
