@@ -290,6 +290,11 @@ class ConsoleSpec(Strict):
     prompt_chars: int = Field(
         4096, ge=0, le=2**20, description="with log_prompts: each prompt kept as its first N characters"
     )
+    shared: bool = Field(
+        True,
+        description="with state.store: redis, each request's summary also kept in a ring in Redis (console.recent "
+        "of them) that every gateway's traffic and request pages read, kept across restarts",
+    )
     reports: str | None = Field(
         None, description="a folder of `triage eval` reports and plots to list, relative to the policy file"
     )

@@ -10,9 +10,10 @@ what the role table allows (``policies/roles.py``); the keys, teams and audit pa
 
 Pages: traffic (live, polled every second), decisions (tiers, escalations, routes, cost against
 always-top, the quality watch's estimates), one request's trace, keys and spend, batches, eval
-reports (the policy's ``console.reports`` folder). The request pages read this process's ring of
-recent requests (``gateway.obs.recent``); prompts and answers appear only where the policy logs
-prompts.
+reports (the policy's ``console.reports`` folder). The traffic and request pages read the fleet's
+ring of recent requests where the policy's state is shared (Redis), else this process's
+(``console_ring``); the decisions page and full traces read this process's (``gateway.obs.recent``).
+Prompts and answers appear only where the policy logs prompts.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from gateway.http import console_auth
+from gateway.http import console_auth, console_ring
 from gateway.http.doors import gateway_state, read_body
 from gateway.obs import recent
 from gateway.service.keys import access
@@ -250,8 +251,8 @@ async def logout(request: Request) -> Response:
 @router.get("")
 @page
 async def traffic_page(request: Request, rt: Runtime, session: console_auth.Session) -> Response:
-    metrics = gateway_state(request).metrics
-    return _render("traffic.html", request, csrf=session.csrf(console_auth.secret()), t=recent.traffic(metrics.recent))
+    t = await console_ring.traffic(rt, gateway_state(request).metrics.recent)
+    return _render("traffic.html", request, csrf=session.csrf(console_auth.secret()), t=t)
 
 
 @router.get("/api/traffic")
@@ -263,7 +264,7 @@ async def traffic_api(request: Request) -> Response:
         raise Unauthorized("no console session: log in at /console/login")
     if not (verdict := decide(session.who, "traffic.read")).allowed:
         raise access.denied(verdict.reason)
-    body = orjson.dumps(recent.traffic(gateway_state(request).metrics.recent))
+    body = orjson.dumps(await console_ring.traffic(rt, gateway_state(request).metrics.recent))
     return Response(body, media_type="application/json", headers=_HEADERS)
 
 
@@ -281,18 +282,26 @@ async def find_request(request: Request, rt: Runtime, session: console_auth.Sess
     rid = (request.query_params.get("id") or "").strip()
     if rid:
         return RedirectResponse(f"/console/requests/{quote(rid, safe='')}", status_code=303, headers=_HEADERS)
-    latest = [s.trace() for s in gateway_state(request).metrics.recent.latest(50)]
-    return _render("requests.html", request, csrf=session.csrf(console_auth.secret()), latest=latest)
+    rows, fleet = await console_ring.latest(rt, gateway_state(request).metrics.recent, 50)
+    csrf = session.csrf(console_auth.secret())
+    return _render("requests.html", request, csrf=csrf, latest=[s.trace() for s in rows], fleet=fleet)
 
 
 @router.get("/requests/{request_id:path}")
 @page
 async def request_page(request: Request, rt: Runtime, session: console_auth.Session, request_id: str) -> Response:
     ring = gateway_state(request).metrics.recent
-    seen = ring.find(request_id, request.query_params.get("key"))  # ids are the client's: one per key
+    key = request.query_params.get("key")
+    seen = ring.find(request_id, key)  # ids are the client's: one per key
     csrf = session.csrf(console_auth.secret())
+    if seen is None and (other := await console_ring.find(rt, request_id, key)) is not None:
+        t = other.trace()  # another gateway's, or from before a restart: its summary
+        return _render("trace.html", request, csrf=csrf, t=t, request_id=request_id, kept=ring.size, summary=True)
     if seen is None:
-        return _render("trace.html", request, status=404, csrf=csrf, t=None, request_id=request_id, kept=ring.size)
+        fleet = rt.recent is not None
+        return _render(
+            "trace.html", request, status=404, csrf=csrf, t=None, request_id=request_id, kept=ring.size, fleet=fleet
+        )
     keys = [k for k in ring.keys_of(request_id) if k != seen.key]  # other keys that sent the same id
     return _render("trace.html", request, csrf=csrf, t=seen.trace(), request_id=request_id, kept=ring.size, keys=keys)
 

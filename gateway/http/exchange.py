@@ -21,7 +21,7 @@ import structlog
 from backends.base import Attempt, Stopwatch
 from gateway.obs import logs, tracing
 from gateway.obs.metrics import Metrics
-from gateway.obs.recent import Seen
+from gateway.obs.recent import Seen, summary
 from gateway.service.cache import response as response_cache
 from gateway.service.context import Context, Wait
 from gateway.service.keys import metering, quotas
@@ -258,7 +258,7 @@ class Exchange:
         recent.bound(console.recent, console.recent_bytes, console.prompt_chars)
         show = self.rt.policy.logging.log_prompts
         recent.add(
-            Seen(
+            seen := Seen(
                 self.request_id,
                 time.time(),
                 self.endpoint,
@@ -279,6 +279,8 @@ class Exchange:
                 show,
             )
         )
+        if self.rt.recent is not None:  # the fleet's ring (Redis): written in the background, in batches
+            self.rt.recent.push(summary(seen, console.recent_bytes // console.recent))
 
     def _decision_event(self, d: Decision) -> dict[str, Any]:
         """The cascade's decision for the log: answers (user text) only when prompts are logged."""

@@ -6,8 +6,11 @@ object and a dict entry. The console's pages read the ring: traffic over the las
 per second, latency percentiles, errors, by surface and model), what answered (tiers, escalations,
 the router's choices, cost against always-top) and one request's trace by its id.
 
-Per process: under ``triage serve --workers N`` each worker keeps its own ring, and a page shows the
-worker that answered it (``/metrics`` is the fleet-wide view). Prompts and answers are kept only
+Per process: under ``triage serve --workers N`` each worker keeps its own ring. Where the policy's
+state is shared (``state.store: redis``), each entry's :func:`summary` also goes to the fleet's ring
+in Redis (``gateway/state/recent_redis.py``), which the traffic and request pages read first
+(:func:`traffic_of`, :func:`from_summary`): every gateway's requests, kept across restarts; this
+ring stays the fallback and holds the full traces. Prompts and answers are kept only
 where the policy logs prompts (``show``, fixed when the request is seen), a prompt as its first
 ``console.prompt_chars`` characters.
 
@@ -241,11 +244,18 @@ def _r(x: float | None, digits: int = 3) -> float | None:
 
 
 def traffic(recent: Recent, window_s: float = WINDOW_S) -> dict[str, Any]:
-    """The last ``window_s`` seconds: in all and per (surface, model): requests, requests per
-    second, errors (4xx and 5xx), latency percentiles; requests and errors per second over the window
-    (oldest first); the latest requests."""
+    """The last ``window_s`` seconds of this process's ring (:func:`traffic_of`)."""
     now = recent.now()
-    rows = recent.since(now - window_s)
+    return traffic_of(recent.since(now - window_s), recent.latest(20), recent.total, now, window_s)
+
+
+def traffic_of(
+    rows: list[Seen], latest: list[Seen], total: int, now: float, window_s: float = WINDOW_S, scope: str = "process"
+) -> dict[str, Any]:
+    """``rows``, those of the last ``window_s`` seconds (oldest first): in all and per (surface,
+    model): requests, requests per second, errors (4xx and 5xx), latency percentiles; requests and
+    errors per second over the window (oldest first); the ``latest`` requests; whose they are
+    (``scope``: this ``process``'s ring, or the ``fleet``'s)."""
     groups: dict[tuple[str, str], list[Seen]] = defaultdict(list)
     for s in rows:
         groups[(s.surface, s.model or "-")].append(s)
@@ -263,18 +273,19 @@ def traffic(recent: Recent, window_s: float = WINDOW_S) -> dict[str, Any]:
     per_second = [0] * seconds
     errors_per_second = [0] * seconds
     for s in rows:
-        i = seconds - 1 - min(seconds - 1, int(now - s.at))
+        i = seconds - 1 - min(seconds - 1, max(0, int(now - s.at)))  # another gateway's clock may run ahead
         per_second[i] += 1
         errors_per_second[i] += s.status >= 400
     return {
         "window_s": window_s,
         "at": now,
-        "total_seen": recent.total,
+        "scope": scope,
+        "total_seen": total,
         "all": line(rows),
         "by": [{"surface": k[0], "model": k[1], **line(g)} for k, g in sorted(groups.items())],
         "per_second": per_second,
         "errors_per_second": errors_per_second,
-        "latest": [_brief(s) for s in recent.latest(20)],
+        "latest": [_brief(s) for s in latest],
     }
 
 
@@ -290,6 +301,64 @@ def _brief(s: Seen) -> dict[str, Any]:
         "latency_ms": round(s.latency_ms, 3),
         "cost": s.cost,
     }
+
+
+SUMMARY_BYTES = 800  # a summary's own fields, about, at most (its strings clipped to ID_CHARS)
+
+
+def summary(seen: Seen, most_bytes: int) -> dict[str, Any]:
+    """What the fleet's ring keeps of an entry (``gateway/state/recent_redis.py``): what the traffic
+    and request pages show, without the decision's and route's objects; the prompt (kept only where
+    prompts are logged, already a prefix) cut further to keep the summary near ``most_bytes``."""
+    out = {
+        **_brief(seen),
+        "stream": seen.stream,
+        "error": seen.error,
+        "always_top": seen.always_top,
+        "tier": seen.decision.tier if seen.decision is not None else None,
+        "routed": seen.route.model if seen.route is not None else None,
+    }
+    if seen.usage:
+        out["usage"] = {k: seen.usage.get(k) for k in ("prompt_tokens", "completion_tokens")}
+    if seen.show and isinstance(seen.prompt, str):
+        room = most_bytes - SUMMARY_BYTES
+        fits = len(seen.prompt) * 4 <= room or len(seen.prompt.encode()) <= room
+        out["prompt"] = seen.prompt if fits else prefix(seen.prompt, room // 4)  # UTF-8: 4 bytes a character at most
+    return out
+
+
+def from_summary(item: Mapping[str, Any]) -> Seen:
+    """An entry of the fleet's ring as a :class:`Seen` (no decision, route or tries: the trace of
+    the gateway that answered it has those), for the pages that read a ring."""
+
+    def text(k: str) -> str | None:
+        v = item.get(k)
+        return v if isinstance(v, str) else None
+
+    def number(k: str) -> float | None:
+        v = item.get(k)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    served = text("served") or text("tier") or text("routed")
+    usage = item.get("usage")
+    prompt = text("prompt")
+    return Seen(
+        text("request_id") or "",
+        number("at") or 0.0,
+        text("surface") or "-",
+        text("model"),
+        served,
+        int(number("status") or 0),
+        number("latency_ms") or 0.0,
+        bool(item.get("stream")),
+        text("key"),
+        number("cost"),
+        number("always_top"),
+        usage if isinstance(usage, dict) else None,
+        text("error"),
+        prompt=prompt,
+        show=prompt is not None,
+    )
 
 
 def decisions(recent: Recent) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from gateway.service.quality import layer as quality_layer
 from gateway.service.quality.watch import Watch
 from gateway.service.runtime import Runtime
 from gateway.state.quality import open_quality
+from gateway.state.recent_redis import RecentFeed
 from gateway.state.responses import Responses
 from gateway.state.responses_redis import RedisResponses
 from gateway.state.stores import RedisStore, Store, StoreDown, open_store
@@ -168,6 +169,7 @@ async def build(
         base_dir=base_dir,
         semantic=_semantic(policy, encoding, version, store),
         responses=responses,
+        recent=_recent(policy, previous, store),
         watch=watch,
         serve=layered(policy),
         noted=quality_layer.noted if watch is not None else None,
@@ -205,6 +207,19 @@ async def _responses(policy: Policy, previous: Runtime | None, store: Store, ope
     except StoreDown as exc:
         await opened.close()
         raise PolicyInvalid([f"state.database: {exc.message}"]) from None
+
+
+def _recent(policy: Policy, previous: Runtime | None, store: Store) -> RecentFeed | None:
+    """The console's ring shared by the fleet, where the state is (Redis) and the console on (and
+    ``console.shared``): the previous runtime's while the store is the same (its bound the policy's
+    ``console.recent``)."""
+    if not isinstance(store, RedisStore) or not (policy.console.enabled and policy.console.shared):
+        return None
+    feed = previous.recent if previous is not None and previous.store is store else None
+    if feed is None:
+        return RecentFeed(store, policy.console.recent)
+    feed.size = policy.console.recent
+    return feed
 
 
 @dataclass

@@ -19,6 +19,7 @@ import structlog
 
 from backends.base import Backend
 from backends.engine_handle import EngineHandle
+from gateway.state.recent_redis import RecentFeed
 from gateway.state.responses import Responses
 from gateway.state.stores import MemoryStore, Store
 from policies import plans
@@ -54,6 +55,7 @@ class Runtime:
     store: Store = field(default_factory=MemoryStore)  # rate windows and spend (policy: state)
     store_problem: str | None = None  # the store was down at start and the policy allows degraded mode
     responses: Responses | None = None  # stored Responses in the fleet's store (None: the app's own, this process)
+    recent: RecentFeed | None = None  # the console's ring shared by the fleet (state.store: redis)
     store_checked: float = 0.0  # when a degraded store was last asked whether it is back (monotonic)
     operator_hashes: frozenset[str] = frozenset()  # keys that see every key's files and batches
     keyring: Keyring | None = None  # who may call (None: the policy's keys only, no store keys)
@@ -171,7 +173,7 @@ class RuntimeHolder:
         self.current = runtime
         self._retired: list[Runtime] = []
         # by id: objects of retired runtimes
-        self._pending: dict[int, Backend | Encoding | Store | Watch | Responses] = {}
+        self._pending: dict[int, Backend | Encoding | Store | Watch | Responses | RecentFeed] = {}
         self._later: set[asyncio.Task[None]] = set()  # work after an answer (spend records): awaited at close
 
     def later(self, work: Coroutine[Any, Any, None]) -> None:
@@ -194,7 +196,8 @@ class RuntimeHolder:
         old, self.current = self.current, new
         old.retired = True
         self._retired.append(old)
-        for obj in (*old.backends.values(), old.encoding, old.store, old.watch, old.responses):
+        # the fleet's ring before the store: its last write goes through the store's client
+        for obj in (*old.backends.values(), old.encoding, old.recent, old.store, old.watch, old.responses):
             if obj is not None:
                 self._pending[id(obj)] = obj
         await self._collect()
@@ -207,6 +210,8 @@ class RuntimeHolder:
             await backend.close()
         if self.current.encoding is not None:
             await self.current.encoding.close()
+        if self.current.recent is not None:
+            await self.current.recent.close()  # before the store: its last write goes through the store's client
         await self.current.store.close()
         if self.current.watch is not None:
             await self.current.watch.close()
@@ -218,7 +223,7 @@ class RuntimeHolder:
         live = {
             id(obj)
             for rt in (self.current, *self._retired)
-            for obj in (*rt.backends.values(), rt.encoding, rt.store, rt.watch, rt.responses)
+            for obj in (*rt.backends.values(), rt.encoding, rt.store, rt.watch, rt.responses, rt.recent)
             if obj is not None
         }
         closing = [obj for key, obj in self._pending.items() if key not in live]
