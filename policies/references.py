@@ -4,8 +4,8 @@ with where it stands (``policies.loader`` turns the place into file:line:col).""
 
 from __future__ import annotations
 
-from policies.rollouts import primary_of
 from policies.references_access import access_problems
+from policies.rollouts import primary_of
 from policies.schema import (
     AliasModel,
     CascadeModel,
