@@ -53,8 +53,10 @@ def failed_there(exc: BaseException | None, served: Served | None, target: str) 
     """Whether ``target`` failed this request: the error it ended in is the upstream's (not the
     caller's: a bad request, its key's limits, a client that left), or a fallback answered after
     ``target`` failed."""
-    if exc is not None:
-        return isinstance(exc, UpstreamError | NotReady) or not isinstance(exc, TriageError)
+    if exc is not None:  # a cancelled request (its client left) is nobody's failure
+        return isinstance(exc, Exception) and (
+            isinstance(exc, UpstreamError | NotReady) or not isinstance(exc, TriageError)
+        )
     return served is not None and any(m == target for m, _ in served.fallbacks)
 
 
@@ -102,6 +104,7 @@ def _asker(
     assert not isinstance(found, TypedPlan), "validated: a split's targets and mirrors are no cascade models"
     plan = ChainPlan(model, (model,)) if alone else found
     asked = {**body, "model": model, "stream": False}
+    asked.pop("stream_options", None)  # only a stream may carry them
 
     async def ask() -> tuple[str, float]:
         fresh = await pipeline.serve_plan(rt, jobs.internal(kind, asked, plan, shape), watch.ctx_for(request_id))

@@ -99,6 +99,7 @@ def routed(
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or vm.output_tokens * 4
     upper = watch.reserve(rt.policy.models.get(ref), watch.body_chars(body), int(max_tokens))
     asked = {**body, "model": ref, "stream": False}
+    asked.pop("stream_options", None)  # only a stream may carry them
     found = resolve(rt.policy, ref)
     assert isinstance(found, ChainPlan), "validated: a routed model's candidates are models"
     plan_top: ChainPlan = found
