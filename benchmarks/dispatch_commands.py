@@ -1,6 +1,6 @@
 """The dispatch benchmarks' commands of ``python -m benchmarks`` (registered there from
 :data:`COMMANDS`): prefix-grouped batches, BatchLLM's order, online affinity, the fleet simulator,
-the rule on real engines, and what a weighted split adds."""
+the rule on real engines, what a weighted split adds, and what the console's fleet ring adds."""
 
 from __future__ import annotations
 
@@ -219,6 +219,19 @@ def split(
     print(json.dumps(run(requests=requests, warmup=warmup), indent=1))
 
 
+def recent(
+    requests: Annotated[int, typer.Option(help="Requests to each of the two gateways, alternating.")] = 3000,
+    warmup: Annotated[int, typer.Option(help="Requests to each gateway first, not counted.")] = 300,
+    ring: Annotated[int, typer.Option(help="The fleet's ring's bound (console.recent).")] = 2000,
+) -> None:
+    """What the fleet's ring of recent requests (Redis) adds to a request, against the same gateway without it."""
+    import json
+
+    from benchmarks.recent_bench import run
+
+    print(json.dumps(run(requests=requests, warmup=warmup, recent=ring), indent=1))
+
+
 COMMANDS: dict[str, Callable[..., Any]] = {
     "prefix": prefix,
     "order": order,
@@ -226,4 +239,5 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "fleet-sim": fleet_sim,
     "fleet-real": fleet_real,
     "split": split,
+    "recent": recent,
 }
