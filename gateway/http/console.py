@@ -151,9 +151,13 @@ def page(handler: Any) -> Any:
         except _Login:
             return _login_redirect(request)
         assert session.who is not None
-        verdict = decide(session.who, _action(request))
+        verdict = decide(session.who, action := _action(request))
         if not verdict.allowed:
             log.warning("console_refused", who=session.who.name, role=session.who.role, path=request.url.path)
+            if request.method == "POST":  # a write refused: in the audit log, as the admin API's are
+                client = request.client.host if request.client else None
+                where = access.Where(client, request.headers.get("user-agent"), "console")
+                await access.record(rt, session.who, action, where, request.url.path, 403, verdict.reason)
             csrf = session.csrf(console_auth.secret())
             return _render("forbidden.html", request, status=403, csrf=csrf, reason=verdict.reason)
         return await handler(request, rt, session, **kwargs)
