@@ -241,3 +241,19 @@ def test_a_candidate_that_disagrees_is_rolled_back_and_a_reload_of_its_weights_r
         gw.policy_path.write_text(text.replace("candidate: 50}", "candidate: 10}"))
         until(lambda: not rolled_back(http))
         until(lambda: chat(http, "chat").headers["x-triage-split"] == "chat=candidate")
+
+
+def test_gateways_sharing_postgresql_reach_the_same_rollback(gateway: Callable[..., Gateway], database: str) -> None:
+    # the traffic goes through one gateway; the other reads the same records and rolls back too
+    text = guarded('text: "x", fail_first: 100000', "{min_requests: 10}", fallbacks=", fallbacks: [current]")
+    text += f"state: {{database: '{database}'}}\n"
+    one, two = gateway(text), gateway(text)
+    with one.http() as http, two.http() as other:
+        for _ in range(200):
+            assert chat(http, "chat").status_code == 200
+            if rolled_back(http):
+                break
+        (back,) = rolled_back(http)
+        (seen,) = until(lambda: rolled_back(other), timeout_s=5)
+        assert seen["target"] == back["target"] == "candidate" and "error rate" in seen["reason"]
+        assert {chat(other, "chat").headers["x-triage-split"] for _ in range(30)} == {"chat=current"}
