@@ -230,3 +230,13 @@ def test_in_a_browser_each_role_sees_and_does_what_it_may(gateway: Callable[...,
     made = rows.filter(has_text="key:red-from-browser").inner_text()
     assert "red-lead" in made and "keys.write" in made and "allowed 201" in made and "console" in made
     operator.close()
+
+
+def test_the_docs_show_the_table_as_it_is() -> None:
+    from pathlib import Path
+
+    from policies.roles import table_rows
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "tenancy.md").read_text()
+    for action, by in table_rows():
+        assert f"| `{action}` | " + " | ".join(by[r] for r in ROLES) + " |" in doc, action
