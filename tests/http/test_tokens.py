@@ -174,6 +174,15 @@ def test_bad_tokens_are_a_401_whose_reason_is_logged_never_sent(
         openai_client = openai.OpenAI(base_url=gw.base_url + "/v1", api_key=cases["expired"], max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             openai_client.chat.completions.create(model="m", messages=MSG)
+        messages = httpx.post(  # Anthropic's surface: its own error shape, the same silence
+            gw.base_url + "/v1/messages",
+            json={"model": "m", "max_tokens": 8, "messages": MSG},
+            headers={"x-api-key": cases["another audience"]},
+            timeout=30,
+        )
+        assert messages.status_code == 401 and messages.json()["type"] == "error", messages.text
+        assert messages.json()["error"]["type"] == "authentication_error"
+        assert messages.json()["error"]["message"] == REFUSED
     refused = [e for e in logs if e["event"] == "token_refused"]
     said = " | ".join(e["reason"] for e in refused)
     for reason in cases:
