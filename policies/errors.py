@@ -51,6 +51,22 @@ class NothingFits(InvalidRequest):
     default_code = "context_length_exceeded"
 
 
+class GuardrailRefused(InvalidRequest):
+    """A guardrail of the policy refused the request or its answer (``policies.guardrails``): the
+    body names it (``error.guardrail``); a stream is cut with this as its in-band error."""
+
+    default_code = "guardrail_refused"
+
+    def __init__(self, message: str, guardrail: str) -> None:
+        super().__init__(message, param=None)
+        self.guardrail = guardrail
+
+    def body(self) -> dict[str, Any]:
+        out = super().body()
+        out["error"]["guardrail"] = self.guardrail
+        return out
+
+
 class ClientGone(TriageError):
     """The client closed the connection before the answer was ready (nginx's 499): the work for
     it was stopped. Nobody reads this answer; the status is for logs and metrics."""

@@ -5,6 +5,7 @@ with where it stands (``policies.loader`` turns the place into file:line:col).""
 from __future__ import annotations
 
 from policies.references_access import access_problems
+from policies.references_guardrails import guardrail_problems
 from policies.rollouts import primary_of
 from policies.schema import (
     AliasModel,
@@ -32,6 +33,7 @@ def reference_problems(policy: Policy) -> list[tuple[Loc, str]]:
         *_cache_problems(policy),
         *_key_problems(policy),
         *access_problems(policy),
+        *guardrail_problems(policy),
     ]
 
 

@@ -33,6 +33,7 @@ from policies.schema_backends import (
     ScriptedToolCall,
     Timeouts,
 )
+from policies.schema_guardrails import GuardrailsSpec
 from policies.schema_models import (
     AliasModel,
     CascadeModel,
@@ -326,6 +327,9 @@ class Policy(Strict):
         description="model name a request names -> a candidate asked a share of its requests in the background",
     )
     console: ConsoleSpec = ConsoleSpec()
+    guardrails: GuardrailsSpec | None = Field(
+        None, description="checks on requests and answers: PII, jailbreaks, hooks (off: unset)"
+    )
 
     def upstream_name(self, model: str) -> str:
         spec = self.models[model]

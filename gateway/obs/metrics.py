@@ -148,6 +148,11 @@ class Metrics:
         answers kept with its interval and whether it drifts."""
         self._samplers.append(_QualitySampler(watch, self.registry).sample)
 
+    def watch_guardrails(self, guardrails: Callable[[], Any]) -> None:
+        """The guardrails' tally (policy: ``guardrails``), sampled: hits per guardrail and action,
+        and checks that failed or passed their deadline per guardrail and what on_error made of them."""
+        self._samplers.append(_GuardrailSampler(guardrails, self.registry).sample)
+
     async def run(self, stop: asyncio.Event) -> None:
         """While the app serves: with workers, mark this one started and sample its live gauges
         every second until ``stop``. Nothing to do in one process."""
@@ -402,3 +407,35 @@ class _QualitySampler:
         for model, seen in w.latency_report().items():
             self.mirror_latency.labels(model, "0.5").set(seen["p50_ms"] / 1000)
             self.mirror_latency.labels(model, "0.95").set(seen["p95_ms"] / 1000)
+
+
+class _GuardrailSampler:
+    """The guardrails' counts as counters, counted up by what the tally saw since the last sample
+    (the tally is kept across reloads, so its counts only grow)."""
+
+    def __init__(self, guardrails: Callable[[], Any], registry: CollectorRegistry) -> None:
+        self.guardrails = guardrails
+        self.hits = Counter(
+            "triage_guardrail_hits",
+            "Guardrail hits by guardrail and action",
+            ["guardrail", "action"],
+            registry=registry,
+        )
+        self.errors = Counter(
+            "triage_guardrail_errors",
+            "Guardrail checks that failed or passed their deadline, by guardrail and on_error",
+            ["guardrail", "on_error"],
+            registry=registry,
+        )
+        self.seen: dict[tuple[str, str, str], float] = {}
+
+    def sample(self) -> None:
+        g = self.guardrails()
+        if g is None:
+            return
+        for counter, name, counts in ((self.hits, "hits", g.tally.hits), (self.errors, "errors", g.tally.errors)):
+            for (guardrail, what), n in list(counts.items()):
+                before = self.seen.get((name, guardrail, what), 0.0)
+                if n > before:
+                    counter.labels(guardrail, what).inc(n - before)
+                    self.seen[(name, guardrail, what)] = n

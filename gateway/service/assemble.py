@@ -20,6 +20,8 @@ from backends.base import Backend
 from gateway.service import service
 from gateway.service.cache import layer as cache_layer
 from gateway.service.cache.semantic import SemanticCache
+from gateway.service.guardrails import layer as guard_layer
+from gateway.service.guardrails.checks import Guardrails
 from gateway.service.job import Serve
 from gateway.service.keys.keyring import Keyring, as_key, keyring_for
 from gateway.service.quality import layer as quality_layer
@@ -128,6 +130,7 @@ async def build(
     keys = _key_hashes(policy)
     admin = _admin_digest(policy)
     judges = load_judges(policy, base_dir)
+    guards = Guardrails.build(policy, base_dir, previous.guardrails if previous is not None else None)
     cached = policy.response_cache is not None or (
         policy.cascade is not None and policy.cascade.cache_ttl_s is not None
     )
@@ -171,7 +174,8 @@ async def build(
         responses=responses,
         recent=_recent(policy, previous, store),
         watch=watch,
-        serve=layered(policy),
+        serve=layered(policy, guards),
+        guardrails=guards,
         noted=quality_layer.noted if watch is not None else None,
     )
 
@@ -298,15 +302,18 @@ async def _share(policy: Policy, backends: dict[str, Backend], store: Store) -> 
             await share(shared)
 
 
-def layered(policy: Policy) -> Serve:
+def layered(policy: Policy, guards: Guardrails | None = None) -> Serve:
     """The generate path a policy serves by: the core (:func:`gateway.service.service.serve`),
     within the quality watch (a policy with a ``quality`` section), within the response cache (one
-    with ``response_cache``): a hit is answered before the watch, as no engine ran."""
+    with ``response_cache``): a hit is answered before the watch, as no engine ran; all within the
+    guardrails (a refused request is looked up nowhere, and a cached answer is checked too)."""
     out: Serve = service.serve
     if policy.quality is not None:
         out = quality_layer.watched(out)
     if policy.response_cache is not None:
         out = cache_layer.cached(out)
+    if guards is not None:
+        out = guard_layer.guarded(out, guards)
     return out
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import structlog
@@ -27,6 +29,7 @@ from policies.semantic import Route, choose_route, choose_route_turns, is_follow
 
 log = structlog.get_logger("triage.router")
 ReasoningRouter = tuple[Policy, RoutedModel, QualityHead]
+RECENT_READINGS = 64  # prompts read lately, kept for a second reader of the same text (a guardrail, then the router)
 
 
 @dataclass
@@ -38,6 +41,7 @@ class Encoding:
     batcher: MicroBatcher[str, Reading]
     signature: tuple[tuple[str, int], ...]  # the artifacts as loaded: retrained heads differ
     embedder: MicroBatcher[str, tuple[np.ndarray, int]]  # /v1/embeddings: the vector only, and its tokens
+    recent: OrderedDict[str, Reading] = field(default_factory=OrderedDict)  # text -> its reading (see `read`)
 
     @classmethod
     async def load(cls, config: ClassifierSpec, policy_dir: Path) -> Encoding:
@@ -59,6 +63,19 @@ class Encoding:
         await self.batcher.aclose()
         await self.embedder.aclose()
 
+    async def read(self, text: str) -> Reading:
+        """One prompt's reading (micro-batched); a text read moments ago is not read again: the
+        jailbreak guardrail reads the last user turn before routing, and the router reuses it."""
+        found = self.recent.get(text)
+        if found is not None:
+            self.recent.move_to_end(text)
+            return found
+        reading = await self.batcher.embed(text)
+        self.recent[text] = reading
+        while len(self.recent) > RECENT_READINGS:
+            self.recent.popitem(last=False)
+        return reading
+
     async def route(
         self, vm: SemanticModel, kind: Kind, body: Body, reasoning_router: ReasoningRouter | None = None
     ) -> Route:
@@ -77,7 +94,7 @@ class Encoding:
             )
             reading = readings[0]
         else:
-            reading = await self.batcher.embed(last)
+            reading = await self.read(last)
             [(heads, fam)] = self.classifier.classify_readings([reading], [last])
             route = choose_route(vm, heads, fam.in_distribution, fam.readable)
         if route.reasoning_by_router and reasoning_router is not None:
@@ -102,7 +119,7 @@ class Encoding:
         prompt; ``barred``: per candidate, why it cannot take the request (None: it can); ``probe``:
         the routed model's difficulty probe, asked where the heads' choice is close."""
         last, _ = _turns(kind, body)
-        reading, tokens = await self.batcher.embed(last), input_tokens(kind, body)
+        reading, tokens = await self.read(last), input_tokens(kind, body)
         if probe is None:
             return quality_route(policy, vm, head, reading, tokens, barred)
         return await probed_route(policy, vm, head, reading, last, tokens, barred, probe)
@@ -259,6 +276,11 @@ def input_tokens(kind: Kind, body: Body) -> int:
     else:
         chars = sum(len(message_text(m.get("content"))) for m in body.get("messages") or ())
     return max(1, chars // 4)
+
+
+def last_turn(kind: Kind, body: Mapping[str, Any]) -> str:
+    """The text the router reads: the last user turn (a text completion's prompt)."""
+    return _turns(kind, dict(body))[0]
 
 
 def _turns(kind: Kind, body: Body) -> tuple[str, list[str]]:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # the rooms above the request core, named in its fields' type
     from classifiers.quality import QualityHead
     from gateway.service.cache.semantic import SemanticCache
     from gateway.service.encoding import Encoding, Probe
+    from gateway.service.guardrails.checks import Guardrails
     from gateway.service.keys.keyring import Keyring
     from gateway.service.quality.watch import Watch
 
@@ -70,6 +71,7 @@ class Runtime:
     # watch and the response cache; None: the core alone), and the watch's note of each decision
     serve: Callable[..., Awaitable[Any]] | None = None
     noted: Callable[..., None] | None = None
+    guardrails: Guardrails | None = None  # the policy's guardrails (the serve path's outer layer), and their tally
     _reach: dict[tuple[str, ...], frozenset[str]] = field(default_factory=dict)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)  # work after an answer (cache writes)
 
