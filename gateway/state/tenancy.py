@@ -2,8 +2,9 @@
 the audit log of admin actions, kept in the same store, so every gateway sharing it (Redis) sees
 the same teams and one log. The memory store's (one process) are kept in memory.
 
-Teams: a hash, name -> the team's record (JSON). The audit log: a Redis stream, its oldest entries
-leaving past about :data:`AUDIT_MOST`; read newest first.
+Teams: a hash, name -> the team's record (JSON). Token callers: a hash, subject -> who it is (its
+name, team and user: what a batch it made runs as on any gateway). The audit log: a Redis stream,
+its oldest entries leaving past about :data:`AUDIT_MOST`; read newest first.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ class Tenancy(Protocol):
 
     async def team_delete(self, name: str) -> bool: ...
 
+    async def caller_put(self, subject: str, record: str) -> None:
+        """Keep who a token's subject is (its key as made on the fly, JSON): what a batch it made runs as."""
+        ...
+
+    async def caller_get(self, subject: str) -> str | None: ...
+
     async def audit_add(self, entry: dict[str, Any]) -> None: ...
 
     async def audit_read(self, most: int) -> list[dict[str, Any]]:
@@ -41,6 +48,7 @@ class Tenancy(Protocol):
 class MemoryTenancy:
     def __init__(self) -> None:
         self._teams: dict[str, str] = {}
+        self._callers: dict[str, str] = {}
         self._audit: deque[dict[str, Any]] = deque(maxlen=AUDIT_MEMORY)
 
     async def team_put(self, name: str, record: str, new: bool) -> bool:
@@ -57,6 +65,12 @@ class MemoryTenancy:
 
     async def team_delete(self, name: str) -> bool:
         return self._teams.pop(name, None) is not None
+
+    async def caller_put(self, subject: str, record: str) -> None:
+        self._callers[subject] = record
+
+    async def caller_get(self, subject: str) -> str | None:
+        return self._callers.get(subject)
 
     async def audit_add(self, entry: dict[str, Any]) -> None:
         self._audit.append(entry)
@@ -77,6 +91,7 @@ class RedisTenancy:
         self._r = store.redis
         self._teams = store.key("teams")
         self._audit = store.key("audit")
+        self._callers = store.key("callers")
 
     async def team_put(self, name: str, record: str, new: bool) -> bool:
         if new:
@@ -94,6 +109,13 @@ class RedisTenancy:
 
     async def team_delete(self, name: str) -> bool:
         return bool(await self._store.run(self._r.hdel(self._teams, name)))
+
+    async def caller_put(self, subject: str, record: str) -> None:
+        await self._store.run(self._r.hset(self._callers, subject, record))
+
+    async def caller_get(self, subject: str) -> str | None:
+        raw = await self._store.run(self._r.hget(self._callers, subject))
+        return None if raw is None else _text(raw)
 
     async def audit_add(self, entry: dict[str, Any]) -> None:
         item = orjson.dumps(entry)

@@ -9,6 +9,7 @@ cannot be reached keeps its last keys for a bounded time, then nothing passes.""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -30,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from gateway.service.keys.keyring import keyring_for
 from tests.conftest import Gateway
 from tests.servers import asgi_server
 
@@ -136,6 +138,17 @@ def test_a_good_token_is_served_and_held_to_its_team(
     assert statuses == [200, 200, 429], statuses
     limited = chat(gw, idp.token("k2", sub="u-2", email="bo@lab.test"))  # another user of the team shares it
     assert limited.status_code == 429 and "the team 'research'" in limited.json()["error"]["message"]
+    # who the token's subject is, kept in the store: a gateway that never saw the token knows it (its batches)
+    rt = gw.app.state.triage.holder.current  # type: ignore[attr-defined]
+    other = keyring_for(rt.policy, {}, rt.store, admin_key=False)
+    subject = hashlib.sha256(f"jwt|{ISSUER}|u-1".encode()).hexdigest()
+    found = asyncio.run(other.owner(subject))
+    assert found is not None and (found.name, found.team, found.user, found.models) == (
+        "jwt:ada@lab.test",
+        "research",
+        "ada@lab.test",
+        ["m"],
+    )
 
 
 def test_bad_tokens_are_a_401_whose_reason_is_logged_never_sent(

@@ -26,7 +26,7 @@ import structlog
 
 from gateway.service.keys.teams import Teams
 from gateway.service.keys.tokens import Identity, Tokens, looks_like
-from gateway.state.stores import Store
+from gateway.state.stores import Store, StoreDown
 from gateway.state.tenancy import open_tenancy
 from policies.errors import Unauthorized
 from policies.schema import ApiKey, KeyLimits, Policy
@@ -119,10 +119,19 @@ class Keyring:
             user=who.user,
             role=who.role,
         )
+        if self._callers.get(who.subject) != key:  # new to this gateway, or changed: kept for the fleet
+            await self._keep_caller(key)
+        return await self._with_team(key)
+
+    async def _keep_caller(self, key: ApiKey) -> None:
+        """A token's caller kept in the store (what its batches run as on any gateway) and here."""
         if len(self._callers) >= CACHE_ENTRIES:
             self._callers.clear()
-        self._callers[who.subject] = key
-        return await self._with_team(key)
+        self._callers[key.sha256] = key
+        try:
+            await self.teams.tenancy.caller_put(key.sha256, key.model_dump_json(exclude_none=True))
+        except StoreDown as exc:  # its requests are served; a batch on another gateway would not know it
+            log.warning("token_caller_not_kept", user=(key.user or "")[:64], error=exc.message)
 
     async def _with_team(self, key: ApiKey | None) -> ApiKey | None:
         """``key`` with its team's models applied; None when its team is gone."""
@@ -145,9 +154,12 @@ class Keyring:
 
     async def owner(self, digest: str) -> ApiKey | None:
         """The key with this sha256, live or revoked (a batch it made runs under its models), or a
-        token's caller this gateway has seen."""
+        token's caller (any gateway of the fleet has seen)."""
         key, _ = await self._known(digest)
-        return await self._with_team(key if key is not None else self._callers.get(digest))
+        if key is None and (key := self._callers.get(digest)) is None and self.tokens is not None:
+            raw = await self.teams.tenancy.caller_get(digest)
+            key = ApiKey.model_validate_json(raw) if raw is not None else None
+        return await self._with_team(key)
 
     async def _known(self, digest: str) -> tuple[ApiKey | None, float | None]:
         """The key with this sha256 and when it is or was revoked: the policy's, else the store's,
