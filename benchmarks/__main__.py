@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from benchmarks import dispatch_commands
+from benchmarks import dispatch_commands, guardrail_commands
 
 app = typer.Typer(name="benchmarks", help="Benchmarks.", no_args_is_help=True, add_completion=False)
 
@@ -334,6 +334,9 @@ def guard(
 
 
 for _name, _command in dispatch_commands.COMMANDS.items():  # prefix, order, affinity, fleet-sim, fleet-real, split
+    app.command(_name)(_command)
+
+for _name, _command in guardrail_commands.COMMANDS.items():  # guardrails, guardrail-data
     app.command(_name)(_command)
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 reading of it, the reading the router takes for the same text (no second model on the path).
 
 The head is a calibrated logistic regression (:class:`~classifiers.heads.LinearHead`, classes
-``benign`` and ``attack``) fitted by ``triage train --jailbreak`` on public labeled sets (their dev
-rows; docs/guardrails.md names each and its licence). Its ``meta.threshold`` is the cut fitted to a
-stated false-positive rate on benign prompts (``meta.target_fpr``). It ships with the embedded
+``benign`` and ``attack``) fitted by ``python -m classifiers.training.jailbreak_training`` on
+public labeled sets (their dev rows; docs/guardrails.md names each and its licence). Its
+``meta.threshold`` is the cut fitted to a stated false-positive rate on benign prompts
+(``meta.target_fpr``). It ships with the embedded
 default's heads (``policies/examples/heads/jailbreak.*``); a policy's own classifier artifacts
 may hold another of the same name, which is then read first.
 """
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 JAILBREAK = "jailbreak"
 ATTACK, BENIGN = "attack", "benign"
 SHIPPED_HEADS = Path(policies.__file__).resolve().parent / "examples" / "heads"
-TRAIN_COMMAND = "triage train --jailbreak"
+TRAIN_COMMAND = "python -m classifiers.training.jailbreak_training --sets SETS --out DIR"
 
 
 def features(reading: Reading) -> np.ndarray:
