@@ -45,7 +45,8 @@ serve: $(VENV)/.doctor
 
 # the servers the tests start themselves, from Debian's packages: Redis for tests/service/test_quotas.py, PostgreSQL
 # for tests/batch/test_fleet_batches.py (Debian puts its initdb and postgres in /usr/lib/postgresql/N/bin, off PATH),
-# and the browser tests/http/test_console.py drives (headless chromium, through playwright's driver)
+# and the browser tests/http/test_console.py drives (headless chromium, through playwright's driver);
+# where npm is, the OpenID Connect provider tests/http/test_tokens_provider.py starts (npm's oauth2-mock-server)
 services:
 	command -v redis-server >/dev/null 2>&1 || { DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; }
@@ -54,6 +55,8 @@ services:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; }
 	{ command -v chromium >/dev/null 2>&1; } || { DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+	! command -v npm >/dev/null 2>&1 || test -f .venv-idp/node_modules/oauth2-mock-server/package.json || \
+		npm install --prefix .venv-idp --no-audit --no-fund --silent oauth2-mock-server@9.3.0
 
 # The test lanes (tests/lanes.py): a test that starts an engine, loads a model or starts the fleet's
 # servers (Redis, PostgreSQL, gateway processes) is marked `engine`, `model` or `fleet` by the
