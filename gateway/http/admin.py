@@ -25,6 +25,7 @@ from gateway.http.doors import read_body
 from gateway.service.bodies import parse_json
 from gateway.service.keys import access
 from gateway.service.keys import admin as key_admin
+from gateway.service.keys.teams import Teams
 from gateway.service.runtime import Runtime
 from policies import quality
 from policies.errors import Conflict, InvalidRequest, NotFound, TriageError
@@ -165,7 +166,7 @@ def _public(rt: Runtime) -> set[str]:
     return {*rt.policy.models, *rt.policy.virtual_models}
 
 
-def _teams(rt: Runtime) -> Any:
+def _teams(rt: Runtime) -> Teams:
     if rt.keyring is None:
         raise NotFound("no keyring: the admin API is off")
     return rt.keyring.teams
