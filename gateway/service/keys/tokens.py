@@ -19,14 +19,16 @@ import asyncio
 import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import jwt
 import structlog
 
 from policies.errors import NotReady, Unauthorized
 from policies.schema_access import Role, TokenSpec
+
+if TYPE_CHECKING:  # PyJWT (and cryptography under it, about 80 ms to import): only where tokens are on
+    import jwt
 
 log = structlog.get_logger("triage.tokens")
 MAX_JWKS_BYTES = 1 << 20
@@ -93,6 +95,8 @@ class Tokens:
         return identity
 
     async def _verify(self, token: str) -> tuple[Identity, str]:
+        import jwt
+
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError as exc:
@@ -152,6 +156,8 @@ class Tokens:
         its claims read again without the signature, so only for a token already verified."""
         if not looks_like(token):
             return None
+        import jwt
+
         try:
             return self._subject(jwt.decode(token, options={"verify_signature": False}))
         except jwt.PyJWTError:
@@ -185,6 +191,8 @@ class Tokens:
 
     async def _refresh(self, wait: bool, forced: bool = False) -> None:
         """Fetch the JWKS (one fetch at a time; without ``wait``, not when one is under way)."""
+        import jwt
+
         if self._lock.locked() and not wait:
             return
         started = time.monotonic()
@@ -203,6 +211,8 @@ class Tokens:
             log.info("jwks_fetched", url=self.spec.jwks_url, keys=sorted(self._keys), forced=forced)
 
     async def _fetch(self) -> dict[str, _Key]:
+        import jwt
+
         async with httpx.AsyncClient(timeout=self.spec.timeout_s, follow_redirects=False) as client:
             r = await client.get(self.spec.jwks_url, headers={"accept": "application/json"})
         r.raise_for_status()
