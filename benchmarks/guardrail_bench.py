@@ -11,10 +11,13 @@
 - **PII**: recall and precision per kind on presidio-research's synthetic sentences
   (``benchmarks/data/pii_presidio_synth.jsonl.gz``; a found value counts when it overlaps a labeled
   value of its kind).
-- **cost**: the input guardrails' added p50 on a real gateway (uvicorn, a scripted engine, a
-  ``semantic`` model routed by the encoder) at 32 tokens, guardrails against none, interleaved
-  rounds; the parts in process (the PII finder, the head on a reading); and the output check's
-  cost per streamed chunk (a PII guardrail over a 400-chunk stream against the stream alone).
+- **cost**: the input guardrails' work for one 32-token chat request in process (the layer's
+  ``screen_input`` with a PII and a jailbreak guardrail, the reading reused as the router's; and
+  its parts: the PII finder, the head on a reading); the same end to end on a real gateway
+  (uvicorn, a scripted engine, a ``semantic`` model routed by the encoder), guardrails against
+  none, one request of each in turn (on a loaded 2-core machine the difference is within the
+  noise); and the output check's cost per streamed chunk (a PII guardrail over a 400-chunk stream
+  against the stream alone).
 """
 
 from __future__ import annotations
@@ -48,8 +51,9 @@ PII_KINDS = {
     "US_SSN": "national_id",
     "IP_ADDRESS": "ip_address",
 }
-PROMPT_32 = (
-    "Could you summarise the main causes of the French Revolution in three short bullet points for my history class?"
+PROMPT_32 = (  # 32 of the encoder's tokens with [CLS] and [SEP]
+    "Could you summarise the main economic and political causes of the French Revolution in three short "
+    "bullet points for my European history class tomorrow morning, please?"
 )
 
 
@@ -210,20 +214,55 @@ def added_p50(rounds: int, requests: int, tmp: Path) -> dict[str, Any]:
         for url in urls.values():  # warm: the encoder, the heads, the connection
             for _ in range(20):
                 client.post(url + "/v1/chat/completions", json=body).raise_for_status()
-        for r in range(rounds):
-            for name in list(urls)[:: 1 if r % 2 == 0 else -1]:
-                for _ in range(requests):
-                    t0 = time.perf_counter()
-                    client.post(urls[name] + "/v1/chat/completions", json=body).raise_for_status()
-                    times[name].append(time.perf_counter() - t0)
+        for i in range(rounds * requests):  # one of each in turn, the order alternating: pairs
+            for name in list(urls)[:: 1 if i % 2 == 0 else -1]:
+                t0 = time.perf_counter()
+                client.post(urls[name] + "/v1/chat/completions", json=body).raise_for_status()
+                times[name].append(time.perf_counter() - t0)
     for server in servers:
         server.should_exit = True
     p50 = {n: statistics.median(t) * 1000 for n, t in times.items()}
+    pairs = [(g - n) * 1000 for g, n in zip(times["guarded"], times["none"], strict=True)]
     return {
         "p50_ms": {n: round(v, 3) for n, v in p50.items()},
         "added_p50_ms": round(p50["guarded"] - p50["none"], 3),
+        "median_paired_difference_ms": round(statistics.median(pairs), 3),
         "requests_each": len(times["none"]),
     }
+
+
+async def _screen_input_us(threads: int, n: int = 2000) -> dict[str, float]:
+    """The layer's input work for one 32-token chat request, the reading reused (as the router's):
+    the PII guardrail (mask) and the jailbreak guardrail, median microseconds."""
+    from types import MappingProxyType, SimpleNamespace
+
+    from classifiers.artifacts import ExportSettings
+    from classifiers.encoder import Encoder, EncoderSettings
+    from gateway.service.context import Context
+    from gateway.service.guardrails.checks import Guardrails, Tally
+    from gateway.service.guardrails.layer import screen_input
+    from gateway.service.job import Job
+    from policies.guardrails import Vault
+    from policies.schema_guardrails import GuardrailsSpec
+
+    head = load_head([SHIPPED_HEADS])
+    reading = Encoder.load(EncoderSettings(intra_op_threads=threads), export=ExportSettings()).read([PROMPT_32])[0]
+
+    class Recent:
+        async def read(self, text: str) -> Any:
+            return reading
+
+    spec = GuardrailsSpec.model_validate({"checks": {"pii": {"type": "pii"}, "jailbreak": {"type": "jailbreak"}}})
+    guards = Guardrails(spec, {"jailbreak": (head, float(head.meta["threshold"]))}, Tally())
+    rt: Any = SimpleNamespace(encoding=Recent())
+    job = Job("chat", MappingProxyType({"model": "m", "messages": [{"role": "user", "content": PROMPT_32}]}), "m", None)
+    names = guards.names(Context("bench"))
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await screen_input(rt, guards, names, job, Context("bench"), Vault())
+        times.append(time.perf_counter() - t0)
+    return {"screen_input_us": round(statistics.median(times) * 1e6, 1)}
 
 
 async def _stream_cost(chunks: int, repeats: int) -> dict[str, float]:
@@ -269,8 +308,10 @@ def run(
 
     result: dict[str, Any] = {"machine": machine()}
     result["jailbreak"] = jailbreak_quality(data, threads)
-    result["pii"] = pii_quality(["US", "GB", "DE", "FR"])
+    result["pii"] = pii_quality(["US", "GB", "DE", "FR"])  # the schema's default regions
+    result["pii_us_gb"] = pii_quality(["US", "GB"])
     result["parts_us"] = parts(threads)
+    result["parts_us"].update(asyncio.run(_screen_input_us(threads)))
     result["output_stream"] = asyncio.run(_stream_cost(400, 30))
     with tempfile.TemporaryDirectory() as tmp:
         result["input_added"] = added_p50(rounds, requests, Path(tmp))

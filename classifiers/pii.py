@@ -28,16 +28,20 @@ from policies.guardrails import Span
 from policies.schema_guardrails import PII_ENTITIES
 
 _EMAIL = re.compile(r"(?<![\w.+-])[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,24}\b")
-_CARD = re.compile(r"(?<![\d-])(?:\d[ -]?){12,18}\d(?![\d-])")
+_CARD = re.compile(r"(?<![\d-])(?:\d[ -]?){11,18}\d(?![\d-])")
 _IBAN = re.compile(r"\b[A-Z]{2}\d{2}(?:[ ]?[A-Z0-9]){11,30}\b")
 _SSN = re.compile(r"(?<![\d-])\d{3}([- ])\d{2}\1\d{4}(?![\d-])")
 _NHS = re.compile(r"(?<![\d-])\d{3}( ?)\d{3}\1\d{4}(?![\d-])")
-_PHONE = re.compile(r"(?<![\w+])(?:\+|\(\+?)?\d(?:(?:[-.\s]|\) ?| ?\()?\d){6,16}(?!\w)")
+_PHONE = re.compile(
+    r"(?<![\w+])(?:\+|\(\+?)?\d(?:(?:[-.\s]|\) ?| ?\()?\d){6,16}(?:\s?(?:x|ext\.?)\s?\d{1,6})?(?![\w-])"
+)
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}|\d{1,2}[./-]\d{1,2}[./-]\d{2,4}")
 _NIR = re.compile(r"(?<![\d])[12][ ]?\d{2}[ ]?\d{2}[ ]?(?:\d{2}|2[AB])[ ]?\d{3}[ ]?\d{3}[ ]?\d{2}(?!\d)")
 _IPV4 = re.compile(r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?![\d.])")
 _IPV6 = re.compile(r"(?<![\w:])(?:[0-9A-Fa-f]{1,4}:){2,7}[0-9A-Fa-f]{0,4}(?![\w:])")
 _DIGITS = re.compile(r"\d")
-CARD_PREFIXES = ("2", "3", "4", "5", "6")  # the issuer ranges of the card networks (ISO/IEC 7812)
+CARD_PREFIXES = ("1800", "2131", "2", "3", "4", "5", "6")  # the card networks' issuer ranges (ISO/IEC 7812)
+MAESTRO = ("5018", "5020", "5038", "6304", "6759", "6761", "6763")  # the only 12-digit card numbers
 
 
 class PiiFinder:
@@ -69,7 +73,8 @@ class PiiFinder:
         if "credit_card" in self.entities:
             for m in _CARD.finditer(text):
                 digits = re.sub(r"\D", "", m.group())
-                if 13 <= len(digits) <= 19 and digits.startswith(CARD_PREFIXES) and luhn.is_valid(digits):
+                shortest = 12 if digits.startswith(MAESTRO) else 13
+                if shortest <= len(digits) <= 19 and digits.startswith(CARD_PREFIXES) and luhn.is_valid(digits):
                     out.append(Span(m.start(), m.end(), "credit_card"))
         if "national_id" in self.entities:  # before phones: their formats are stricter
             out += [s for s in self._national_ids(text) if not _overlaps(s.start, s.end, [*found, *out])]
@@ -83,7 +88,7 @@ class PiiFinder:
         out = []
         for m in _PHONE.finditer(text):
             raw = m.group()
-            if _overlaps(m.start(), m.end(), found) or len(_DIGITS.findall(raw)) < 7:
+            if _overlaps(m.start(), m.end(), found) or len(_DIGITS.findall(raw)) < 7 or _DATE.match(raw):
                 continue
             for region in (None,) if raw.startswith(("+", "(+")) else self.regions:
                 try:

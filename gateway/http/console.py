@@ -73,6 +73,7 @@ PAGES = [
     ("keys", "/console/keys", "Keys and spend"),
     ("teams", "/console/teams", "Teams"),
     ("audit", "/console/audit", "Audit log"),
+    ("guardrails", "/console/guardrails", "Guardrails"),
     ("batches", "/console/batches", "Batches"),
     ("reports", "/console/reports", "Eval reports"),
 ]
@@ -320,6 +321,28 @@ async def batches_page(request: Request, rt: Runtime, session: console_auth.Sess
             doc["request_counts"] = await runner.store.counts(doc["id"])
     csrf = session.csrf(console_auth.secret())
     return _render("batches.html", request, csrf=csrf, batches=docs, available=runner is not None)
+
+
+@router.get("/guardrails")
+@page
+async def guardrails_page(request: Request, rt: Runtime, session: console_auth.Session) -> Response:
+    g = rt.guardrails
+    view = None
+    if g is not None:
+        checks = [
+            {
+                "name": name,
+                "kind": c.type,
+                "stage": c.stage,
+                "action": c.action,
+                "on_error": c.on_error,
+                "hits": sum(n for (who, _), n in g.tally.hits.items() if who == name),
+                "errors": sum(n for (who, _), n in g.tally.errors.items() if who == name),
+            }
+            for name, c in g.spec.checks.items()
+        ]
+        view = {"checks": checks, "recent": list(reversed(g.tally.recent)), "kept": g.tally.recent.maxlen}
+    return _render("guardrails.html", request, csrf=session.csrf(console_auth.secret()), g=view)
 
 
 def _reports_dir(rt: Runtime) -> Path | None:

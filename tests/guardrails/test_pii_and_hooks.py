@@ -221,3 +221,25 @@ def test_which_guardrails_a_key_gets(gateway: Callable[..., Gateway], hook: type
 
 def _sha(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def test_the_console_shows_each_guardrails_hits_without_the_text(
+    gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gateway.http import console_auth
+
+    monkeypatch.setenv(console_auth.SECRET_ENV, "console-test-secret")
+    console_auth.secret.cache_clear()
+    admin = "sk-admin-guardrails"
+    rails = "  checks:\n    no-cards: {type: pii, entities: [credit_card], action: refuse}\n"
+    gw = gateway(policy(rails, keys=keys("user")) + f'access: {{admin_key: "{_sha(admin)}"}}\n')
+    with pytest.raises(openai.BadRequestError):
+        gw.client("user").chat.completions.create(model="m", messages=[{"role": "user", "content": f"pay with {CARD}"}])
+    with httpx.Client(base_url=gw.base_url, timeout=30) as http:
+        r = http.post("/console/login", data={"key": admin, "next": "/console"}, headers={"origin": gw.base_url})
+        assert r.status_code == 303
+        page = http.get("/console/guardrails")
+    console_auth.secret.cache_clear()
+    assert page.status_code == 200 and "no-cards" in page.text and "credit_card" in page.text
+    assert CARD not in page.text and "pay with" not in page.text
+    assert '<a href="/console/guardrails"' in page.text or "/console/guardrails" in page.text
