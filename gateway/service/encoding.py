@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,19 @@ from policies.semantic import Route, choose_route, choose_route_turns, is_follow
 
 log = structlog.get_logger("triage.router")
 ReasoningRouter = tuple[Policy, RoutedModel, QualityHead]
-RECENT_READINGS = 64  # prompts read lately, kept for a second reader of the same text (a guardrail, then the router)
+# a request's readings, kept while it is served for a second reader of the same text (a guardrail,
+# then the router): set by `readings_kept`, None outside it (every read is a forward, as before)
+_KEPT: ContextVar[dict[str, Reading] | None] = ContextVar("triage_readings", default=None)
+
+
+@contextmanager
+def readings_kept() -> Iterator[None]:
+    """Within it, :meth:`Encoding.read` of a text this request already read is that reading."""
+    token = _KEPT.set({})
+    try:
+        yield
+    finally:
+        _KEPT.reset(token)
 
 
 @dataclass
@@ -41,7 +54,6 @@ class Encoding:
     batcher: MicroBatcher[str, Reading]
     signature: tuple[tuple[str, int], ...]  # the artifacts as loaded: retrained heads differ
     embedder: MicroBatcher[str, tuple[np.ndarray, int]]  # /v1/embeddings: the vector only, and its tokens
-    recent: OrderedDict[str, Reading] = field(default_factory=OrderedDict)  # text -> its reading (see `read`)
 
     @classmethod
     async def load(cls, config: ClassifierSpec, policy_dir: Path) -> Encoding:
@@ -64,16 +76,15 @@ class Encoding:
         await self.embedder.aclose()
 
     async def read(self, text: str) -> Reading:
-        """One prompt's reading (micro-batched); a text read moments ago is not read again: the
-        jailbreak guardrail reads the last user turn before routing, and the router reuses it."""
-        found = self.recent.get(text)
-        if found is not None:
-            self.recent.move_to_end(text)
+        """One prompt's reading (micro-batched); within :func:`readings_kept` (a request with
+        guardrails), a text the request read before is not read again: the jailbreak guardrail reads
+        the last user turn before routing, and the router reuses it."""
+        kept = _KEPT.get()
+        if kept is not None and (found := kept.get(text)) is not None:
             return found
         reading = await self.batcher.embed(text)
-        self.recent[text] = reading
-        while len(self.recent) > RECENT_READINGS:
-            self.recent.popitem(last=False)
+        if kept is not None:
+            kept[text] = reading
         return reading
 
     async def route(

@@ -17,7 +17,7 @@ from typing import Any
 
 from backends.base import Body, ChunkStream
 from gateway.service.context import Context
-from gateway.service.encoding import last_turn
+from gateway.service.encoding import last_turn, readings_kept
 from gateway.service.guardrails.checks import Guardrails
 from gateway.service.job import Job, Outcome, Serve
 from gateway.service.messages import text as message_text
@@ -34,10 +34,11 @@ def guarded(inner: Serve, guards: Guardrails) -> Serve:
         if not names:
             return await inner(rt, job, ctx)
         vault = Vault()
-        body = await screen_input(rt, guards, names, job, ctx, vault)
-        if body is not None:
-            job = replace(job, body=MappingProxyType(body))
-        out = await inner(rt, job, ctx)
+        with readings_kept():  # the jailbreak guardrail's reading, the router's too
+            body = await screen_input(rt, guards, names, job, ctx, vault)
+            if body is not None:
+                job = replace(job, body=MappingProxyType(body))
+            out = await inner(rt, job, ctx)
         outputs = guards.staged(names, "output")
         served = out.served
         if served is None or not (outputs or vault.values):
