@@ -243,3 +243,27 @@ def test_the_console_shows_each_guardrails_hits_without_the_text(
     assert page.status_code == 200 and "no-cards" in page.text and "credit_card" in page.text
     assert CARD not in page.text and "pay with" not in page.text
     assert '<a href="/console/guardrails"' in page.text or "/console/guardrails" in page.text
+
+
+def test_a_stream_that_fails_is_cut_in_band_on_responses_and_messages(gateway: Callable[..., Gateway]) -> None:
+    gw = gateway(
+        policy("  checks:\n    out: {type: pii, entities: [credit_card], action: refuse, stage: output}\n", LEAKY)
+    )
+    asks = {
+        "/v1/responses": {"model": "m", "input": "what card is on file?", "stream": True},
+        "/v1/messages": {
+            "model": "m",
+            "max_tokens": 64,
+            "stream": True,
+            "messages": [{"role": "user", "content": "what card is on file?"}],
+        },
+    }
+    for path, body in asks.items():
+        with gw.http() as http, http.stream("POST", path, json=body) as r:
+            assert r.status_code == 200
+            lines = list(r.iter_lines())
+        events = [line[7:] for line in lines if line.startswith("event: ")]
+        text = "\n".join(lines)
+        assert "error" in events and CARD not in text and "'out'" in text, (path, events)
+        if path == "/v1/responses":
+            assert events[-1] == "response.failed" and "guardrail_refused" in text
