@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import structlog
@@ -22,6 +19,7 @@ from classifiers.encoder import Reading
 from classifiers.quality import QualityHead, joint_features, probe_head_name, quality_head_name
 from classifiers.service import Classifier, artifacts_dir
 from gateway.service.messages import text as message_text
+from gateway.service.readings import KEPT, turns
 from policies import routed
 from policies.errors import NotReady, TriageError, UpstreamError
 from policies.routed import candidate_label, probe_source
@@ -30,19 +28,6 @@ from policies.semantic import Route, choose_route, choose_route_turns, is_follow
 
 log = structlog.get_logger("triage.router")
 ReasoningRouter = tuple[Policy, RoutedModel, QualityHead]
-# a request's readings, kept while it is served for a second reader of the same text (a guardrail,
-# then the router): set by `readings_kept`, None outside it (every read is a forward, as before)
-_KEPT: ContextVar[dict[str, Reading] | None] = ContextVar("triage_readings", default=None)
-
-
-@contextmanager
-def readings_kept() -> Iterator[None]:
-    """Within it, :meth:`Encoding.read` of a text this request already read is that reading."""
-    token = _KEPT.set({})
-    try:
-        yield
-    finally:
-        _KEPT.reset(token)
 
 
 @dataclass
@@ -79,7 +64,7 @@ class Encoding:
         """One prompt's reading (micro-batched); within :func:`readings_kept` (a request with
         guardrails), a text the request read before is not read again: the jailbreak guardrail reads
         the last user turn before routing, and the router reuses it."""
-        kept = _KEPT.get()
+        kept = KEPT.get()
         if kept is not None and (found := kept.get(text)) is not None:
             return found
         reading = await self.batcher.embed(text)
@@ -93,7 +78,7 @@ class Encoding:
         """The semantic model's route; with ``reasoning: {mode: router}``, its reasoning switch is the
         reasoning router's choice for the last turn (``reasoning_router``: the policy, that routed
         model and its quality head)."""
-        last, earlier = _turns(kind, body)
+        last, earlier = turns(kind, body)
         if is_follow_up(vm, last, len(earlier)):
             texts = [last, "\n".join(earlier)]
             readings = await asyncio.gather(*(self.batcher.embed(t) for t in texts))
@@ -129,7 +114,7 @@ class Encoding:
         """The learned router's route: quality predicted from the last user turn, cost from the whole
         prompt; ``barred``: per candidate, why it cannot take the request (None: it can); ``probe``:
         the routed model's difficulty probe, asked where the heads' choice is close."""
-        last, _ = _turns(kind, body)
+        last, _ = turns(kind, body)
         reading, tokens = await self.read(last), input_tokens(kind, body)
         if probe is None:
             return quality_route(policy, vm, head, reading, tokens, barred)
@@ -287,19 +272,3 @@ def input_tokens(kind: Kind, body: Body) -> int:
     else:
         chars = sum(len(message_text(m.get("content"))) for m in body.get("messages") or ())
     return max(1, chars // 4)
-
-
-def last_turn(kind: Kind, body: Mapping[str, Any]) -> str:
-    """The text the router reads: the last user turn (a text completion's prompt)."""
-    return _turns(kind, dict(body))[0]
-
-
-def _turns(kind: Kind, body: Body) -> tuple[str, list[str]]:
-    """The last user turn, and the earlier user turns (oldest first)."""
-    if kind == "completion":
-        prompt = body.get("prompt")
-        return (prompt if isinstance(prompt, str) else " ".join(p for p in prompt or () if isinstance(p, str))), []
-    users = [message_text(m.get("content")) for m in body.get("messages") or () if m.get("role") == "user"]
-    if not users:
-        return "", []
-    return users[-1], users[:-1]

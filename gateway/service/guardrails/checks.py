@@ -17,7 +17,6 @@ import structlog
 from classifiers.heads import LinearHead
 from classifiers.jailbreak import SHIPPED_HEADS, jailbreak_probability, load_head
 from classifiers.pii import PiiFinder
-from classifiers.service import artifacts_dir
 from gateway.service.guardrails.hooks import Hook
 from policies.errors import NotReady, PolicyInvalid, TriageError
 from policies.guardrails import Verdict, applicable
@@ -66,7 +65,9 @@ class Guardrails:
         for name, g in spec.checks.items():
             try:
                 if isinstance(g, JailbreakGuardrail):
-                    roots = [artifacts_dir(policy.classifier, base_dir)] if policy.classifier is not None else []
+                    roots = (
+                        [(base_dir / policy.classifier.artifacts).resolve()] if policy.classifier is not None else []
+                    )
                     head = load_head([*roots, SHIPPED_HEADS], g.head)
                     heads[name] = (head, g.threshold if g.threshold is not None else float(head.meta["threshold"]))
                 elif isinstance(g, HookGuardrail) and g.entry_point is not None:

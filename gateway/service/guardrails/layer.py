@@ -17,10 +17,10 @@ from typing import Any
 
 from backends.base import Body, ChunkStream
 from gateway.service.context import Context
-from gateway.service.encoding import last_turn, readings_kept
 from gateway.service.guardrails.checks import Guardrails
 from gateway.service.job import Job, Outcome, Serve
 from gateway.service.messages import text as message_text
+from gateway.service.readings import last_turn, readings_kept
 from gateway.service.runtime import Runtime
 from policies.guardrails import Span, StreamRestorer, Vault, Verdict, mask, redact, refusal, restore
 from policies.schema_guardrails import PiiGuardrail
