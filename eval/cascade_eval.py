@@ -236,7 +236,8 @@ def _one_set(tiers: Sequence[TierSpec], source: str, qtype: str, rows: Sequence[
     report.cascade, report.share, report.failed = wins / n if n else math.nan, share, failed
     report.past_first, report.tiers = 1.0 - share[tiers[0].name], [t.name for t in tiers]
     if curves:
-        report.curve = curve(gates, [t.outputs for t in tiers], rows, right)
+        best = max((a for a in report.alone.values() if math.isfinite(a)), default=None)
+        report.curve = curve(gates, [t.outputs for t in tiers], rows, right, best)
     return report
 
 

@@ -28,9 +28,9 @@ def render(doc: dict[str, Any]) -> str:
         "## Per set (test rows)",
         "",
         "| set | type | n | alone (per tier) | cascade | answered by | past first | APGR | share for 50% / 80% "
-        "of the gap | ECE before -> after | Brier before -> after | latency p50 / p99 ms "
-        "| cost per question (top alone) |",
-        "|---|---|---:|---|---:|---|---:|---:|---|---|---|---|---|",
+        "of the gap | share for 95% / 100% of the best tier | ECE before -> after | Brier before -> after "
+        "| latency p50 / p99 ms | cost per question (top alone) |",
+        "|---|---|---:|---|---:|---|---:|---:|---|---|---|---|---|---|",
     ]
     for s in doc["sets"]:
         tiers = s["tiers"]
@@ -42,10 +42,12 @@ def render(doc: dict[str, Any]) -> str:
             f"{t} {_f(s['latency_p50_ms'].get(t), '.0f')} / {_f(s['latency_p99_ms'].get(t), '.0f')}" for t in tiers
         )
         c = s["curve"]
+        a = c.get("anchored") or {}
         lines.append(
             f"| {s['source']} | {s['qtype']} | {s['n']} | {alone} | {_f(s['cascade'])} | {share} | "
             f"{_f(s['past_first'], '.0%')} | {_f(c['apgr'])} | {_f(c['share_for_50'], '.0%')} / "
-            f"{_f(c['share_for_80'], '.0%')} | {calib} | {brier} | {lat} | "
+            f"{_f(c['share_for_80'], '.0%')} | {_f(a.get('cost_for_95'), '.0%')} / {_f(a.get('cost_for_100'), '.0%')} "
+            f"| {calib} | {brier} | {lat} | "
             f"{_f(s['cost_per_question'], '.4g')} ({_f(s['cost_top_per_question'], '.4g')}) |"
         )
     categories = [(s, c, v) for s in doc["sets"] for c, v in s["by_category"].items() if c != "-"]
@@ -65,7 +67,8 @@ def render(doc: dict[str, Any]) -> str:
         "",
         "APGR: area under the share of the first-to-last-tier accuracy gap recovered, against the share "
         "escalated past the first tier, sweeping one threshold for every tier but the last; random routing "
-        "scores 0.5. Plots: `curves.png`, `reliability.png`.",
+        "scores 0.5. The shares for 50% / 80% of the gap are RouteLLM's CPT(50%) / CPT(80%) (linear between "
+        "the curve's points, as RouteLLM reads them). Plots: `curves.png`, `reliability.png`.",
         "",
     ]
     return "\n".join(lines)

@@ -9,7 +9,10 @@ the cheapest:
   routes by), and the oracle (the cheapest model that was right, per row);
 - for two-model sets, RouteLLM's measures over the share of calls to the strong model: PGR at each
   share, APGR (the area under it; random routing 0.5), CPT(50%) and CPT(80%) (the strong share
-  that recovers 50% / 80% of the gap) and the share for 95% of the strong model's accuracy.
+  that recovers 50% / 80% of the gap) and the share for 95% of the strong model's accuracy;
+- for every set, the same measures in the anchors' terms (:mod:`eval.anchors`, one definition):
+  over the strong share (two models) or over the cost from the cheapest model's to the strongest's
+  (more), with the cost at 95% and 100% of the best single model's accuracy.
 
 A model's missing answer counts as wrong everywhere (MMLU-Pro's own scorer guesses instead).
 """
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from eval import anchors
 from policies.routed import Rule, choose, knob_grid
 
 AT_SHARES = (0.3, 0.4, 0.5)
@@ -46,6 +50,7 @@ class RouterReport:
     strongest: str  # the most accurate single model on dev rows
     best_single_at_cost: dict[str, float] = field(default_factory=dict)  # router vs the best model
     two_model: dict[str, float | None] = field(default_factory=dict)  # RouteLLM's measures (two models only)
+    anchored: anchors.Anchors | None = None  # the same for any number of models (:func:`anchor_measures`)
 
 
 def _right(correct: np.ndarray) -> np.ndarray:
@@ -126,6 +131,7 @@ def evaluate(
         models[strongest],
     )
     report.best_single_at_cost = versus_best_single(report)
+    report.anchored = anchor_measures(report)
     if len(models) == 2:
         report.two_model = routellm_measures(
             report.router, singles[models[1 - strongest]].accuracy, singles[models[strongest]].accuracy
@@ -135,35 +141,50 @@ def evaluate(
 
 def versus_best_single(report: RouterReport) -> dict[str, float]:
     """The router against the most accurate single model on test rows: its accuracy at (at most)
-    that model's cost, and the least cost at which it matches that model's accuracy."""
+    that model's cost, and the least cost at which it matches that model's accuracy (linear between
+    two settings of the knob: a mixture of the two, :func:`eval.anchors.reaching`)."""
     best = max(report.singles.values(), key=lambda p: (p.accuracy, -p.cost))
     within = [p.accuracy for p in report.router if p.cost <= best.cost + 1e-15]
-    matching = [p.cost for p in report.router if p.accuracy >= best.accuracy - 1e-12]
+    match = anchors.reaching([p.cost for p in report.router], [p.accuracy for p in report.router], best.accuracy)
     return {
         "best_accuracy": best.accuracy,
         "best_cost": best.cost,
         "router_accuracy_at_best_cost": max(within) if within else float("nan"),
-        "router_cost_to_match": min(matching) if matching else float("nan"),
-        "cost_share_to_match": (min(matching) / best.cost) if matching and best.cost > 0 else float("nan"),
+        "router_cost_to_match": float("nan") if match is None else match,
+        "cost_share_to_match": (match / best.cost) if match is not None and best.cost > 0 else float("nan"),
     }
 
 
+def anchor_measures(report: RouterReport) -> anchors.Anchors:
+    """The router's curve in the anchors' terms: over the strong share with two models (RouteLLM's
+    axis), else over the cost from the cheapest model's to the strongest's; the cost at 95% and 100%
+    of the best single model's accuracy in money, and as a share of that model's cost."""
+    strong = report.singles[report.strongest]
+    weak = min(report.singles.values(), key=lambda p: (p.cost, -p.accuracy))
+    best = max(report.singles.values(), key=lambda p: (p.accuracy, -p.cost))
+    costs, accs = [p.cost for p in report.router], [p.accuracy for p in report.router]
+    if len(report.singles) == 2:
+        xs, axis = [p.strong_share for p in report.router], "over the strong share"
+    else:
+        xs, axis = (
+            list(anchors.cost_axis(costs, weak.cost, strong.cost)),
+            "over the cost from the cheapest to the strongest",
+        )
+    return anchors.measure(xs, accs, weak.accuracy, strong.accuracy, axis, costs, (best.accuracy, best.cost))
+
+
 def pgr_curve(points: Sequence[Point], weak: float, strong: float) -> tuple[np.ndarray, np.ndarray]:
-    """(strong share, PGR) along the router's curve, closed at shares 0 and 1, the best PGR reached
-    at or under each share (a router can always stop at a lower share)."""
+    """(strong share, PGR) along the router's curve, closed at shares 0 and 1 (:func:`eval.anchors.closed`)."""
+    xs, accs = anchors.closed([p.strong_share for p in points], [p.accuracy for p in points], weak, strong)
     gap = strong - weak
-    pts = sorted((p.strong_share, (p.accuracy - weak) / gap if gap else 1.0) for p in points)
-    xs = np.array([0.0, *(s for s, _ in pts), 1.0])
-    ys = np.array([0.0, *(g for _, g in pts), 1.0])
-    order = np.argsort(xs, kind="stable")
-    xs, ys = xs[order], np.maximum.accumulate(ys[order])
-    return xs, ys
+    return xs, (accs - weak) / gap if gap else np.ones_like(accs)
 
 
 def routellm_measures(points: Sequence[Point], weak: float, strong: float) -> dict[str, float | None]:
+    """RouteLLM's measures over the strong share (:mod:`eval.anchors`)."""
+    shares, accs = [p.strong_share for p in points], [p.accuracy for p in points]
     xs, ys = pgr_curve(points, weak, strong)
-    need = {f"cpt_{int(q * 100)}": _first_share(xs, ys, q) for q in (0.5, 0.8)}
-    ninety_five = (0.95 * strong - weak) / (strong - weak) if strong != weak else 0.0
+    need = {f"cpt_{int(q * 100)}": anchors.cpt(shares, accs, weak, strong, q) for q in anchors.LEVELS}
     # the accuracy reached at (at most) a share of strong calls, as a share of the strong model's
     at = (
         {
@@ -174,9 +195,11 @@ def routellm_measures(points: Sequence[Point], weak: float, strong: float) -> di
         else {}
     )
     return {
-        "apgr": float(np.trapezoid(ys, xs)),
+        "apgr": anchors.apgr(shares, accs, weak, strong),
         **need,
-        "share_for_95pct_of_strong": _first_share(xs, ys, ninety_five),
+        "share_for_95pct_of_strong": _first_share(
+            xs, ys, (0.95 * strong - weak) / (strong - weak) if strong != weak else 0.0
+        ),
         "share_for_98pct_of_strong": _first_share(
             xs, ys, (0.98 * strong - weak) / (strong - weak) if strong != weak else 0.0
         ),
@@ -187,8 +210,7 @@ def routellm_measures(points: Sequence[Point], weak: float, strong: float) -> di
 
 
 def _first_share(xs: np.ndarray, ys: np.ndarray, level: float) -> float | None:
-    hit = np.flatnonzero(ys >= level - 1e-12)
-    return float(xs[hit[0]]) if hit.size else None
+    return anchors.reaching(xs, ys, level)
 
 
 def random_mixture(a: Point, b: Point, steps: int = 11) -> list[Point]:

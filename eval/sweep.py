@@ -11,7 +11,9 @@ the last tier). Each ``s`` gives a point: the share of questions escalated past 
 - APGR: the area under PGR against the escalated share (trapezoids, the curve closed at share
   0 and 1). Random routing, which escalates a random share ``p`` of questions, recovers ``p`` of
   the gap on average: its APGR is 0.5.
-- The escalated share needed for 50% and 80% of the gap: the smallest on the curve that reaches it.
+- The escalated share needed for 50% and 80% of the gap (CPT(50%), CPT(80%)): the least on the
+  curve, linear between its points, that reaches it; and the share needed for 95% and 100% of the
+  best single tier's accuracy. All as RouteLLM defines them, in :mod:`eval.anchors`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from eval import anchors
 from eval.tier_outputs import Row
 from policies.cascade import Ask, CascadeExhausted, Gate, TierAnswer, drive, steps
 
@@ -35,6 +38,7 @@ class Curve:
     apgr: float = float("nan")
     share_for_50: float | None = None
     share_for_80: float | None = None
+    anchored: anchors.Anchors | None = None  # the same, with the share for 95% / 100% of the best tier
 
 
 def curve(
@@ -42,9 +46,11 @@ def curve(
     outputs: Sequence[Mapping[str, TierAnswer]],
     rows: Sequence[Row],
     right: Callable[[Row, str], bool],
+    best: float | None = None,
 ) -> Curve:
     """The swept curve of ``gates`` (their thresholds replaced) over ``rows``; ``outputs[i]`` maps a
-    row id to tier i's answer, ``right(row, answer)`` says whether an answer is right."""
+    row id to tier i's answer, ``right(row, answer)`` says whether an answer is right; ``best``: the
+    best single tier's accuracy (default: the last tier's)."""
     if len(gates) < 2 or not rows:
         return Curve()
     out = Curve()
@@ -68,7 +74,7 @@ def curve(
         out.points.append((past / len(rows), wins / len(rows)))
     out.first, out.last = out.points[0][1], out.points[-1][1]  # s = 0 and s above 1
     out.points.sort()
-    _measures(out)
+    _measures(out, best)
     return out
 
 
@@ -76,13 +82,14 @@ def _index(gates: Sequence[Gate], name: str) -> int:
     return next(i for i, g in enumerate(gates) if g.name == name)
 
 
-def _measures(c: Curve) -> None:
+def _measures(c: Curve, best: float | None = None) -> None:
     gap = c.last - c.first
     if not np.isfinite(gap) or abs(gap) < 1e-12:
         return
-    xs = [0.0, *(x for x, _ in c.points), 1.0]
-    pgr = [0.0, *((acc - c.first) / gap for _, acc in c.points), 1.0]
-    c.apgr = float(np.trapezoid(pgr, xs))
-    for target, attr in ((0.5, "share_for_50"), (0.8, "share_for_80")):
-        reached = [x for x, p in zip(xs, pgr, strict=True) if p >= target]
-        setattr(c, attr, min(reached) if reached else None)
+    xs, accs = [x for x, _ in c.points], [a for _, a in c.points]
+    m = anchors.measure(
+        xs, accs, c.first, c.last, "over the share escalated", best=(c.last if best is None else best, 1.0)
+    )
+    c.anchored = m
+    c.apgr = float("nan") if m.apgr is None else m.apgr
+    c.share_for_50, c.share_for_80 = m.cpt_50, m.cpt_80

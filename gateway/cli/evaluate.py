@@ -386,3 +386,6 @@ def _print(console: Console, specs: list, reports: list) -> None:
         ms = " / ".join(f"{r.latency_ms[t]:.0f}" for t in r.tiers)
         table.add_row(r.source, r.qtype, str(r.n), alone, f"{r.cascade:.3f}", share, f"{r.past_first:.0%}", calib, ms)
     console.print(table)
+    for r in reports:
+        if r.curve.anchored is not None:
+            console.print(f"{r.source} ({r.qtype}): {r.curve.anchored.line()}")

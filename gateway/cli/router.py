@@ -122,13 +122,11 @@ def _print(console: Console, result: RouterRun) -> None:
         f"{b['router_accuracy_at_best_cost']:.4f}; router matches it at {b['router_cost_to_match']:.6f} "
         f"({b['cost_share_to_match']:.1%} of its cost)"
     )
+    if r.anchored is not None:
+        console.print(r.anchored.line())
     if r.two_model:
-        t = r.two_model
-        fmt = {k: ("-" if v is None else f"{v:.3f}") for k, v in t.items()}
-        console.print(
-            f"RouteLLM measures: APGR {fmt['apgr']}, CPT(50%) {fmt['cpt_50']}, CPT(80%) {fmt['cpt_80']}, "
-            f"strong share for 95% of the strong model {fmt['share_for_95pct_of_strong']}"
-        )
+        fmt = {k: ("-" if v is None else f"{v:.3f}") for k, v in r.two_model.items()}
+        console.print(f"strong share for 95% of the strong model {fmt['share_for_95pct_of_strong']}")
 
 
 def calibrate_router(
