@@ -17,21 +17,18 @@ import structlog
 
 from backends import crash_guard, registry
 from backends.base import Backend
-from gateway.service import service
+from gateway.service import assemble_state, service
 from gateway.service.cache import layer as cache_layer
 from gateway.service.cache.semantic import SemanticCache
 from gateway.service.guardrails import layer as guard_layer
 from gateway.service.guardrails.checks import Guardrails
 from gateway.service.job import Serve
-from gateway.service.keys.keyring import Keyring, as_key, keyring_for
+from gateway.service.keys.keyring import Keyring, keyring_for
 from gateway.service.quality import layer as quality_layer
 from gateway.service.quality.watch import Watch
 from gateway.service.runtime import Runtime
 from gateway.state.quality import open_quality
-from gateway.state.recent_redis import RecentFeed
-from gateway.state.responses import Responses
-from gateway.state.responses_redis import RedisResponses
-from gateway.state.stores import RedisStore, Store, StoreDown, open_store
+from gateway.state.stores import Store, StoreDown
 from policies import loader
 from policies.budget import EscalationBudget
 from policies.errors import NotReady, PolicyInvalid, TriageError
@@ -135,7 +132,7 @@ async def build(
         policy.cascade is not None and policy.cascade.cache_ttl_s is not None
     )
     version = await asyncio.to_thread(policy_version, policy, base_dir) if cached else ""
-    store, problem = await _state(policy, previous, admin)
+    store, problem = await assemble_state.open_state(policy, previous, admin)
     opened = _Opened(previous, store)
     try:
         watch = opened.watch = await _watch(policy, previous, base_dir, source)
@@ -151,7 +148,7 @@ async def build(
         await opened.close()
         raise
     hashes, operators, keyring = _keyring(policy, keys, store, admin)
-    responses = await _responses(policy, previous, store, opened) if engines else None
+    responses = await assemble_state.responses_for(policy, previous, store, opened.close) if engines else None
     crash_guard.guard().log_content = policy.logging.log_prompts  # the engines' crash logs
     return Runtime(
         policy,
@@ -172,7 +169,7 @@ async def build(
         base_dir=base_dir,
         semantic=_semantic(policy, encoding, version, store),
         responses=responses,
-        recent=_recent(policy, previous, store),
+        recent=assemble_state.recent_for(policy, previous, store),
         watch=watch,
         serve=layered(policy, guards),
         guardrails=guards,
@@ -190,40 +187,6 @@ def _keyring(
     operators = frozenset(digest for name, digest in keys if name in policy.access.operator_keys)
     by_digest = {digest: policy.keys[i].model_copy(update={"sha256": digest}) for i, (_, digest) in enumerate(keys)}
     return hashes, operators, keyring_for(policy, by_digest, store, admin is not None)
-
-
-async def _responses(policy: Policy, previous: Runtime | None, store: Store, opened: _Opened) -> Responses | None:
-    """Stored Responses in the fleet's store: PostgreSQL where ``state.database`` names it (the
-    previous runtime's while it is unchanged), else Redis where ``state.store`` is; None: the
-    app's own (this process). PostgreSQL wins where both are set: it keeps them on disk and bounds
-    all keys' together itself (Redis only by its ``maxmemory``). What this start opened is closed
-    when the database cannot be reached."""
-    database = policy.state.database
-    if database is None:
-        return RedisResponses(store) if isinstance(store, RedisStore) else None
-    if previous is not None and previous.responses is not None and previous.policy.state.database == database:
-        return previous.responses
-    from gateway.state.pg import database_dsn
-    from gateway.state.responses_pg import PgResponses
-
-    try:
-        return await PgResponses.open(database_dsn(policy.state))
-    except StoreDown as exc:
-        await opened.close()
-        raise PolicyInvalid([f"state.database: {exc.message}"]) from None
-
-
-def _recent(policy: Policy, previous: Runtime | None, store: Store) -> RecentFeed | None:
-    """The console's ring shared by the fleet, where the state is (Redis) and the console on (and
-    ``console.shared``): the previous runtime's while the store is the same (its bound the policy's
-    ``console.recent``)."""
-    if not isinstance(store, RedisStore) or not (policy.console.enabled and policy.console.shared):
-        return None
-    feed = previous.recent if previous is not None and previous.store is store else None
-    if feed is None:
-        return RecentFeed(store, policy.console.recent)
-    feed.size = policy.console.recent
-    return feed
 
 
 @dataclass
@@ -246,28 +209,6 @@ class _Opened:
             await self.store.close()
         if self.watch is not None and (prev is None or self.watch is not prev.watch):
             await self.watch.close()
-
-
-async def _state(policy: Policy, previous: Runtime | None, admin: str | None) -> tuple[Store, str | None]:
-    """The state store (the previous one while the policy's ``state`` is unchanged), and a problem
-    when it is down and the policy lets the gateway start degraded."""
-    if previous is not None and previous.policy.state == policy.state:
-        store, problem = previous.store, previous.store_problem
-    else:
-        try:
-            store, problem = await open_store(policy.state)
-        except StoreDown as exc:
-            raise PolicyInvalid([f"state: {exc.message}"]) from None
-        if problem is not None:
-            log.warning("state_store_down", store=policy.state.store, problem=problem, mode="degraded")
-    if admin is not None and problem is None:
-        try:
-            await _names_apart(policy, store)
-        except PolicyInvalid:
-            if previous is None or store is not previous.store:
-                await store.close()
-            raise
-    return store, problem
 
 
 async def _backends(
@@ -394,18 +335,6 @@ async def _fits(policy: Policy, backends: dict[str, Backend], source: Path | Non
     if problems:
         raise PolicyInvalid(loader.located(source, problems))
     return fits
-
-
-async def _names_apart(policy: Policy, store: Store) -> None:
-    """A policy key may not take the name of a live key the admin API made: the two would share
-    rate windows and spend (both are kept by name)."""
-    try:
-        live = {as_key(raw)[0].name for raw, revoked_at in await store.key_all() if revoked_at is None}
-    except StoreDown:
-        return  # found when the store answers again: the admin API refuses a policy key's name
-    if clash := sorted(live & {k.name for k in policy.keys}):
-        names = ", ".join(clash)
-        raise PolicyInvalid([f"keys: {names}: also the name of a live key made by the admin API (revoke it first)"])
 
 
 def _admin_digest(policy: Policy) -> str | None:
