@@ -5,8 +5,9 @@ One fast upstream (:mod:`benchmarks.upstream`) and one ``triage serve`` in front
 policy has models on that upstream, a ``split`` virtual model over two of them (90/10, sticky per
 user), the same split with a guard (every request recorded in the quality store), and a model
 mirrored to another at 5% (and one at 100%: every request copied in the background, on the same
-two cores). Requests go round the rows, one at a time, so every row sees the same machine at the
-same moment; reported: p50 and p99 of each, the difference of its p50 from the model by name's,
+two cores). Requests go round the rows, one at a time, each round starting one row later (a
+mirror's background call lands on whichever row comes next), so every row sees the same machine
+at the same moment; reported: p50 and p99 of each, the difference of its p50 from the model by name's,
 and their ratio.
 """
 
