@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.http import console_auth
 from gateway.service.quality.watch import FLUSH_S
 from policies import quality, rollouts
 from policies.plans import SplitPlan, split_target
@@ -210,7 +211,7 @@ def rolled_back(http: httpx.Client) -> list[dict[str, Any]]:
 
 
 def test_a_failing_candidate_is_rolled_back_within_its_bound_with_no_caller_failing(
-    gateway: Callable[..., Gateway],
+    gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the candidate fails every call; its fallback (the primary) answers: no caller sees an error
     gw = gateway(guarded('text: "x", fail_first: 100000', "{min_requests: 10}", fallbacks=", fallbacks: [current]"))
@@ -232,6 +233,17 @@ def test_a_failing_candidate_is_rolled_back_within_its_bound_with_no_caller_fail
         assert all(r.status_code == 200 and r.headers["x-triage-split"] == "chat=current" for r in after)
         metrics = http.get("/metrics", headers={"authorization": f"Bearer {ALICE}"}).text
         assert 'triage_rollout_rolled_back{split="chat",target="candidate"} 1.0' in metrics
+        # the console's Decisions page says so
+        monkeypatch.setenv(console_auth.SECRET_ENV, "console-test-secret")
+        console_auth.secret.cache_clear()
+        try:
+            login = {"key": ADMIN, "next": "/console"}
+            assert http.post("/console/login", data=login, headers={"origin": gw.base_url}).status_code == 303
+            page = http.get("/console/decisions").text
+        finally:
+            console_auth.secret.cache_clear()
+        table = page.split('id="rollback-table"', 1)[1].split("</table>", 1)[0]
+        assert "chat" in table and "candidate" in table and "error rate" in table
 
 
 def test_a_candidate_that_disagrees_is_rolled_back_and_a_reload_of_its_weights_restores_it(
