@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from benchmarks import dispatch_commands, guardrail_commands
+from benchmarks import dispatch_commands, guardrail_commands, pool_commands
 
 app = typer.Typer(name="benchmarks", help="Benchmarks.", no_args_is_help=True, add_completion=False)
 
@@ -334,6 +334,8 @@ def guard(
 
 
 for _name, _command in dispatch_commands.COMMANDS.items():  # prefix, order, affinity, fleet-sim, fleet-real, split
+    app.command(_name)(_command)
+for _name, _command in pool_commands.COMMANDS.items():  # pool
     app.command(_name)(_command)
 
 for _name, _command in guardrail_commands.COMMANDS.items():  # guardrails, guardrail-data

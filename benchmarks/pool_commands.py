@@ -1,0 +1,55 @@
+"""The pool benchmark's command of ``python -m benchmarks`` (registered there from :data:`COMMANDS`):
+a pool of cheaper models against the best single one (issue 56), :mod:`benchmarks.pool`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+
+def pool(
+    policy: Annotated[Path, typer.Option(help="The policy with the 29 models' prices.")] = Path(
+        "policies/examples/router_mmlu_pro.yaml"
+    ),
+    router: Annotated[
+        str, typer.Option(help="Its routed model (labels: model_labels/mmlu_pro_models).")
+    ] = "mmlu-pro-29",
+    prior: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="The models' priors: accuracy, category (dev rows), heads (the quality heads) and/or memory "
+            "(the nearest dev questions' agreement with the top)."
+        ),
+    ] = None,
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-pool.json"),
+    data: Annotated[
+        str,
+        typer.Option(
+            "--set",
+            help="mmlu-pro (29 models' recorded answers) or routellm-mmlu (GPT-4 and Mixtral: the router alone, "
+            "with --policy policies/examples/router.yaml --router gpt4-or-mixtral).",
+        ),
+    ] = "mmlu-pro",
+) -> None:
+    """Issue 56: agreement, cascade routing and both against the learned router and the best single
+    model, on MMLU-Pro's recorded answers of 29 models (dev rows fit, test rows report)."""
+    if data == "routellm-mmlu":
+        from benchmarks.pool_routellm import run as run_routellm
+
+        run_routellm(policy, router, out)
+        return
+    if data != "mmlu-pro":
+        raise typer.BadParameter("--set is mmlu-pro or routellm-mmlu")
+    from benchmarks.pool import run
+
+    kinds = prior or ["accuracy", "category", "heads", "memory"]
+    bad = [k for k in kinds if k not in ("accuracy", "category", "heads", "memory")]
+    if bad:
+        raise typer.BadParameter(f"--prior is accuracy, category, heads or memory, not {', '.join(bad)}")
+    run(policy, router, [k for k in kinds if k != "heads"], out, "heads" in kinds)
+
+
+COMMANDS: dict[str, Callable[..., Any]] = {"pool": pool}
