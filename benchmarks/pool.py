@@ -111,6 +111,30 @@ def sweep_chain(name: str, t: Recorded, p: np.ndarray, order: list[int], ag: Agr
     )
 
 
+def held_out(
+    dev: Recorded, test: Recorded, p: tuple[np.ndarray, np.ndarray], order: list[int], ag: Agreement, strong: int
+) -> dict[str, float | None]:
+    """The chain with agreement at the threshold fitted on dev rows (the cheapest whose dev accuracy
+    reaches the strongest model's there), then applied to the test rows: what a served knob gives."""
+    d = sweep_chain("dev", dev, p[0], order, ag, combine=True)
+    target = float((dev.answers[:, strong] == dev.gold).mean())
+    acc, cost = d.right.mean(axis=1), d.cost.mean(axis=1)
+    ok = np.flatnonzero(acc >= target)
+    if not ok.size:
+        return {"threshold": None}
+    th = float(THRESHOLDS[ok[np.argmin(cost[ok])]])
+    o = outcome(*chain(test.answers, p[1], test.k, order, ag, th, True), test.gold, test.cost)
+    best = float(test.cost[:, strong].mean())
+    return {
+        "threshold": th,
+        "dev_accuracy": float(acc[ok].max()),
+        "test_accuracy": float(o.right.mean()),
+        "test_accuracy_se": float(o.right.std() / np.sqrt(len(o.right))),
+        "test_strongest_accuracy": float((test.answers[:, strong] == test.gold).mean()),
+        "test_cost_share": float(o.cost.mean()) / best,
+    }
+
+
 def oracle(t: Recorded) -> tuple[float, float]:
     right, cost = _singles(t)
     c = np.where(right > 0, cost, np.inf)
@@ -182,6 +206,7 @@ def run(
     console.print(f"the chain, chosen on dev rows: {' -> '.join(data.models[j] for j in order)}")
     curves: list[Swept] = []
     fitted: dict[str, Any] = {}
+    dev_fitted: dict[str, Any] = {}
     sources: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for kind in prior_kinds:
         if kind in ("accuracy", "category"):
@@ -202,6 +227,7 @@ def run(
         curves.append(sweep_router(f"router ({kind})", test, p_test, acc_dev))
         curves.append(sweep_chain(f"chain ({kind})", test, p_test, order, ag, combine=False))
         curves.append(sweep_chain(f"chain + agreement ({kind})", test, p_test, order, ag, combine=True))
+        dev_fitted[kind] = held_out(dev, test, (p_dev, p_test), order, ag, strong)
         curves.append(sweep_pool(f"cascade routing ({kind})", test, p_test, ag, combine=False))
         curves.append(sweep_pool(f"cascade routing + agreement ({kind})", test, p_test, ag, combine=True))
     all_rows = np.arange(len(test.gold))
@@ -230,6 +256,7 @@ def run(
         "curves": rows,
         "mean_calls_at_100": {s.name: _calls_at(s, test, best) for s in curves},
         "memory_reuse": reused,
+        "chain_agreement_dev_fitted": dev_fitted,
         "seconds": round(time.perf_counter() - started, 1),
     }
     _print(console, result, base)
