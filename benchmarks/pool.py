@@ -6,7 +6,7 @@ each decision's cost-quality curve (its knob swept) in the anchors' terms (:mod:
 APGR and CPT over the cost from the cheapest model's to the strongest's; the cost at 95% and 100% of
 the best single model's accuracy, as a share of its cost), with standard errors from a bootstrap of
 the test rows (paired: the differences from the router's are resampled together). The levers,
-alone and together (:mod:`policies.pool`):
+alone and together (:mod:`policies.pool`, :mod:`policies.pool_routing`):
 
 - ``router``: one model per question, the utility rule over the priors (the learned router's rule;
   with ``--heads`` its quality heads as served, pruned), the knob swept;
@@ -40,7 +40,8 @@ from benchmarks.pool_memory import memory_prior, reuse
 from benchmarks.report import save
 from eval import anchors
 from eval.pool_fit import chain, fit_agreement, outcome, priors
-from policies.pool import Agreement, replay
+from policies.pool import Agreement
+from policies.pool_routing import replay
 from policies.routed import choose, prune
 
 BOOTSTRAP = 200

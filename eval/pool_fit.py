@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.pool import NO_ANSWER, Agreement, base_weight, decide, replay, vote_weight, votes
+from policies.pool import NO_ANSWER, Agreement, base_weight, decide, vote_weight, votes
+from policies.pool_routing import replay
 
 TEMPERS = tuple(round(x, 2) for x in np.linspace(0.2, 1.5, 14))
 SPREADS = (0.0, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # 0: every other option
@@ -212,7 +213,7 @@ class Outcome:
 
 
 def outcome(asked: np.ndarray, answer: np.ndarray, gold: np.ndarray, cost: np.ndarray) -> Outcome:
-    """``asked``: a mask, or when each model was asked (-1: never, as :func:`policies.pool.replay`)."""
+    """``asked``: a mask, or when each model was asked (-1: never, as :func:`policies.pool_routing.replay`)."""
     if asked.dtype != bool:
         asked = asked >= 0
     c = np.broadcast_to(cost, asked.shape)

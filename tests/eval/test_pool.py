@@ -1,4 +1,5 @@
-"""A pool's decision (policies/pool.py) and its fitting (eval/pool_fit.py): fast, synthetic, no model."""
+"""A pool's decision (policies/pool.py, policies/pool_routing.py) and its fitting (eval/pool_fit.py):
+fast, synthetic, no model."""
 
 from __future__ import annotations
 
@@ -6,18 +7,8 @@ import numpy as np
 import pytest
 
 from eval.pool_fit import chain, fit_agreement, outcome, priors
-from policies.pool import (
-    NO_ANSWER,
-    Agreement,
-    decide,
-    expected_gain,
-    lookahead,
-    next_model,
-    replay,
-    step,
-    vote_weight,
-    votes,
-)
+from policies.pool import NO_ANSWER, Agreement, decide, vote_weight, votes
+from policies.pool_routing import expected_gain, lookahead, next_model, replay, step
 
 PLAIN = Agreement()
 
