@@ -396,14 +396,8 @@ class _QualitySampler:
                     ("high", e.of_top_interval[1]),
                 ):
                     self.of_top.labels(e.model, e.slice, bound).set(value)
-        now = {(d.model, d.slice) for d in w.drift}
-        for labels in self.flagged | now:
-            self.drift.labels(*labels).set(1.0 if labels in now else 0.0)
-        self.flagged |= now
-        gone = {(str(r["split"]), str(r["target"])) for r in w.guard.report()}
-        for labels in self.rolled | gone:
-            self.rolled_back.labels(*labels).set(1.0 if labels in gone else 0.0)
-        self.rolled |= gone
+        _flags(self.drift, self.flagged, {(d.model, d.slice) for d in w.drift})
+        _flags(self.rolled_back, self.rolled, {(str(r["split"]), str(r["target"])) for r in w.guard.report()})
         for model, seen in w.latency_report().items():
             self.mirror_latency.labels(model, "0.5").set(seen["p50_ms"] / 1000)
             self.mirror_latency.labels(model, "0.95").set(seen["p95_ms"] / 1000)
@@ -439,3 +433,11 @@ class _GuardrailSampler:
                 if n > before:
                     counter.labels(guardrail, what).inc(n - before)
                     self.seen[(name, guardrail, what)] = n
+
+
+def _flags(gauge: Gauge, seen: set[tuple[str, str]], now: set[tuple[str, str]]) -> None:
+    """A 0/1 gauge per label pair: 1 for those in ``now``, 0 for those seen before and gone
+    (``seen`` grows by ``now``)."""
+    for labels in seen | now:
+        gauge.labels(*labels).set(1.0 if labels in now else 0.0)
+    seen |= now
