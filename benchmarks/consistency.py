@@ -23,7 +23,7 @@ and of the debiased answer by its own mean probability. ``--orders 4`` also read
 half and that reversed (:func:`backends.lettered.orderings`; two options have two orders only) and
 reports what a tier with ``orders: 4`` serves, the answer on the four readings' mean: its accuracy, and
 its AUROC by its mean probability, by the share of the readings that picked it, and by a fit of both.
-Intervals from 1,000 bootstrap resamples (:func:`benchmarks.hidden_probe._bootstrap`). Readings run in
+Intervals from 1,000 bootstrap resamples (:func:`benchmarks.hidden_probe_stats._bootstrap`). Readings run in
 ``--threads`` processes of one llama.cpp thread; every row's readings are kept in a JSONL beside the
 report, so an interrupted run resumes (and a run with more orders reads only the missing ones).
 """
@@ -41,7 +41,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.hidden_probe import _auroc, _bootstrap, _ece, _typed_path, fit_probe
+from benchmarks.hidden_probe_scorer import _typed_path
+from benchmarks.hidden_probe_stats import _auroc, _bootstrap, _ece, fit_probe
 from benchmarks.meters import cpu_kind
 from benchmarks.report import save
 from eval.tier_outputs import Row, typed_rows

@@ -34,7 +34,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.hidden_probe import POLICY, Outcome, _features, _load_cache, _typed_path, fit_probe, scorer_spec
+from benchmarks.hidden_probe import POLICY, scorer_spec
+from benchmarks.hidden_probe_scorer import _load_cache, _typed_path
+from benchmarks.hidden_probe_stats import Outcome, _features, fit_probe
 from benchmarks.meters import cpu_kind
 from benchmarks.report import save
 from eval.tier_outputs import Row, read_jsonl, typed_rows
