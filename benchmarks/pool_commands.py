@@ -52,4 +52,24 @@ def pool(
     run(policy, router, [k for k in kinds if k != "heads"], out, "heads" in kinds)
 
 
-COMMANDS: dict[str, Callable[..., Any]] = {"pool": pool}
+def pool_served(
+    policy: Annotated[Path, typer.Option(help="The served cascade with agreement.")] = Path(
+        "policies/examples/cascade_pool.yaml"
+    ),
+    fit: Annotated[bool, typer.Option(help="Fit its numbers on dev rows first (and print them).")] = False,
+    router_policy: Annotated[Path, typer.Option(help="The policy with the 29 models' prices and labels.")] = Path(
+        "policies/examples/router_mmlu_pro.yaml"
+    ),
+    router: Annotated[
+        str, typer.Option(help="Its routed model (labels: model_labels/mmlu_pro_models).")
+    ] = "mmlu-pro-29",
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-pool-served.json"),
+) -> None:
+    """Issue 56, served: the example three-tier cascade with agreement, through the gateway's own
+    cascade, over MMLU-Pro's recorded answers of its models (test rows; --fit: dev rows first)."""
+    from benchmarks.pool_served import run
+
+    run(policy, router_policy, router, fit, out)
+
+
+COMMANDS: dict[str, Callable[..., Any]] = {"pool": pool, "pool-served": pool_served}

@@ -33,6 +33,7 @@ from policies.cascade import (
     Reading,
     TierAnswer,
     after,
+    agreed,
     drive,
     gated,
     keeps,
@@ -41,6 +42,7 @@ from policies.cascade import (
     steps,
     task_head,
 )
+from policies.pool import Agreement
 
 Outputs = Mapping[str, TierAnswer]  # row id -> the tier's answer
 GRID = tuple(round(x, 3) for x in np.linspace(0.0, 1.0, 101))
@@ -58,6 +60,8 @@ class TierSpec:
     per_1k_tokens: float = 0.0
     gate_kind: str = "confidence"  # "learned": the thresholds are compared with the judge's P(right)
     escalation_margin: float | None = None  # learned: keep only within this of P(escalating gets it right)
+    accuracy: dict[str, float] = field(default_factory=dict)  # per type: its answer's weight as a vote
+    agreement: dict[str, Agreement] = field(default_factory=dict)  # per type: its confidence is the votes'
     orders: int = 1  # a lettered scorer's: its answers are the mean of this many orders of the options
     judge: ConfidenceModel | None = None  # fitted on dev rows (for the report, whatever the gate)
     judge_dev: dict[str, float] = field(default_factory=dict)  # its out-of-fold P(right) per dev row
@@ -77,6 +81,8 @@ class TierSpec:
             dict(self.temperatures),
             judge,
             escalation_margin=self.escalation_margin,
+            accuracy=dict(self.accuracy),
+            agreement=dict(self.agreement),
         )
 
     def reading(self, row: Row) -> Reading | None:
@@ -93,6 +99,20 @@ def previous(tiers: Sequence[TierSpec], i: int, row: Row) -> Reading | None:
         if (rd := t.reading(row)) is not None:
             return rd
     return None
+
+
+def voted(tiers: Sequence[TierSpec], i: int, row: Row, reading: Reading) -> Reading:
+    """Tier i's reading of ``row`` as the cascade keeps it: with agreement for the question's type,
+    the votes of every tier up to it that answered (the tiers before it escalated, or it would not be
+    asked), ``reading`` being its own; else ``reading``."""
+    gate = tiers[i].gate()
+    if not gate.agreement:
+        return reading
+    answered = [
+        (t.gate(), rd, bool(t.outputs[row.id].assumed)) for t in tiers[:i] if (rd := t.reading(row)) is not None
+    ]
+    v = agreed(row.question, gate, [*answered, (gate, reading, bool(tiers[i].outputs[row.id].assumed))])
+    return reading if v is None else v.reading
 
 
 def _judgeable(tier: TierSpec, row: Row) -> bool:
@@ -115,6 +135,8 @@ def gate_confidence(tiers: Sequence[TierSpec], i: int, row: Row, reading: Readin
     """What tier i's gate compares with its threshold for ``row``; -1 (kept at no threshold) where
     its escalation margin says escalating would do better."""
     gate, before = tiers[i].gate(), previous(tiers, i, row)
+    if gate.agreement.get(row.question.type) is not None and not row.question.numeric:
+        return voted(tiers, i, row, reading).confidence
     if tiers[i].gate_kind == "learned" and (p := judge_p(tiers, i, row, reading)) is not None:
         conf = p
     else:

@@ -13,7 +13,7 @@ import numpy as np
 
 from classifiers.calibration import fit_temperature
 from eval import guarantee
-from eval.cascade_eval import GRID, TierSpec, evaluate, gate_confidence, row_outcomes, usable
+from eval.cascade_eval import GRID, TierSpec, evaluate, gate_confidence, row_outcomes, usable, voted
 from eval.tier_outputs import Row
 from policies.cascade import (
     read,
@@ -56,8 +56,8 @@ def fit_thresholds(
             if a is None or a.scores is None or not later or r.question.numeric:
                 continue
             top, b = later[-1], later[-1].outputs[r.id]
-            mine = read(r.question, tier.gate(), a)
-            theirs = read(r.question, top.gate(), b)
+            mine = voted(tiers, i, r, read(r.question, tier.gate(), a))
+            theirs = voted(tiers, list(tiers).index(top), r, read(r.question, top.gate(), b))
             conf = gate_confidence(tiers, i, r, mine)
             group = f"task:{r.question.task}" if r.question.task is not None else r.question.type
             by_type[group].append((conf, mine.answer == r.answer, theirs.answer == r.answer))

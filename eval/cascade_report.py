@@ -11,10 +11,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eval import cascade_eval, cascade_fit
+from eval import agreement_fit, cascade_eval, cascade_fit
 from eval.cascade_eval import SetReport, TierSpec
 from eval.guarantee import Certified
 from eval.tier_outputs import Row
+from policies.pool import Agreement
 
 Goal = tuple[str, float]  # accuracy | escalation | cost | of_top, and X
 GUARANTEED = ("of_top", "escalation", "cost")  # the targets --guarantee certifies
@@ -42,6 +43,7 @@ def fit(
         if spec.kind != "recorded":  # a recorded answer carries no probabilities to calibrate
             cascade_fit.fit_temperatures(spec, dev)
     cascade_eval.fit_judges(specs, dev)
+    agreement_fit.fit_agreements(specs, dev)
     if goal is not None and delta is not None:
         return cascade_fit.fit_with_guarantee(specs, dev, goal, delta)
     if goal is not None and goal[0] == "cost":
@@ -149,7 +151,16 @@ def policy_patch(
             lines.append("      temperature: {" + ", ".join(f"{k}: {v:g}" for k, v in s.temperatures.items()) + "}")
         if s.thresholds:
             lines.append("      thresholds: {" + ", ".join(f"{k}: {v:g}" for k, v in s.thresholds.items()) + "}")
+        if s.accuracy:
+            lines.append("      accuracy: {" + ", ".join(f"{k}: {v:g}" for k, v in s.accuracy.items()) + "}")
+        if s.agreement:
+            lines.append("      agreement:")
+            lines += [f"        {k}: {{{_agreement(v)}}}" for k, v in s.agreement.items()]
     return "\n".join(lines) + "\n"
+
+
+def _agreement(ag: Agreement) -> str:
+    return ", ".join(f"{k}: {round(v, 4):g}" for k, v in ag.to_json().items())
 
 
 @dataclass
@@ -183,6 +194,8 @@ def report_doc(inputs: Inputs, specs: list[TierSpec], measured: Measured, certif
                     "escalation_margin": s.escalation_margin,
                     "temperature": s.temperatures,
                     "thresholds": s.thresholds,
+                    "accuracy": s.accuracy or None,
+                    "agreement": {k: v.to_json() for k, v in s.agreement.items()} or None,
                     "confidence_model": s.judge_fit or None,
                 }
                 for s in specs

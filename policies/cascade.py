@@ -16,6 +16,10 @@ come within that margin of P(escalating gets it right) on such questions (the ju
 the last tier on the nearest fitting questions): a threshold alone keeps answers that are likely
 right but less likely than what escalating would give. The last tier that answers is accepted
 whatever its confidence.
+A tier with ``agreement`` for the question's type (a question with options) reads the answers of
+every tier so far as votes (:mod:`policies.agreement`): its answer is the votes' top option and its
+confidence their calibrated P(right), fitted on dev rows, so a tier that returned no probabilities
+is gated on a measured number; the trace names each tier's answer and those that agree.
 A tier that fails, times out or cannot take the question escalates and says so in the trace.
 When no tier answers, or the last tier failed after earlier ones answered below their
 thresholds, ``on_exhausted`` decides: ``error`` (the gateway answers 502 with the trace) or
@@ -31,7 +35,9 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from policies.agreement import Vote, agree
 from policies.errors import UpstreamError
+from policies.pool import Agreement
 from policies.tiers import QuestionType
 
 YES_NO = ("yes", "no")
@@ -93,6 +99,8 @@ class Gate:
     task_temperatures: Mapping[str, float] = field(default_factory=dict)
     escalation_margin: float | None = None  # with a judge: keep only if P(right) >= P(escalating right) - this
     barred: str | None = None  # why this tier may not be asked for this request (skipped, never asked)
+    accuracy: Mapping[str, float] = field(default_factory=dict)  # per type: this tier's answer's weight as a vote
+    agreement: Mapping[str, Agreement] = field(default_factory=dict)  # per type: its confidence is the votes'
 
     def temperature(self, q: Question) -> float:
         if q.task is not None and q.task in self.task_temperatures:
@@ -145,6 +153,8 @@ class Step:
     raw_confidence: float | None = None  # with a learned gate: the tier's own (``confidence`` is P(right))
     escalation: float | None = None  # with an escalation margin: P(escalating gets it right)
     usage: Mapping[str, int] | None = None  # what asking this tier used (a model tier's is priced)
+    votes: Mapping[str, str] | None = None  # with agreement: each tier's answer so far (the confidence is theirs)
+    agreeing: tuple[str, ...] | None = None  # ... and the tiers whose answer this one is
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -159,6 +169,7 @@ class Step:
             **({"probabilities": "assumed"} if self.assumed else {}),
             **({"raw_confidence": _round(self.raw_confidence)} if self.raw_confidence is not None else {}),
             **({"escalation_p_right": _round(self.escalation)} if self.escalation is not None else {}),
+            **({"votes": dict(self.votes), "agreeing": list(self.agreeing or ())} if self.votes is not None else {}),
         }
 
 
@@ -247,6 +258,36 @@ def signals(q: Question, reading: Reading, previous: Reading | None, embedding: 
     )
 
 
+def ballot(q: Question, answered: Sequence[tuple[Gate, Reading, bool]]) -> list[Vote]:
+    """The tiers' answers so far as votes: each at its accuracy for the question's type, with its
+    probabilities where it measured them (``assumed``: it gave none)."""
+    return [
+        Vote(g.name, r.answer, g.accuracy.get(q.type), None if assumed else r.probabilities)
+        for g, r, assumed in answered
+    ]
+
+
+@dataclass(frozen=True)
+class Votes:
+    """What a tier with agreement read: the votes' reading, each tier's answer, and those that agree."""
+
+    reading: Reading
+    answers: dict[str, str]
+    agreeing: tuple[str, ...]
+
+
+def agreed(q: Question, gate: Gate, answered: Sequence[tuple[Gate, Reading, bool]]) -> Votes | None:
+    """With ``agreement`` for the question's type (a question with options): the reading of the votes
+    of the tiers that answered (``gate``'s last); else None."""
+    ag = gate.agreement.get(q.type)
+    if ag is None or q.numeric:
+        return None
+    a = agree(q.options, ballot(q, answered), ag)
+    return Votes(
+        Reading(a.answer, a.probabilities, a.confidence), {g.name: r.answer for g, r, _ in answered}, a.agreeing
+    )
+
+
 def task_head(gate: Gate, q: Question) -> bool:
     """The encoder answers a question that names a task with that task's head, not the option scorer."""
     return gate.kind == "encoder" and q.task is not None
@@ -288,17 +329,10 @@ def gated(q: Question, gate: Gate, reading: Reading, previous: Reading | None, e
     return reading.confidence if p is None else p
 
 
-def _decided(q: Question, gate: Gate, reading: Reading, answer: TierAnswer, trace: list[Step], conf: float) -> Decision:
-    return Decision(
-        reading.answer,
-        reading.probabilities,
-        conf,
-        gate.name,
-        tuple(trace),
-        answer.usage,
-        q.type,
-        answer.assumed,
-    )
+def _decided(
+    q: Question, gate: Gate, reading: Reading, answer: TierAnswer, trace: list[Step], conf: float, assumed: bool
+) -> Decision:
+    return Decision(reading.answer, reading.probabilities, conf, gate.name, tuple(trace), answer.usage, q.type, assumed)
 
 
 def steps(
@@ -315,8 +349,9 @@ def steps(
     if not open_:
         raise ValueError("every tier is barred: the edge refuses such a request before the cascade runs")
     trace: list[Step] = []
-    best: tuple[Reading, Gate, TierAnswer, float] | None = None
+    best: tuple[Reading, Gate, TierAnswer, float, bool] | None = None
     previous: Reading | None = None
+    answered: list[tuple[Gate, Reading, bool]] = []
     for i, gate in enumerate(gates):
         if gate.barred is not None:
             trace.append(Step(gate.name, "skipped", 0.0, error=gate.barred))
@@ -329,9 +364,13 @@ def steps(
             )
             continue
         reading = read(q, gate, answer)
-        p_right = judged(q, gate, reading, previous, embedding)
+        answered.append((gate, reading, answer.assumed))
+        own, assumed = reading, answer.assumed
+        if (votes := agreed(q, gate, answered)) is not None:  # the votes are its confidence, fitted: not assumed
+            reading, assumed = votes.reading, False
+        p_right = None if votes is not None else judged(q, gate, reading, previous, embedding)
         conf = reading.confidence if p_right is None else p_right
-        raw = None if p_right is None else reading.confidence
+        raw = own.confidence if p_right is not None or votes is not None else None
         threshold = gate.threshold(q)
         last = i == open_[-1]
         p_after = None if last or p_right is None else after(q, gate, reading, previous, embedding)
@@ -345,23 +384,25 @@ def steps(
                 conf,
                 threshold,
                 model=answer.model,
-                assumed=answer.assumed,
+                assumed=assumed,
                 raw_confidence=raw,
                 usage=answer.usage,
                 escalation=p_after,
+                votes=None if votes is None else votes.answers,
+                agreeing=None if votes is None else votes.agreeing,
             )
         )
         if accepted:
             if last:  # the tiers after the last open one are barred: said in the trace
                 trace += [Step(g.name, "skipped", 0.0, error=g.barred) for g in gates[i + 1 :]]
-            return _decided(q, gate, reading, answer, trace, conf)
+            return _decided(q, gate, reading, answer, trace, conf, assumed)
         if best is None or conf > best[3]:
-            best = (reading, gate, answer, conf)
-        previous = reading
+            best = (reading, gate, answer, conf, assumed)
+        previous = own
     if on_exhausted == "best" and best is not None:
-        reading, gate, answer, conf = best
+        reading, gate, answer, conf, assumed = best
         trace.append(Step(gate.name, "exhausted", 0.0, reading.answer, conf, None))
-        return _decided(q, gate, reading, answer, trace, conf)
+        return _decided(q, gate, reading, answer, trace, conf, assumed)
     failed = [f"{s.tier}: {s.error}" for s in trace if s.outcome in ("failed", "skipped")]
     raise CascadeExhausted(
         "no tier could answer the question with accepted confidence" + (f" ({'; '.join(failed)})" if failed else ""),

@@ -23,6 +23,26 @@ class TierPrices(Strict):
     per_1k_tokens: float = Field(0.0, ge=0, description="prompt and completion tokens the tier reported")
 
 
+class AgreementSpec(Strict):
+    """How far the answers so far are trusted as votes (``policies/agreement.py``), fitted on dev rows
+    (``eval/pool_fit.py``): the tier's confidence is then the votes' calibrated P(right)."""
+
+    temper: _Positive = Field(
+        1.0, description="each vote's weight is multiplied by this (errors shared across tiers: < 1)"
+    )
+    spread: float = Field(
+        0.0, ge=0, description="the options a wrong answer lands on, as if spread among them (0: all the others)"
+    )
+    a: float = Field(1.0, description="Platt slope: P(right) = sigmoid(a * logit(the posterior's top) + b)")
+    b: float = Field(0.0, description="Platt intercept")
+    own_temper: float = Field(
+        0.0,
+        ge=0,
+        le=4,
+        description="the weight of each tier's own measured log-probabilities beside its vote (0: none)",
+    )
+
+
 class _Tier(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     prices: TierPrices = TierPrices()
@@ -47,11 +67,24 @@ class _Tier(Strict):
         "gets it right) (the last tier's record on the nearest fitting questions), besides the threshold; unset: off",
     )
     timeout_s: float = Field(30.0, gt=0)
+    accuracy: dict[QuestionType, Annotated[float, Field(gt=0, lt=1)]] = Field(
+        default_factory=dict,
+        description="this tier's accuracy per type on dev rows: its answer's weight as a vote where a tier reads "
+        "agreement (a type left out: no vote)",
+    )
+    agreement: dict[QuestionType, AgreementSpec] = Field(
+        default_factory=dict,
+        description="per type: this tier's answer and confidence are the votes of every tier that answered so far, "
+        "itself included (a number's question is read on the tier's own confidence); `triage eval` fits it and "
+        "every tier's accuracy on dev rows",
+    )
 
     @model_validator(mode="after")
     def _margin_needs_a_judge(self) -> _Tier:
         if self.escalation_margin is not None and self.gate != "learned":
             raise ValueError("escalation_margin compares a learned P(right): it needs gate: learned")
+        if self.agreement and self.gate == "learned":
+            raise ValueError("agreement is this tier's confidence: it cannot also be gated by a learned model")
         return self
 
 

@@ -24,6 +24,7 @@ from policies import cascade
 from policies.cascade import Decision, Gate, Judge, Question, Step
 from policies.errors import Forbidden, InvalidRequest, NotFound, TriageError
 from policies.fit import nothing_fits
+from policies.pool import Agreement
 from policies.schema import ApiKey
 from policies.tiers import Cascade, ModelTier, QuestionType
 
@@ -170,6 +171,8 @@ def gates(spec: Cascade, overrides: Overrides | None, judges: Mapping[str, Judge
             (judges or {}).get(t.name),
             t.task_temperature,
             t.escalation_margin,
+            accuracy=_by_type(t.accuracy),
+            agreement={k: Agreement(**v.model_dump()) for k, v in t.agreement.items()},
         )
         for t in spec.tiers
     ]

@@ -83,6 +83,20 @@ def served(*servers: VllmServer) -> list[float]:
     return [s.metric("vllm:request_success_total") for s in servers]
 
 
+def known(gw: Gateway, *servers: VllmServer) -> None:
+    """Wait until ``gw`` reads every server's own counters (on a loaded machine a busy engine's
+    /metrics can miss a read's deadline, and the rule then counts this gateway's requests only)."""
+
+    def all_known() -> bool:
+        with gw.http() as http:
+            text = http.get("/metrics").text
+        return all(
+            f'triage_replica_signals_known{{backend="pool",replica="{s.api_base}"}} 1.0' in text for s in servers
+        )
+
+    until(all_known, 60)
+
+
 def ask(gw: Gateway, text: str) -> None:
     gw.client().chat.completions.create(model="smollm2", max_tokens=1, messages=[{"role": "user", "content": text}])
 
@@ -90,9 +104,10 @@ def ask(gw: Gateway, text: str) -> None:
 def test_an_engines_own_counters_change_the_choice(
     gateway: Callable[..., Gateway], vllm_server: VllmServer, vllm_replica: VllmServer
 ) -> None:
-    pool = "    strategy: least_load\n    dispatch: {engine: vllm, interval_s: 0.1}\n"
+    pool = "    strategy: least_load\n    dispatch: {engine: vllm, interval_s: 0.1, timeout_s: 5}\n"
     gw = gateway(policy(vllm_server.api_base, vllm_replica.api_base, pool=pool))
     with busy(vllm_server, 3):  # another gateway's traffic: this one has nothing in flight there
+        known(gw, vllm_server, vllm_replica)
         before = served(vllm_server, vllm_replica)
         for i in range(4):
             ask(gw, f"Say a colour, {i}.")
@@ -119,13 +134,15 @@ def test_two_gateways_sharing_a_redis_agree_on_a_prefix(
     gateway: Callable[..., Gateway], vllm_server: VllmServer, vllm_replica: VllmServer, redis_url: str
 ) -> None:
     servers = (vllm_server, vllm_replica)
-    pool = "    strategy: prefix\n    dispatch: {engine: vllm, interval_s: 0.1, block_tokens: 128, slack: 2}\n"
+    dispatch = "{engine: vllm, interval_s: 0.1, timeout_s: 5, block_tokens: 128, slack: 2}"
+    pool = f"    strategy: prefix\n    dispatch: {dispatch}\n"
     text = policy(*(s.api_base for s in servers), pool=pool, extra=f"state: {{store: redis, url: '{redis_url}'}}\n")
     one, two = gateway(text), gateway(text)
     first_block = block_hashes(TEMPLATE, 128 * 4)[0]
     ranked_first = max(range(2), key=lambda i: rank(first_block, i))  # where a tie would send the template
     hot, other = servers[ranked_first], servers[1 - ranked_first]
     with busy(hot, 4):  # gateway one sends the template elsewhere, to the replica the tie would not pick
+        known(one, *servers)
         before = served(*servers)
         ask(one, TEMPLATE + "first question?")
     assert served(*servers)[1 - ranked_first] - before[1 - ranked_first] == 1
@@ -142,7 +159,7 @@ def test_two_gateways_sharing_a_redis_agree_on_a_prefix(
 def test_a_batch_yields_to_online_load(
     gateway: Callable[..., Gateway], vllm_server: VllmServer, tmp_path: Path
 ) -> None:
-    pool = "    strategy: least_load\n    dispatch: {engine: vllm, interval_s: 0.1, batch_max_load: 1}\n"
+    pool = "    strategy: least_load\n    dispatch: {engine: vllm, interval_s: 0.1, timeout_s: 5, batch_max_load: 1}\n"
     gw = gateway(policy(vllm_server.api_base, pool=pool, extra=f'batches: {{dir: "{tmp_path}", concurrency: 4}}\n'))
     client = gw.client()
     lines = [line(f"r{i}", f"{FEW_SHOT}colour of snow {i}? A:") for i in range(4)]
