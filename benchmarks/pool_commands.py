@@ -57,6 +57,9 @@ def pool_served(
         "policies/examples/cascade_pool.yaml"
     ),
     fit: Annotated[bool, typer.Option(help="Fit its numbers on dev rows first (and print them).")] = False,
+    routing: Annotated[
+        bool, typer.Option(help="Also route its tiers (cascade.routing), the agreement and knob fitted on dev rows.")
+    ] = False,
     router_policy: Annotated[Path, typer.Option(help="The policy with the 29 models' prices and labels.")] = Path(
         "policies/examples/router_mmlu_pro.yaml"
     ),
@@ -69,7 +72,7 @@ def pool_served(
     cascade, over MMLU-Pro's recorded answers of its models (test rows; --fit: dev rows first)."""
     from benchmarks.pool_served import run
 
-    run(policy, router_policy, router, fit, out)
+    run(policy, router_policy, router, fit, routing, out)
 
 
 COMMANDS: dict[str, Callable[..., Any]] = {"pool": pool, "pool-served": pool_served}

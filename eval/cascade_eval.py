@@ -83,6 +83,8 @@ class TierSpec:
             escalation_margin=self.escalation_margin,
             accuracy=dict(self.accuracy),
             agreement=dict(self.agreement),
+            per_call=self.per_call,
+            per_1k_tokens=self.per_1k_tokens,
         )
 
     def reading(self, row: Row) -> Reading | None:

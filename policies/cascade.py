@@ -101,6 +101,8 @@ class Gate:
     barred: str | None = None  # why this tier may not be asked for this request (skipped, never asked)
     accuracy: Mapping[str, float] = field(default_factory=dict)  # per type: this tier's answer's weight as a vote
     agreement: Mapping[str, Agreement] = field(default_factory=dict)  # per type: its confidence is the votes'
+    per_call: float = 0.0  # its prices, for a routed cascade's expected cost (policies/cascade_routing.py)
+    per_1k_tokens: float = 0.0
 
     def temperature(self, q: Question) -> float:
         if q.task is not None and q.task in self.task_temperatures:
@@ -155,6 +157,7 @@ class Step:
     usage: Mapping[str, int] | None = None  # what asking this tier used (a model tier's is priced)
     votes: Mapping[str, str] | None = None  # with agreement: each tier's answer so far (the confidence is theirs)
     agreeing: tuple[str, ...] | None = None  # ... and the tiers whose answer this one is
+    next: str | None = None  # routed (policies/cascade_routing.py): the tier chosen after this step, or "stop"
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -170,6 +173,7 @@ class Step:
             **({"raw_confidence": _round(self.raw_confidence)} if self.raw_confidence is not None else {}),
             **({"escalation_p_right": _round(self.escalation)} if self.escalation is not None else {}),
             **({"votes": dict(self.votes), "agreeing": list(self.agreeing or ())} if self.votes is not None else {}),
+            **({"next": self.next} if self.next is not None else {}),
         }
 
 

@@ -182,6 +182,16 @@ class ModelTier(_Tier):
 Tier = Annotated[EncoderTier | ScorerTier | ModelTier, Field(discriminator="type")]
 
 
+class RoutingSpec(Strict):
+    """Route and cascade as one decision (``policies/cascade_routing.py``): the next tier is the one
+    whose answer is expected to add most to the votes' P(right) for its cost, until none is worth it."""
+
+    knob: _Positive = Field(description="P(right) given up per unit of the tiers' prices (their `prices`)")
+    agreement: dict[QuestionType, AgreementSpec] = Field(
+        min_length=1, description="per type routed: how far the votes are trusted (fitted on dev rows)"
+    )
+
+
 class Cascade(Strict):
     """Typed decisions: tier after tier until one is confident enough (``/v1/decide``)."""
 
@@ -217,3 +227,14 @@ class Cascade(Strict):
     shadow: ShadowSpec | None = Field(
         None, description="a sampled share of decisions kept below the last tier asked of the last tier too (quality)"
     )
+    routing: RoutingSpec | None = Field(
+        None,
+        description="the types it names are routed: each next tier chosen by its expected gain for its cost, not "
+        "in the listed order (tiers need `accuracy` and `prices`); none: tier after tier",
+    )
+
+    @model_validator(mode="after")
+    def _routing_reads_no_thresholds(self) -> Cascade:
+        if self.routing is not None and self.escalation_budget is not None:
+            raise ValueError("routing chooses tiers by expected gain, not by thresholds: escalation_budget moves none")
+        return self

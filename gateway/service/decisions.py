@@ -20,8 +20,9 @@ from gateway.service.context import Context
 from gateway.service.runtime import Runtime
 from gateway.service.tier_answers import ServeChat
 from gateway.state.stores import StoreDown
-from policies import cascade
+from policies import cascade, cascade_routing
 from policies.cascade import Decision, Gate, Judge, Question, Step
+from policies.cascade_routing import Routing
 from policies.errors import Forbidden, InvalidRequest, NotFound, TriageError
 from policies.fit import nothing_fits
 from policies.pool import Agreement
@@ -173,9 +174,16 @@ def gates(spec: Cascade, overrides: Overrides | None, judges: Mapping[str, Judge
             t.escalation_margin,
             accuracy=_by_type(t.accuracy),
             agreement={k: Agreement(**v.model_dump()) for k, v in t.agreement.items()},
+            per_call=t.prices.per_call,
+            per_1k_tokens=t.prices.per_1k_tokens,
         )
         for t in spec.tiers
     ]
+
+
+def routing(spec: Cascade) -> Routing | None:
+    r = spec.routing
+    return None if r is None else Routing(r.knob, {k: Agreement(**v.model_dump()) for k, v in r.agreement.items()})
 
 
 async def make(
@@ -256,7 +264,7 @@ async def _make(
         chosen = rt.budget.gates(chosen)
     budget = rt.budget if overrides is None and not shut else None  # a key's narrower cascade is not the policy's
     embedding = await tier_answers.question_embedding(rt, q, chosen)
-    gen = tracing.cascade(cascade.steps(q, chosen, spec.on_exhausted, embedding), q)  # spans, when traced
+    gen = tracing.cascade(cascade_routing.steps_for(q, chosen, spec.on_exhausted, embedding, routing(spec)), q)
     ask = next(gen)
     while True:
         reply = await tier_answers.answer(rt, by_name[ask.tier], ask, ctx, serve_chat, embedding)

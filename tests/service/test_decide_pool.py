@@ -17,7 +17,7 @@ from tests.service.test_decide import schema
 ACC = {"small": 0.6, "mid": 0.7, "top": 0.75}
 
 
-def policy(pool: str) -> str:
+def policy(pool: str, routing: str = "") -> str:
     def acc(tier: str) -> str:
         return f"{{choice: {ACC[tier]}, yes_no: {ACC[tier]}}}"
 
@@ -34,6 +34,7 @@ models:
 virtual_models:
   auto: {{type: cascade, open: smollm2}}
 cascade:
+  {routing}
   tiers:
     - {{name: small, type: scorer, backend: scorer, thresholds: {{choice: 1.0, yes_no: 1.0}}, accuracy: {acc("small")}}}
     - name: mid
@@ -114,3 +115,29 @@ def test_the_openai_surface_carries_the_votes(gateway: Callable[..., Gateway], l
     steps = reply.model_extra["triage"]["trace"]  # type: ignore[index]
     assert steps[1]["votes"]["small"] in ("yes", "no") and "agreeing" in steps[1]
     assert reply.choices[0].logprobs is not None  # the votes' probabilities are measured: returned
+
+
+@pytest.mark.engine
+def test_a_routed_pool_chooses_each_next_tier_and_says_so(
+    gateway: Callable[..., Gateway], llama_server: LlamaServer
+) -> None:
+    """``cascade.routing``: the tiers asked in the order of their worth (the scorer is free, the
+    others priced), each step naming the tier chosen after it, the last ``stop``."""
+    text = policy(llama_server.api_base, "routing: {knob: 2, agreement: {choice: {spread: 1}}}")
+    text = text.replace(
+        "      accuracy: {choice: 0.7,", "      prices: {per_call: 0.05}\n      accuracy: {choice: 0.7,"
+    )
+    text = text.replace("accuracy: {choice: 0.75", "prices: {per_call: 0.2}, accuracy: {choice: 0.75")
+    gw = gateway(text)
+    with gw.http() as http:
+        for body in QUESTIONS[3:]:
+            d = http.post("/v1/decide", json=body).json()
+            steps = d["trace"]
+            asked = [s["tier"] for s in steps]
+            assert asked[0] == "small" and len(set(asked)) == len(asked), d  # the free tier first, none twice
+            assert [s["next"] for s in steps] == [*asked[1:], "stop"]
+            assert [s["outcome"] for s in steps][-1] == "accepted" and d["tier"] == asked[-1]
+            top, p = by_hand(steps[-1]["votes"], body["options"])
+            assert (d["answer"], d["confidence"]) == (top, pytest.approx(p, abs=1e-5))
+        yes_no = http.post("/v1/decide", json=QUESTIONS[0]).json()  # a type not routed: tier after tier
+    assert [s["tier"] for s in yes_no["trace"]][:2] == ["small", "mid"] and "next" not in yes_no["trace"][0]
