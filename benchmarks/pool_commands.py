@@ -75,4 +75,24 @@ def pool_served(
     run(policy, router_policy, router, fit, routing, out)
 
 
-COMMANDS: dict[str, Callable[..., Any]] = {"pool": pool, "pool-served": pool_served}
+def pool_examples(
+    rows: Annotated[int, typer.Option(help="Test rows asked (a seeded sample), each twice.")] = 150,
+    k: Annotated[int, typer.Option(help="The most examples shown.")] = 3,
+    min_similarity: Annotated[float, typer.Option(help="The cosine similarity an example needs.")] = 0.5,
+    cascade_policy: Annotated[Path, typer.Option(help="The policy whose scorer tier is asked.")] = Path(
+        "policies/examples/cascade.yaml"
+    ),
+    router_policy: Annotated[Path, typer.Option(help="The policy with MMLU-Pro's labels.")] = Path(
+        "policies/examples/router_mmlu_pro.yaml"
+    ),
+    router: Annotated[str, typer.Option(help="Its routed model.")] = "mmlu-pro-29",
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-pool-examples.json"),
+) -> None:
+    """Issue 56, escalations that teach: the local scorer on MMLU-Pro test rows with and without the
+    nearest dev questions' top answers as solved examples (policies/memory.py)."""
+    from benchmarks.pool_examples import run
+
+    run(cascade_policy, router_policy, router, rows, k, min_similarity, out)
+
+
+COMMANDS: dict[str, Callable[..., Any]] = {"pool": pool, "pool-served": pool_served, "pool-examples": pool_examples}

@@ -136,6 +136,7 @@ class TierAnswer:
     usage: Mapping[str, int] | None = None
     model: str | None = None  # a model tier's: the policy model that answered (a routed tier's choice)
     assumed: bool = False  # the tier gave no probabilities: these are its `assumed_confidence`, not measured
+    examples: tuple[int, float] | None = None  # asked with remembered examples: how many, the nearest's similarity
 
 
 Outcome = Literal["accepted", "escalated", "failed", "skipped", "exhausted"]
@@ -158,6 +159,7 @@ class Step:
     votes: Mapping[str, str] | None = None  # with agreement: each tier's answer so far (the confidence is theirs)
     agreeing: tuple[str, ...] | None = None  # ... and the tiers whose answer this one is
     next: str | None = None  # routed (policies/cascade_routing.py): the tier chosen after this step, or "stop"
+    examples: tuple[int, float] | None = None  # asked with this many remembered examples, the nearest this close
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -174,6 +176,11 @@ class Step:
             **({"escalation_p_right": _round(self.escalation)} if self.escalation is not None else {}),
             **({"votes": dict(self.votes), "agreeing": list(self.agreeing or ())} if self.votes is not None else {}),
             **({"next": self.next} if self.next is not None else {}),
+            **(
+                {"examples": self.examples[0], "nearest_similarity": round(self.examples[1], 4)}
+                if self.examples is not None
+                else {}
+            ),
         }
 
 
@@ -364,7 +371,15 @@ def steps(
         if answer.skipped or answer.error is not None:
             outcome: Outcome = "skipped" if answer.skipped else "failed"
             trace.append(
-                Step(gate.name, outcome, answer.latency_ms, error=answer.error, model=answer.model, usage=answer.usage)
+                Step(
+                    gate.name,
+                    outcome,
+                    answer.latency_ms,
+                    error=answer.error,
+                    model=answer.model,
+                    usage=answer.usage,
+                    examples=answer.examples,
+                )
             )
             continue
         reading = read(q, gate, answer)
@@ -394,6 +409,7 @@ def steps(
                 escalation=p_after,
                 votes=None if votes is None else votes.answers,
                 agreeing=None if votes is None else votes.agreeing,
+                examples=answer.examples,
             )
         )
         if accepted:

@@ -119,6 +119,7 @@ def routed(q: Question, gates: Sequence[Gate], routing: Routing) -> Generator[As
                 usage=answer.usage,
                 votes={g.name: r.answer for g, r, _ in answered},
                 agreeing=v.agreeing,
+                examples=answer.examples,
             )
         )
     if not answered:

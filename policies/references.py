@@ -296,6 +296,10 @@ def _cascade_problems(policy: Policy) -> list[tuple[Loc, str]]:
             problems.append((("models", name, "backend"), f"backend '{spec.backend}' is a probe: it cannot generate"))
     if policy.cascade is None:
         return problems
+    if policy.cascade.memory is not None and policy.classifier is None:
+        problems.append(
+            (("cascade", "memory"), "the memory is keyed by the encoder's embedding: it needs a `classifier`")
+        )
     names: list[str] = []
     for i, tier in enumerate(policy.cascade.tiers):
         where: Loc = ("cascade", "tiers", i)

@@ -72,6 +72,11 @@ class _Tier(Strict):
         description="this tier's accuracy per type on dev rows: its answer's weight as a vote where a tier reads "
         "agreement (a type left out: no vote)",
     )
+    examples: bool = Field(
+        False,
+        description="with the cascade's `memory`: this tier is asked with the nearest questions the last tier "
+        "answered before, as solved examples in its prompt",
+    )
     agreement: dict[QuestionType, AgreementSpec] = Field(
         default_factory=dict,
         description="per type: this tier's answer and confidence are the votes of every tier that answered so far, "
@@ -182,6 +187,15 @@ class ModelTier(_Tier):
 Tier = Annotated[EncoderTier | ScorerTier | ModelTier, Field(discriminator="type")]
 
 
+class MemorySpec(Strict):
+    """The top tier's answers kept for the cheap tiers (``policies/memory.py``): escalations and shadow
+    checks, keyed by the encoder's embedding of the question (the policy needs a classifier)."""
+
+    size: int = Field(10000, ge=1, le=1_000_000, description="questions kept, the oldest out first (per process)")
+    examples: int = Field(3, ge=1, le=16, description="the most solved examples a tier with `examples` is given")
+    min_similarity: float = Field(0.6, ge=-1, le=1, description="cosine similarity an example needs at least")
+
+
 class RoutingSpec(Strict):
     """Route and cascade as one decision (``policies/cascade_routing.py``): the next tier is the one
     whose answer is expected to add most to the votes' P(right) for its cost, until none is worth it."""
@@ -227,6 +241,9 @@ class Cascade(Strict):
     shadow: ShadowSpec | None = Field(
         None, description="a sampled share of decisions kept below the last tier asked of the last tier too (quality)"
     )
+    memory: MemorySpec | None = Field(
+        None, description="keep the last tier's answers and give the nearest as examples to tiers with `examples`"
+    )
     routing: RoutingSpec | None = Field(
         None,
         description="the types it names are routed: each next tier chosen by its expected gain for its cost, not "
@@ -235,6 +252,10 @@ class Cascade(Strict):
 
     @model_validator(mode="after")
     def _routing_reads_no_thresholds(self) -> Cascade:
+        if self.memory is None and any(t.examples for t in self.tiers):
+            raise ValueError("a tier with examples needs the cascade's `memory` to draw them from")
+        if any(t.examples and t.type == "encoder" for t in self.tiers):
+            raise ValueError("the encoder tier reads no prompt: examples are for scorer and model tiers")
         if self.routing is not None and self.escalation_budget is not None:
             raise ValueError("routing chooses tiers by expected gain, not by thresholds: escalation_budget moves none")
         return self

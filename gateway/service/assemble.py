@@ -33,6 +33,7 @@ from policies import loader
 from policies.budget import EscalationBudget
 from policies.errors import NotReady, PolicyInvalid, TriageError
 from policies.fit import Fit
+from policies.memory import Memory
 from policies.schema import Policy, SplitModel
 from policies.secrets import MissingSecret, resolve_secret
 from policies.semantic_cache import Vector
@@ -174,6 +175,7 @@ async def build(
         serve=layered(policy, guards),
         guardrails=guards,
         noted=quality_layer.noted if watch is not None else None,
+        recall=_recall(policy, previous),
     )
 
 
@@ -433,3 +435,15 @@ def _budget(policy: Policy) -> EscalationBudget | None:
     if c is None or c.escalation_budget is None:
         return None
     return EscalationBudget(c.escalation_budget, c.budget_step, c.budget_max_shift, c.budget_floor, c.budget_window)
+
+
+def _recall(policy: Policy, previous: Runtime | None) -> Memory | None:
+    """The cascade's memory: the previous runtime's where its spec is unchanged (a reload keeps what
+    the last tier answered), else a new one."""
+    spec = policy.cascade.memory if policy.cascade is not None else None
+    if spec is None:
+        return None
+    old = previous.policy.cascade if previous is not None else None
+    if previous is not None and previous.recall is not None and old is not None and old.memory == spec:
+        return previous.recall
+    return Memory(spec.size)

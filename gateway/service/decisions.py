@@ -15,7 +15,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gateway.obs import tracing
-from gateway.service import tier_answers
+from gateway.service import recall, tier_answers
 from gateway.service.context import Context
 from gateway.service.runtime import Runtime
 from gateway.service.tier_answers import ServeChat
@@ -263,17 +263,20 @@ async def _make(
     if rt.budget is not None and overrides is None:  # a request's own thresholds are its own
         chosen = rt.budget.gates(chosen)
     budget = rt.budget if overrides is None and not shut else None  # a key's narrower cascade is not the policy's
-    embedding = await tier_answers.question_embedding(rt, q, chosen)
+    embedding = await tier_answers.question_embedding(rt, q, chosen, always=rt.recall is not None)
+    examples = recall.recall(rt.recall, spec, q, embedding)
     gen = tracing.cascade(cascade_routing.steps_for(q, chosen, spec.on_exhausted, embedding, routing(spec)), q)
     ask = next(gen)
     while True:
-        reply = await tier_answers.answer(rt, by_name[ask.tier], ask, ctx, serve_chat, embedding)
+        tier = by_name[ask.tier]
+        reply = await tier_answers.answer(rt, tier, recall.shown(tier, ask, examples), ctx, serve_chat, embedding)
         try:
-            ask = gen.send(reply)
+            ask = gen.send(recall.said(tier, reply, examples))
         except StopIteration as stop:
             decision: Decision = stop.value
             if budget is not None and decision.trace:
                 budget.observe(decision.trace[0])
+            recall.remember(rt.recall, spec, q, embedding, decision)
             return decision
         except cascade.CascadeExhausted as exc:
             if budget is not None and exc.trace:

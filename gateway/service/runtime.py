@@ -26,6 +26,7 @@ from policies import plans
 from policies.budget import EscalationBudget
 from policies.errors import Unauthorized
 from policies.fit import Fit
+from policies.memory import Memory
 from policies.schema import ApiKey, Policy, RoutedModel
 
 if TYPE_CHECKING:  # the rooms above the request core, named in its fields' types only
@@ -72,6 +73,7 @@ class Runtime:
     serve: Callable[..., Awaitable[Any]] | None = None
     noted: Callable[..., None] | None = None
     guardrails: Guardrails | None = None  # the policy's guardrails (the serve path's outer layer), and their tally
+    recall: Memory | None = None  # the cascade's memory of the last tier's answers (policy: cascade.memory)
     _reach: dict[tuple[str, ...], frozenset[str]] = field(default_factory=dict)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)  # work after an answer (cache writes)
 

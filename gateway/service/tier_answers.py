@@ -63,10 +63,12 @@ async def answer(
     return replace(result, latency_ms=ms())
 
 
-async def question_embedding(rt: Runtime, q: Question, gates: Sequence[Gate]) -> np.ndarray | None:
+async def question_embedding(
+    rt: Runtime, q: Question, gates: Sequence[Gate], always: bool = False
+) -> np.ndarray | None:
     """The question's embedding (context first, as the option scorer embeds it), where a learned
-    gate reads it; one encoder call, shared with the encoder tier."""
-    if rt.encoding is None or not any(g.judge is not None and g.judge.uses_embedding for g in gates):
+    gate reads it (or ``always``: the cascade's memory); one encoder call, shared with the encoder tier."""
+    if rt.encoding is None or not (always or any(g.judge is not None and g.judge.uses_embedding for g in gates)):
         return None
     return (await rt.encoding.batcher.embed(_question_text(q))).vector
 

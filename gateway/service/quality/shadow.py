@@ -71,7 +71,12 @@ def decided(rt: Runtime, w: watch.Watch, q: Question, d: Decision, ctx: Context,
         )
         if answer.error is not None or answer.skipped:
             raise RuntimeError(answer.error or "the top tier cannot take the question")
-        return read(q, gate, answer).answer, quotas.price(rt, answer.model, answer.usage)
+        said = read(q, gate, answer).answer
+        if rt.recall is not None and not q.numeric:  # the cheap tiers learn from the check too
+            embedding = await tier_answers.question_embedding(rt, q, (), always=True)
+            if embedding is not None:
+                rt.recall.add(embedding, q, said)
+        return said, quotas.price(rt, answer.model, answer.usage)
 
     async def same(a: str, b: str) -> bool:
         return a == b
