@@ -183,3 +183,41 @@ def test_triage_eval_fits_each_tiers_accuracy_and_the_agreement_on_dev_rows() ->
     conf = np.array([gate_confidence(tiers, 1, r, tiers[1].reading(r)) for r in dev])
     agree = np.array([tiers[0].reading(r).answer == tiers[1].reading(r).answer for r in dev])
     assert conf[agree].mean() > conf[~agree].mean() + 0.15  # agreeing answers are surer
+
+
+def test_the_eval_fit_and_its_patch_carry_the_agreement(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``triage eval``'s fit (eval/cascade_report.fit) fits the accuracies and agreement before the
+    thresholds, and ``--patch`` prints them as the policy's fields, which the policy takes back."""
+    from eval.cascade_eval import TierSpec
+    from eval.cascade_report import fit, policy_patch
+    from eval.tier_outputs import Row
+
+    rng = np.random.default_rng(3)
+    options = tuple("abcd")
+    dev = [
+        Row(f"r{i}", "set", "dev", Question("choice", f"q{i}", options), options[rng.integers(4)], None)
+        for i in range(400)
+    ]
+    tiers = []
+    for name, a in (("small", 0.5), ("top", 0.85)):
+        picks = [options.index(r.answer) if rng.random() < a else int(rng.integers(4)) for r in dev]
+        tiers.append(TierSpec(name, "model", {r.id: said(p, 4) for r, p in zip(dev, picks, strict=True)}))
+    for t in tiers:
+        t.agreement["choice"] = Agreement(own_temper=0.0)
+    fit(tiers, dev, 0.0, None, None)
+    assert 0.5 < tiers[0].accuracy["choice"] < tiers[1].accuracy["choice"]
+    assert "choice" in tiers[0].thresholds  # fitted on the votes' confidence
+    patch = policy_patch(tmp_path / "p.yaml", tiers, [], len(dev))
+    assert "      accuracy: {choice: " in patch and "      agreement:\n        choice: {temper: " in patch
+    merged = patch.split("cascade:\n", 1)[1].replace(
+        "    - name: small\n", "    - name: small\n      type: model\n      model: m\n"
+    )
+    merged = merged.replace("    - name: top\n", "    - name: top\n      type: model\n      model: m\n")
+    pol = loader.parse(
+        'version: 1\nbackends: {b: {type: openai, replicas: [{api_base: "http://127.0.0.1:9/v1"}]}}\n'
+        "models: {m: {backend: b}}\ncascade:\n" + merged
+    )
+    assert (
+        pol.cascade is not None
+        and pol.cascade.tiers[1].agreement["choice"].temper == tiers[1].agreement["choice"].temper
+    )
