@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -180,12 +181,14 @@ def test_triage_eval_fits_each_tiers_accuracy_and_the_agreement_on_dev_rows() ->
         assert t.accuracy["choice"] == pytest.approx(expected, abs=0.06), t.name
     fitted = tiers[1].agreement["choice"]
     assert fitted.own_temper == 0.5 and "choice" not in tiers[2].agreement
-    conf = np.array([gate_confidence(tiers, 1, r, tiers[1].reading(r)) for r in dev])
-    agree = np.array([tiers[0].reading(r).answer == tiers[1].reading(r).answer for r in dev])
+    small, mid = ([rd for r in dev if (rd := t.reading(r)) is not None] for t in tiers[:2])
+    assert len(small) == len(mid) == rows  # every tier answered every row
+    conf = np.array([gate_confidence(tiers, 1, r, rd) for r, rd in zip(dev, mid, strict=True)])
+    agree = np.array([a.answer == b.answer for a, b in zip(small, mid, strict=True)])
     assert conf[agree].mean() > conf[~agree].mean() + 0.15  # agreeing answers are surer
 
 
-def test_the_eval_fit_and_its_patch_carry_the_agreement(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_eval_fit_and_its_patch_carry_the_agreement(tmp_path: Path) -> None:
     """``triage eval``'s fit (eval/cascade_report.fit) fits the accuracies and agreement before the
     thresholds, and ``--patch`` prints them as the policy's fields, which the policy takes back."""
     from eval.cascade_eval import TierSpec
