@@ -87,12 +87,33 @@ def pool_examples(
     ),
     router: Annotated[str, typer.Option(help="Its routed model.")] = "mmlu-pro-29",
     out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-pool-examples.json"),
+    threads: Annotated[int | None, typer.Option(help="The scorer's threads (default: the policy's).")] = None,
 ) -> None:
     """Issue 56, escalations that teach: the local scorer on MMLU-Pro test rows with and without the
     nearest dev questions' top answers as solved examples (policies/memory.py)."""
     from benchmarks.pool_examples import run
 
-    run(cascade_policy, router_policy, router, rows, k, min_similarity, out)
+    run(cascade_policy, router_policy, router, rows, k, min_similarity, out, threads)
 
 
-COMMANDS: dict[str, Callable[..., Any]] = {"pool": pool, "pool-served": pool_served, "pool-examples": pool_examples}
+def pool_chains(
+    cheap: Annotated[int, typer.Option(help="The most accurate cheap models whose orders are tried.")] = 7,
+    share: Annotated[float, typer.Option(help="A cheap model's cost at most this share of the strongest's.")] = 0.15,
+    policy: Annotated[Path, typer.Option(help="The policy with the 29 models' prices.")] = Path(
+        "policies/examples/router_mmlu_pro.yaml"
+    ),
+    router: Annotated[str, typer.Option(help="Its routed model.")] = "mmlu-pro-29",
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-pool-chains.json"),
+) -> None:
+    """Issue 56: chains of up to three cheap models before the strongest, with agreement, chosen on dev rows."""
+    from benchmarks.pool_chains import run
+
+    run(policy, router, cheap, share, out)
+
+
+COMMANDS: dict[str, Callable[..., Any]] = {
+    "pool": pool,
+    "pool-served": pool_served,
+    "pool-examples": pool_examples,
+    "pool-chains": pool_chains,
+}

@@ -47,7 +47,14 @@ def _paired(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 
 
 def run(
-    cascade_policy: Path, router_policy: Path, router: str, rows: int, k: int, min_similarity: float, out: Path
+    cascade_policy: Path,
+    router_policy: Path,
+    router: str,
+    rows: int,
+    k: int,
+    min_similarity: float,
+    out: Path,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     console = Console(highlight=False)
     started = time.perf_counter()
@@ -68,6 +75,9 @@ def run(
     policy = load(cascade_policy)
     assert policy.cascade is not None
     tier = next(t for t in policy.cascade.tiers if isinstance(t, ScorerTier))
+    if threads is not None:  # the scorer's threads for this run (the policy's are for a shared machine)
+        backend = policy.backends[tier.backend].model_copy(update={"n_threads": threads})
+        policy = policy.model_copy(update={"backends": {**policy.backends, tier.backend: backend}})
     compute = scorer(policy, tier)
     plain_ok, shown_ok, plain_top, shown_top, shown_n, nearest = [], [], [], [], [], []
     seconds = {"plain": 0.0, "examples": 0.0}
@@ -114,6 +124,7 @@ def run(
         "difference_nearest_at_least_0.8": _paired(p_ok[close], s_ok[close])[0] if close.sum() > 1 else None,
         "seconds_per_question": {kk: v / len(pick) for kk, v in seconds.items()},
         "seconds": round(time.perf_counter() - started, 1),
+        "scorer_threads": threads,
     }
     console.print(
         f"{report['rows']} MMLU-Pro test rows, the lettered 1.5B scorer: plain {report['plain_accuracy']:.3f}, with "
