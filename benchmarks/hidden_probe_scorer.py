@@ -9,8 +9,10 @@ import ctypes
 import json
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -180,17 +182,23 @@ class LayerStates:
     max_abs_prob_diff: float  # against the cached probabilities (0 when from the same decode)
 
 
-def _load_layers(path: Path, key: str) -> dict[str, LayerStates]:
-    done: dict[str, LayerStates] = {}
+def _keyed(path: Path, key: str) -> Iterator[dict[str, Any]]:
+    """The cache file's lines written under ``key``, without it (a line cut short by an interruption
+    is skipped)."""
     if not path.is_file():
-        return done
+        return
     for line in path.read_text().splitlines():
         try:
             doc = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if doc.get("key") != key:
-            continue
+        if doc.pop("key", None) == key:
+            yield doc
+
+
+def _load_layers(path: Path, key: str) -> dict[str, LayerStates]:
+    done: dict[str, LayerStates] = {}
+    for doc in _keyed(path, key):
         k = f"{doc['split']}:{doc['id']}"
         states = {int(il): _unb64(v) for il, v in doc["layers"].items()}
         if k in done:  # a later pass with other layers: merged
@@ -218,14 +226,8 @@ def layer_row(scorer: ProbedScorer, row: Row, cached: Outcome) -> LayerStates:
 
 def _load_cache(path: Path, key: str) -> dict[str, Outcome]:
     done: dict[str, Outcome] = {}
-    if not path.is_file():
-        return done
-    for line in path.read_text().splitlines():
-        try:
-            doc = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by an interruption
-        if doc.pop("key", None) == key and "skipped" not in doc:
+    for doc in _keyed(path, key):
+        if "skipped" not in doc:
             o = Outcome.from_json(doc)
             done[f"{o.split}:{o.id}"] = o
     return done

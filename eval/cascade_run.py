@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from eval.cascade_eval import TierSpec
 from eval.tier_outputs import Row, TierCache
 from eval.tier_runs import Compute
-from policies.pool import Agreement
 from policies.schema import Policy
 from policies.tiers import EncoderTier, ModelTier, ScorerTier, Tier
 
@@ -204,7 +203,7 @@ def spec_of(tier: Tier, outputs: dict[str, Any]) -> TierSpec:
         task_thresholds=dict(tier.task_thresholds),
         orders=tier.orders if isinstance(tier, ScorerTier) else 1,
         accuracy=dict(tier.accuracy.items()),
-        agreement={k: Agreement(**v.model_dump()) for k, v in tier.agreement.items()},
+        agreement={k: v.rule() for k, v in tier.agreement.items()},
     )
 
 

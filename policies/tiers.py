@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from policies.pool import Agreement
 from policies.quality import ShadowSpec
 from policies.strict import Strict
 
@@ -41,6 +42,10 @@ class AgreementSpec(Strict):
         le=4,
         description="the weight of each tier's own measured log-probabilities beside its vote (0: none)",
     )
+
+    def rule(self) -> Agreement:
+        """The numbers as the cascade reads them (:class:`policies.pool.Agreement`)."""
+        return Agreement(self.temper, self.own_temper, self.a, self.b, self.spread)
 
 
 class _Tier(Strict):

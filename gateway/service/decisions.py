@@ -25,7 +25,6 @@ from policies.cascade import Decision, Gate, Judge, Question, Step
 from policies.cascade_routing import Routing
 from policies.errors import Forbidden, InvalidRequest, NotFound, TriageError
 from policies.fit import nothing_fits
-from policies.pool import Agreement
 from policies.schema import ApiKey
 from policies.tiers import Cascade, ModelTier, QuestionType
 
@@ -173,7 +172,7 @@ def gates(spec: Cascade, overrides: Overrides | None, judges: Mapping[str, Judge
             t.task_temperature,
             t.escalation_margin,
             accuracy=_by_type(t.accuracy),
-            agreement={k: Agreement(**v.model_dump()) for k, v in t.agreement.items()},
+            agreement={k: v.rule() for k, v in t.agreement.items()},
             per_call=t.prices.per_call,
             per_1k_tokens=t.prices.per_1k_tokens,
         )
@@ -183,7 +182,7 @@ def gates(spec: Cascade, overrides: Overrides | None, judges: Mapping[str, Judge
 
 def routing(spec: Cascade) -> Routing | None:
     r = spec.routing
-    return None if r is None else Routing(r.knob, {k: Agreement(**v.model_dump()) for k, v in r.agreement.items()})
+    return None if r is None else Routing(r.knob, {k: v.rule() for k, v in r.agreement.items()})
 
 
 async def make(

@@ -75,7 +75,6 @@ QUESTIONS = [
 @pytest.mark.engine
 def test_a_pool_keeps_an_answer_its_tiers_agree_on(gateway: Callable[..., Gateway], llama_server: LlamaServer) -> None:
     gw = gateway(policy(llama_server.api_base))
-    kept, escalated = 0, 0
     with gw.http() as http:
         for body in QUESTIONS:
             r = http.post("/v1/decide", json=body)
@@ -91,17 +90,14 @@ def test_a_pool_keeps_an_answer_its_tiers_agree_on(gateway: Callable[..., Gatewa
             assert mid["agreeing"] == [t for t, a in votes.items() if a == top]
             assert "probabilities" not in mid  # not "assumed": the votes' P(right), fitted
             if p >= 0.7:
-                kept += 1
                 assert votes["small"] == votes["mid"]  # one vote alone is at most 0.7 / 0.75 short of it
                 assert (d["tier"], mid["outcome"], len(d["trace"])) == ("mid", "accepted", 2)
             else:
-                escalated += 1
                 assert mid["outcome"] == "escalated" and d["tier"] == "top", d
                 last = d["trace"][2]
                 assert set(last["votes"]) == {"small", "mid", "top"}
                 assert (d["answer"], last["confidence"]) == pytest.approx(by_hand(last["votes"], options), abs=1e-5)
             assert d["probabilities_measured"] is True
-    assert kept + escalated == len(QUESTIONS), (kept, escalated)
 
 
 @pytest.mark.engine
