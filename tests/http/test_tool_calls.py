@@ -289,6 +289,7 @@ def test_messages_tool_use_whole_streamed_and_a_second_turn(gw: Gateway) -> None
             model="engine",
             system=SYSTEM,
             max_tokens=MAX,
+            extra_body={"temperature": 0},  # the SDK (2.x) dropped the argument; the API still takes it
             messages=asked,
             tools=[MESSAGES_TOOL],
             tool_choice=named,
@@ -301,6 +302,7 @@ def test_messages_tool_use_whole_streamed_and_a_second_turn(gw: Gateway) -> None
             model="engine",
             system=SYSTEM,
             max_tokens=MAX,
+            extra_body={"temperature": 0},  # the SDK (2.x) dropped the argument; the API still takes it
             messages=asked,
             tools=[MESSAGES_TOOL],
             tool_choice=named,
@@ -323,6 +325,7 @@ def test_messages_tool_use_whole_streamed_and_a_second_turn(gw: Gateway) -> None
             model="engine",
             system=SYSTEM,
             max_tokens=TEXT,
+            extra_body={"temperature": 0},  # the SDK (2.x) dropped the argument; the API still takes it
             messages=[*asked, turn, result],
             tools=[MESSAGES_TOOL],
             tool_choice={"type": "none"},
@@ -359,6 +362,7 @@ def test_a_required_tool_choice_where_the_engine_takes_it(gw: Gateway, engine: E
                 model="engine",
                 system=SYSTEM,
                 max_tokens=MAX,
+                extra_body={"temperature": 0},
                 messages=[{"role": "user", "content": QUESTION}],
                 tools=[MESSAGES_TOOL],
                 tool_choice={"type": "any"},
