@@ -18,8 +18,9 @@ escalates first the rows with the highest score:
 
 Fits on the pooled dev rows (standardised logistic regression, C by 5-fold CV AUROC, as the
 hidden-probe bench), figures on the test rows: per order the curve of accuracy against the share
-escalated, its APGR (the area under the share of the gap to the top closed, the best reached at or
-under each share as the router's APGR counts it: a random order scores about 0.5), the share
+escalated, its APGR, CPT(50%) and CPT(80%) as RouteLLM defines them (``eval/anchors.py``: the mean
+share of the gap to the top closed over the shares, no best-so-far envelope; a random order scores
+about 0.5), the share
 escalated for 97% of always-top accuracy, and standard errors of each APGR's difference from
 ``own``'s over 1,000 paired resamples of the test rows (the probes are not refitted per resample,
 so they understate the fits' own variance).
@@ -39,6 +40,7 @@ from benchmarks.hidden_probe_scorer import _load_cache, _typed_path
 from benchmarks.hidden_probe_stats import Outcome, _features, fit_probe
 from benchmarks.meters import cpu_kind
 from benchmarks.report import save
+from eval import anchors
 from eval.tier_outputs import Row, read_jsonl, typed_rows
 
 TOPS = {"mmlu_pro": "gemini-1.5-pro-002", "mmlu_redux": "gpt-4-1106-preview"}
@@ -76,13 +78,15 @@ def curve(score: np.ndarray, local: np.ndarray, top: np.ndarray) -> np.ndarray:
 
 
 def measures(acc: np.ndarray, local: float, top: float) -> dict[str, float | None]:
-    """APGR (None where the top is not the better tier), the share escalated for 97% of the top's
-    accuracy, and the accuracy at half escalated."""
-    gap = top - local
-    pgr = (acc - local) / gap if gap > 0 else None
+    """RouteLLM's APGR, CPT(50%) and CPT(80%) of the curve (:mod:`eval.anchors`, the escalated share
+    as the cost axis; None where the top is not the better tier), the share escalated for 97% of the
+    top's accuracy, and the accuracy at half escalated."""
     reach = np.flatnonzero(acc >= TARGET * top - 1e-12)
+    got = anchors.apgr(SHARES, acc, float(local), float(top))
     return {
-        "apgr": None if pgr is None else float(np.trapezoid(np.maximum.accumulate(pgr), SHARES)),
+        "apgr": None if got is None else float(got),
+        "cpt_50": anchors.cpt(SHARES, acc, float(local), float(top), 0.5),
+        "cpt_80": anchors.cpt(SHARES, acc, float(local), float(top), 0.8),
         "share_for_97pct_of_top": float(SHARES[reach[0]]) if reach.size else None,
         "accuracy_at_50pct": float(acc[50]),
     }
@@ -181,10 +185,22 @@ def _print(console: Console, res: dict[str, Any]) -> None:
         title=f"scorer -> top on {res['test_rows']} test rows (fitted on {res['dev_rows']} dev rows): scorer "
         f"{p['scorer_accuracy']:.3f}, top {p['top_accuracy']:.3f}"
     )
-    for col in ("order", "APGR (SE of minus own)", "escalated for 97% of top", "accuracy at 50%"):
+    for col in (
+        "order",
+        "APGR (SE of minus own)",
+        "CPT(50%)",
+        "CPT(80%)",
+        "escalated for 97% of top",
+        "accuracy at 50%",
+    ):
         t.add_column(col)
     for k, m in res["orders"].items():
         t.add_row(
-            k, f"{_f(m['apgr'])} ({_f(m['apgr_diff_se'])})", _f(m["share_for_97pct_of_top"]), _f(m["accuracy_at_50pct"])
+            k,
+            f"{_f(m['apgr'])} ({_f(m['apgr_diff_se'])})",
+            _f(m["cpt_50"]),
+            _f(m["cpt_80"]),
+            _f(m["share_for_97pct_of_top"]),
+            _f(m["accuracy_at_50pct"]),
         )
     console.print(t)
