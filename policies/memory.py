@@ -1,7 +1,7 @@
 """The cascade's memory of escalations (issue 56, Inter-Cascade's lever): the top tier's answers to
 typed questions, kept in a bounded ring keyed by the encoder's embedding, and given back to a cheap
 tier as solved examples in its prompt when a new question is close to them. Pure (numpy only);
-one per process (not shared by the fleet).
+one per gateway, kept in step across a fleet by ``gateway/state/memory_redis.py``.
 
 A question is remembered when the cascade's last tier answered it (an escalation) or a shadow check
 asked the last tier of it; the same question again (type, text, options, context) replaces its

@@ -196,9 +196,14 @@ class MemorySpec(Strict):
     """The top tier's answers kept for the cheap tiers (``policies/memory.py``): escalations and shadow
     checks, keyed by the encoder's embedding of the question (the policy needs a classifier)."""
 
-    size: int = Field(10000, ge=1, le=1_000_000, description="questions kept, the oldest out first (per process)")
+    size: int = Field(10000, ge=1, le=1_000_000, description="questions kept, the oldest out first (per gateway)")
     examples: int = Field(3, ge=1, le=16, description="the most solved examples a tier with `examples` is given")
     min_similarity: float = Field(0.6, ge=-1, le=1, description="cosine similarity an example needs at least")
+    shared: bool = Field(
+        True,
+        description="where the state store is Redis (`state.store: redis`), every gateway's answers are "
+        "shared through it (gateway/state/memory_redis.py); else each gateway keeps its own",
+    )
 
 
 class RoutingSpec(Strict):

@@ -151,6 +151,7 @@ async def build(
     hashes, operators, keyring = _keyring(policy, keys, store, admin)
     responses = await assemble_state.responses_for(policy, previous, store, opened.close) if engines else None
     crash_guard.guard().log_content = policy.logging.log_prompts  # the engines' crash logs
+    recall = _recall(policy, previous)
     return Runtime(
         policy,
         backends,
@@ -175,7 +176,8 @@ async def build(
         serve=layered(policy, guards),
         guardrails=guards,
         noted=quality_layer.noted if watch is not None else None,
-        recall=_recall(policy, previous),
+        recall=recall,
+        memory_feed=assemble_state.memory_feed_for(policy, previous, store, recall),
     )
 
 

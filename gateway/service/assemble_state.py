@@ -1,6 +1,6 @@
 """The fleet's state a runtime opens (:func:`gateway.service.assemble.build`): the state store, the
-stored Responses (PostgreSQL or Redis) and the console's shared ring, each the previous runtime's
-while the policy's settings for it are unchanged."""
+stored Responses (PostgreSQL or Redis), the console's shared ring and the cascade's shared memory,
+each the previous runtime's while the policy's settings for it are unchanged."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from typing import TYPE_CHECKING
 import structlog
 
 from gateway.service.keys.keyring import as_key
+from gateway.state.memory_redis import MemoryFeed
 from gateway.state.recent_redis import RecentFeed
 from gateway.state.responses import Responses
 from gateway.state.responses_redis import RedisResponses
 from gateway.state.stores import RedisStore, Store, StoreDown, open_store
 from policies.errors import PolicyInvalid
+from policies.memory import Memory
 from policies.schema import Policy
 
 if TYPE_CHECKING:
@@ -91,3 +93,23 @@ def recent_for(policy: Policy, previous: Runtime | None, store: Store) -> Recent
         return RecentFeed(store, policy.console.recent)
     feed.size = policy.console.recent
     return feed
+
+
+def memory_feed_for(policy: Policy, previous: Runtime | None, store: Store, memory: Memory | None) -> MemoryFeed | None:
+    """The cascade's memory shared by the fleet, where the state is (Redis) and the memory
+    ``shared``: the previous runtime's while it feeds the same ring through the same store."""
+    spec = policy.cascade.memory if policy.cascade is not None else None
+    if memory is None or spec is None or not spec.shared or policy.classifier is None:
+        return None
+    if not isinstance(store, RedisStore):
+        return None
+    layers = policy.classifier.encoder.layers
+    old = previous.memory_feed if previous is not None else None
+    if (
+        old is not None
+        and old.store is store
+        and old.memory is memory
+        and old.key == store.key("memory", f"layers-{layers}")
+    ):
+        return old
+    return MemoryFeed(store, memory, layers)

@@ -263,7 +263,7 @@ async def _make(
         chosen = rt.budget.gates(chosen)
     budget = rt.budget if overrides is None and not shut else None  # a key's narrower cascade is not the policy's
     embedding = await tier_answers.question_embedding(rt, q, chosen, always=rt.recall is not None)
-    examples = recall.recall(rt.recall, spec, q, embedding)
+    examples = recall.recall(rt.recall, spec, q, embedding, rt.memory_feed)
     gen = tracing.cascade(cascade_routing.steps_for(q, chosen, spec.on_exhausted, embedding, routing(spec)), q)
     ask = next(gen)
     while True:
@@ -275,7 +275,7 @@ async def _make(
             decision: Decision = stop.value
             if budget is not None and decision.trace:
                 budget.observe(decision.trace[0])
-            recall.remember(rt.recall, spec, q, embedding, decision)
+            recall.remember(rt.recall, spec, q, embedding, decision, rt.memory_feed)
             return decision
         except cascade.CascadeExhausted as exc:
             if budget is not None and exc.trace:

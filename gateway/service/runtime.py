@@ -19,6 +19,7 @@ import structlog
 
 from backends.base import Backend
 from backends.engine_handle import EngineHandle
+from gateway.state.memory_redis import MemoryFeed
 from gateway.state.recent_redis import RecentFeed
 from gateway.state.responses import Responses
 from gateway.state.stores import MemoryStore, Store
@@ -74,6 +75,7 @@ class Runtime:
     noted: Callable[..., None] | None = None
     guardrails: Guardrails | None = None  # the policy's guardrails (the serve path's outer layer), and their tally
     recall: Memory | None = None  # the cascade's memory of the last tier's answers (policy: cascade.memory)
+    memory_feed: MemoryFeed | None = None  # ... shared by the fleet (state.store: redis, cascade.memory.shared)
     _reach: dict[tuple[str, ...], frozenset[str]] = field(default_factory=dict)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)  # work after an answer (cache writes)
 
@@ -177,7 +179,7 @@ class RuntimeHolder:
         self.current = runtime
         self._retired: list[Runtime] = []
         # by id: objects of retired runtimes
-        self._pending: dict[int, Backend | Encoding | Store | Watch | Responses | RecentFeed] = {}
+        self._pending: dict[int, Backend | Encoding | Store | Watch | Responses | RecentFeed | MemoryFeed] = {}
         self._later: set[asyncio.Task[None]] = set()  # work after an answer (spend records): awaited at close
 
     def later(self, work: Coroutine[Any, Any, None]) -> None:
@@ -200,8 +202,16 @@ class RuntimeHolder:
         old, self.current = self.current, new
         old.retired = True
         self._retired.append(old)
-        # the fleet's ring before the store: its last write goes through the store's client
-        for obj in (*old.backends.values(), old.encoding, old.recent, old.store, old.watch, old.responses):
+        # the fleet's ring and memory before the store: their last writes go through the store's client
+        for obj in (
+            *old.backends.values(),
+            old.encoding,
+            old.recent,
+            old.memory_feed,
+            old.store,
+            old.watch,
+            old.responses,
+        ):
             if obj is not None:
                 self._pending[id(obj)] = obj
         await self._collect()
@@ -214,8 +224,9 @@ class RuntimeHolder:
             await backend.close()
         if self.current.encoding is not None:
             await self.current.encoding.close()
-        if self.current.recent is not None:
-            await self.current.recent.close()  # before the store: its last write goes through the store's client
+        for feed in (self.current.recent, self.current.memory_feed):
+            if feed is not None:
+                await feed.close()  # before the store: its last write goes through the store's client
         await self.current.store.close()
         if self.current.watch is not None:
             await self.current.watch.close()
@@ -227,7 +238,7 @@ class RuntimeHolder:
         live = {
             id(obj)
             for rt in (self.current, *self._retired)
-            for obj in (*rt.backends.values(), rt.encoding, rt.store, rt.watch, rt.responses, rt.recent)
+            for obj in (*rt.backends.values(), rt.encoding, rt.store, rt.watch, rt.responses, rt.recent, rt.memory_feed)
             if obj is not None
         }
         closing = [obj for key, obj in self._pending.items() if key not in live]

@@ -3,12 +3,13 @@ kept across restarts: a bounded list of each answered request's summary (``gatew
 summary``: id, time, surface, model, what answered, status, latency, cost, key name, and a prompt's
 prefix only where the policy logs prompts), newest first, at most ``console.recent`` of them.
 
-Written off the request's path: :meth:`RecentFeed.push` only appends to a bounded buffer, and one
-task per gateway drains it every ``flush_s`` in one round trip (``LPUSH`` of the batch, ``LTRIM``
-to the bound, the fleet's count ``INCRBY``), so a request never waits on Redis. A write that fails
-(Redis down or slow) is logged once per outage and counted (``failed``), its summaries dropped:
-the ring is a view, and the gateway's own ring (``gateway.obs.recent``) still has them. A buffer
-full while Redis is slow drops the newest (``dropped``).
+Written off the request's path (``gateway/state/buffered.py``): :meth:`RecentFeed.push` only
+appends to a bounded buffer, and one task per gateway drains it every ``flush_s`` in one round
+trip (``LPUSH`` of the batch, ``LTRIM`` to the bound, the fleet's count ``INCRBY``), so a request
+never waits on Redis. A write that fails (Redis down or slow) is logged once per outage and
+counted (``failed``), its summaries dropped: the ring is a view, and the gateway's own ring
+(``gateway.obs.recent``) still has them. A buffer full while Redis is slow drops the newest
+(``dropped``).
 
 Read by the console's traffic and request pages (:meth:`latest`, :meth:`since`, :meth:`find`),
 each read a :class:`StoreDown` when Redis fails (the console then shows this process's ring).
@@ -16,57 +17,35 @@ each read a :class:`StoreDown` when Redis fails (the console then shows this pro
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections import deque
 from typing import Any
 
 import orjson
 import structlog
 
+from gateway.state.buffered import Buffered
 from gateway.state.stores import RedisStore, StoreDown
 
 log = structlog.get_logger("triage.state")
 Summary = dict[str, Any]
 CHUNK = 500  # entries read at once when scanning back in time
-MOST_PENDING = 10_000  # summaries waiting for Redis at most (a slow Redis drops the newest beyond)
-CLOSE_WAIT_S = 5.0  # at close, the last write's time at most
 
 
-class RecentFeed:
+class RecentFeed(Buffered[Summary]):
     def __init__(self, store: RedisStore, size: int = 2000, flush_s: float = 0.2) -> None:
+        super().__init__(flush_s, "recent-feed")
         self.store = store
         self.size = size
-        self.flush_s = flush_s
         self.key = store.key("recent")
         self.total_key = store.key("recent-total")
-        self._pending: deque[Summary] = deque()
-        self._task: asyncio.Task[None] | None = None
         self.written = 0  # summaries written to Redis by this gateway
         self.failed = 0  # summaries dropped because a write failed
-        self.dropped = 0  # summaries dropped because the buffer was full
         self._down = False  # the last write failed (logged once per outage)
 
     def push(self, item: Summary) -> None:
         """Keep ``item`` (one request's summary) for the next write; never waits."""
-        if len(self._pending) >= MOST_PENDING:
-            self.dropped += 1
-            return
-        self._pending.append(item)
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._drain(), name="recent-feed")
+        self.buffer(item)
 
-    async def _drain(self) -> None:
-        try:
-            while self._pending:
-                await asyncio.sleep(self.flush_s)
-                batch = list(self._pending)
-                self._pending.clear()
-                await self._write(batch)
-        finally:
-            self._task = None
-
-    async def _write(self, batch: list[Summary]) -> None:
+    async def write(self, batch: list[Summary]) -> None:
         pipe = self.store.redis.pipeline(transaction=False)  # one round trip; another's LTRIM bounds it too
         pipe.lpush(self.key, *(orjson.dumps(s) for s in batch))
         pipe.ltrim(self.key, 0, self.size - 1)
@@ -86,11 +65,7 @@ class RecentFeed:
 
     async def close(self) -> None:
         """What is buffered written (at most one round), then the drain stopped."""
-        task = self._task
-        if task is not None:
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(task), self.flush_s + CLOSE_WAIT_S)
-            task.cancel()
+        await self.flushed()
 
     async def latest(self, n: int) -> list[Summary]:
         """The ``n`` latest of the fleet, newest first."""

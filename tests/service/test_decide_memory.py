@@ -1,10 +1,12 @@
 """The memory of escalations served (issue 56): a question the last tier answered is remembered
 (keyed by the encoder's embedding), and a close question after it reaches the scorer tier with it
 as a solved example, the trace saying how many and how close; a tier without ``examples`` is
-asked as before, and a policy whose memory has no encoder is refused."""
+asked as before; two gateways on one Redis share what their last tiers answered; and a policy
+whose memory has no encoder is refused."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -65,6 +67,25 @@ def test_an_escalated_answer_comes_back_as_an_example(
     with plain.http() as http:
         http.post("/v1/decide", json=FIRST)
         assert "examples" not in http.post("/v1/decide", json=CLOSE).json()["trace"][0]
+
+
+@pytest.mark.engine
+def test_two_gateways_on_one_redis_share_their_memory(
+    gateway: Callable[..., Gateway], trained_heads: Path, llama_server: LlamaServer, redis_url: str
+) -> None:
+    state = f'state: {{store: redis, url: "{redis_url}", prefix: shared-memory}}\n'
+    a = gateway(policy(trained_heads, llama_server.api_base) + state)
+    b = gateway(policy(trained_heads, llama_server.api_base) + state)
+    with a.http() as http:
+        assert http.post("/v1/decide", json=FIRST).json()["tier"] == "top"  # remembered by a, shared
+    with b.http() as http:
+        assert "examples" not in http.post("/v1/decide", json=FAR).json()["trace"][0]  # starts b's read
+        for _ in range(20):  # the read is never waited on: it serves the next questions
+            step = http.post("/v1/decide", json=CLOSE).json()["trace"][0]
+            if "examples" in step:
+                break
+            time.sleep(0.5)
+        assert step["examples"] == 1 and step["nearest_similarity"] >= 0.5, step  # a's answer (never itself)
 
 
 def test_a_memory_needs_an_encoder_and_examples_need_a_memory() -> None:

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from backends.base import Body, Kind
-from gateway.service import decisions, pipeline, tier_answers
+from gateway.service import decisions, pipeline, recall, tier_answers
 from gateway.service import job as jobs
 from gateway.service.cache import response as response_cache
 from gateway.service.cache import semantic as semantic_cache
@@ -75,7 +75,7 @@ def decided(rt: Runtime, w: watch.Watch, q: Question, d: Decision, ctx: Context,
         if rt.recall is not None and not q.numeric:  # the cheap tiers learn from the check too
             embedding = await tier_answers.question_embedding(rt, q, (), always=True)
             if embedding is not None:
-                rt.recall.add(embedding, q, said)
+                recall.keep(rt.recall, rt.memory_feed, embedding, q, said)
         return said, quotas.price(rt, answer.model, answer.usage)
 
     async def same(a: str, b: str) -> bool:
