@@ -154,6 +154,7 @@ async def _start(app: FastAPI, settings: Settings, traces: tracing.Tracing) -> _
     metrics.watch_budget(lambda: holder.current.budget)
     metrics.watch_quality(lambda: holder.current.watch)
     metrics.watch_guardrails(lambda: holder.current.guardrails)
+    metrics.watch_memory(lambda: (holder.current.recall, holder.current.memory_feed))
     reloader = Reloader(settings.policy_path, holder, metrics, lambda p: per_process_problems(p, settings.workers))
     app.state.reloader = reloader
     sighup = settings.handle_sighup and reloader.install_sighup()

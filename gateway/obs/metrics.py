@@ -148,6 +148,11 @@ class Metrics:
         answers kept with its interval and whether it drifts."""
         self._samplers.append(_QualitySampler(watch, self.registry).sample)
 
+    def watch_memory(self, memory: Callable[[], tuple[Any, Any]]) -> None:
+        """The cascade's memory of escalations (policy: ``cascade.memory``), sampled: the questions
+        this gateway's ring holds, and what its fleet's feed wrote, read, skipped, failed or dropped."""
+        self._samplers.append(_MemorySampler(memory, self.registry).sample)
+
     def watch_guardrails(self, guardrails: Callable[[], Any]) -> None:
         """The guardrails' tally (policy: ``guardrails``), sampled: hits per guardrail and action,
         and checks that failed or passed their deadline per guardrail and what on_error made of them."""
@@ -441,3 +446,43 @@ def _flags(gauge: Gauge, seen: set[tuple[str, str]], now: set[tuple[str, str]]) 
     for labels in seen | now:
         gauge.labels(*labels).set(1.0 if labels in now else 0.0)
     seen |= now
+
+
+class _MemorySampler:
+    """The memory's size as a gauge (the largest ring of the live workers), and its feed's counts as
+    a counter, counted up by what the feed did since the last sample (a reload that opens a new
+    feed starts its counts again from 0)."""
+
+    OUTCOMES = ("written", "read", "skipped", "failed", "dropped")
+
+    def __init__(self, memory: Callable[[], tuple[Any, Any]], registry: CollectorRegistry) -> None:
+        self.memory = memory
+        self.questions = Gauge(
+            "triage_cascade_memory_questions",
+            "Questions the cascade's memory of escalations holds (this gateway's ring)",
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.shared = Counter(
+            "triage_cascade_memory_shared",
+            "Entries of the fleet's shared memory by outcome: written by this gateway, read from the others, "
+            "skipped (no fit), failed (Redis), dropped (buffer full)",
+            ["outcome"],
+            registry=registry,
+        )
+        self.feed: int | None = None  # id of the feed last sampled
+        self.seen: dict[str, float] = {}
+
+    def sample(self) -> None:
+        ring, feed = self.memory()
+        if ring is not None:
+            self.questions.set(len(ring))
+        if feed is None:
+            return
+        if id(feed) != self.feed:
+            self.feed, self.seen = id(feed), {}
+        for outcome in self.OUTCOMES:
+            n = float(getattr(feed, outcome))
+            if n > self.seen.get(outcome, 0.0):
+                self.shared.labels(outcome).inc(n - self.seen.get(outcome, 0.0))
+                self.seen[outcome] = n

@@ -86,6 +86,9 @@ def test_two_gateways_on_one_redis_share_their_memory(
                 break
             time.sleep(0.5)
         assert step["examples"] == 1 and step["nearest_similarity"] >= 0.5, step  # a's answer (never itself)
+        shown = http.get("/metrics").text
+        assert 'triage_cascade_memory_shared_total{outcome="read"} 1.0' in shown, shown[-3000:]
+        assert "triage_cascade_memory_questions 3.0" in shown  # FIRST (a's), FAR and CLOSE (its own)
 
 
 def test_a_memory_needs_an_encoder_and_examples_need_a_memory() -> None:
