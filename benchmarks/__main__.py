@@ -335,7 +335,7 @@ def guard(
 
 for _name, _command in dispatch_commands.COMMANDS.items():  # prefix, order, affinity, fleet-sim, fleet-real, split
     app.command(_name)(_command)
-for _name, _command in pool_commands.COMMANDS.items():  # pool, pool-served, pool-examples, pool-chains
+for _name, _command in pool_commands.COMMANDS.items():  # pool, pool-served, pool-examples, pool-chains, pool-typed
     app.command(_name)(_command)
 
 for _name, _command in guardrail_commands.COMMANDS.items():  # guardrails, guardrail-data

@@ -111,9 +111,28 @@ def pool_chains(
     run(policy, router, cheap, share, out)
 
 
+def pool_typed(
+    policy: Annotated[Path, typer.Option(help="The cascade policy, its learned gates trained on these sets.")] = Path(
+        "policies/examples/cascade.yaml"
+    ),
+    data: Annotated[Path, typer.Option(help="The shared data folder.")] = Path("../shared/data"),
+    cache: Annotated[Path, typer.Option(help="triage eval's --out: the tiers' cached answers.")] = Path("out/eval"),
+    dev_cap: Annotated[int, typer.Option(help="Dev rows per set.")] = 100,
+    test_cap: Annotated[int, typer.Option(help="Test rows per set.")] = 100,
+    own_temper: Annotated[float, typer.Option(help="The scorer's own log-probabilities beside its vote.")] = 1.0,
+    out: Annotated[Path, typer.Option(help="JSON report.")] = Path("out/bench-pool-typed.json"),
+) -> None:
+    """Issue 56: on the typed sets with a recorded top, the scorer -> top step judged by the encoder's and
+    the scorer's agreement, against the learned gate and the scorer's own confidence."""
+    from benchmarks.pool_typed import run
+
+    run(policy, data, cache, dev_cap, test_cap, own_temper, out)
+
+
 COMMANDS: dict[str, Callable[..., Any]] = {
     "pool": pool,
     "pool-served": pool_served,
     "pool-examples": pool_examples,
     "pool-chains": pool_chains,
+    "pool-typed": pool_typed,
 }
