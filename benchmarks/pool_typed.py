@@ -11,7 +11,9 @@ tier's accuracy and the agreement's numbers, thresholds for 97% of always-top), 
 way's confidence in the answer it would keep (``eval.cascade_eval``: ``judge_p``, the reading's top
 probability, ``gate_confidence`` through the votes). Each way escalates its least sure first;
 reported: the kept answers' accuracy, the confidence's right/wrong AUROC, RouteLLM's APGR of the
-scorer -> top curve (``eval/anchors.py``) and the least share escalated for 97% of the top.
+scorer -> top curve (``eval/anchors.py``; its weak end is each way's own kept answers, which the
+votes can change: compare the ways by the share escalated, on one scale) and the least share
+escalated for 97% of the top. Ties in a confidence escalate in row order.
 
 The learned gates must be trained on the same sets first (``triage train --policy P --cascade-data
 ... --cascade-dev-cap N --cascade-out OUT``, which also fills the dev rows' cache). The agreement
@@ -107,8 +109,12 @@ def run(policy: Path, data: Path, out_dir: Path, dev_cap: int, test_cap: int, ow
         agreeing.unlink(missing_ok=True)
     result["seconds"] = round(time.perf_counter() - started, 1)
     save(console, out, result)
+
+    def f(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
     for way, m in result["ways"].items():
         console.print(
             f"{way:>9}: {m['rows']} test rows, kept {m['kept_accuracy']:.3f} (top {m['top_accuracy']:.3f}), "
-            f"AUROC {m['auroc']:.3f}, APGR {m['apgr']:.3f}, escalated for 97% of the top {m['share_for_97pct_of_top']}"
+            f"AUROC {f(m['auroc'])}, APGR {f(m['apgr'])}, escalated for 97% of the top {f(m['share_for_97pct_of_top'])}"
         )

@@ -453,7 +453,7 @@ class _MemorySampler:
     a counter, counted up by what the feed did since the last sample (a reload that opens a new
     feed starts its counts again from 0)."""
 
-    OUTCOMES = ("written", "read", "skipped", "failed", "dropped")
+    OUTCOMES = ("written", "read", "skipped", "failed", "sync_failed", "dropped")
 
     def __init__(self, memory: Callable[[], tuple[Any, Any]], registry: CollectorRegistry) -> None:
         self.memory = memory
@@ -466,21 +466,20 @@ class _MemorySampler:
         self.shared = Counter(
             "triage_cascade_memory_shared",
             "Entries of the fleet's shared memory by outcome: written by this gateway, read from the others, "
-            "skipped (no fit), failed (Redis), dropped (buffer full)",
+            "skipped (no fit), failed (a write to Redis), sync_failed (a read), dropped (buffer full)",
             ["outcome"],
             registry=registry,
         )
-        self.feed: int | None = None  # id of the feed last sampled
+        self.feed: Any = None  # the feed last sampled
         self.seen: dict[str, float] = {}
 
     def sample(self) -> None:
         ring, feed = self.memory()
-        if ring is not None:
-            self.questions.set(len(ring))
+        self.questions.set(0 if ring is None else len(ring))
         if feed is None:
             return
-        if id(feed) != self.feed:
-            self.feed, self.seen = id(feed), {}
+        if feed is not self.feed:
+            self.feed, self.seen = feed, {}
         for outcome in self.OUTCOMES:
             n = float(getattr(feed, outcome))
             if n > self.seen.get(outcome, 0.0):

@@ -446,6 +446,7 @@ def _recall(policy: Policy, previous: Runtime | None) -> Memory | None:
     if spec is None:
         return None
     old = previous.policy.cascade if previous is not None else None
-    if previous is not None and previous.recall is not None and old is not None and old.memory == spec:
+    kept = old.memory.model_copy(update={"shared": spec.shared}) if old is not None and old.memory else None
+    if previous is not None and previous.recall is not None and kept == spec:  # sharing or not: the same ring
         return previous.recall
     return Memory(spec.size)

@@ -19,6 +19,7 @@ import structlog
 
 from backends.base import Backend
 from backends.engine_handle import EngineHandle
+from gateway.state.buffered import Buffered
 from gateway.state.memory_redis import MemoryFeed
 from gateway.state.recent_redis import RecentFeed
 from gateway.state.responses import Responses
@@ -242,6 +243,7 @@ class RuntimeHolder:
             if obj is not None
         }
         closing = [obj for key, obj in self._pending.items() if key not in live]
+        closing.sort(key=lambda obj: not isinstance(obj, Buffered))  # the writers before the store they write through
         self._pending = {key: obj for key, obj in self._pending.items() if key in live}
         for obj in closing:
             log.info("backend_closed", backend=getattr(obj, "name", "encoder"))

@@ -1,8 +1,8 @@
 """Writes to the fleet's store kept off the request's path (the console's ring, the cascade's
 memory): :meth:`Buffered.buffer` only appends to a bounded buffer, and one task per writer drains it
 every ``flush_s`` in one round (the subclass's :meth:`Buffered.write`), so a request never waits on
-Redis. A buffer full while Redis is slow drops the newest (``dropped``). A write that fails is the
-subclass's to count and log."""
+Redis. A buffer full while Redis is slow drops the newest (``dropped``), as does a closed writer.
+A write that fails is the subclass's to count and log."""
 
 from __future__ import annotations
 
@@ -22,11 +22,13 @@ class Buffered(Generic[T]):
         self._name = name
         self._pending: deque[T] = deque()
         self._task: asyncio.Task[None] | None = None
-        self.dropped = 0  # items dropped because the buffer was full
+        self.dropped = 0  # items dropped because the buffer was full, or given after close
+        self._closed = False
 
     def buffer(self, item: T) -> None:
-        """Keep ``item`` for the next write; never waits."""
-        if len(self._pending) >= MOST_PENDING:
+        """Keep ``item`` for the next write; never waits. After :meth:`flushed` (a retired runtime's
+        writer, its store maybe closed: a shadow check may finish after it) it is dropped."""
+        if self._closed or len(self._pending) >= MOST_PENDING:
             self.dropped += 1
             return
         self._pending.append(item)
@@ -47,7 +49,8 @@ class Buffered(Generic[T]):
         raise NotImplementedError
 
     async def flushed(self) -> None:
-        """What is buffered written (at most one round), then the drain stopped."""
+        """What is buffered written (at most one round), then the drain stopped; nothing is taken after."""
+        self._closed = True
         task = self._task
         if task is not None:
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):

@@ -15,13 +15,16 @@ the rings in step through one Redis stream, and no request waits on Redis:
 
 The stream is named by the encoder's kept layers (embeddings of another depth do not compare); an
 entry whose embedding has another length than this ring's, or that does not parse, is skipped and
-counted. A write or read that fails (Redis down or slow) is logged once per outage and counted: the
-ring keeps serving what it has, and this gateway's own answers are in it already.
+counted. A write or read that fails (Redis down or slow) is logged once per outage of each and
+counted (``failed``, ``sync_failed``): the ring keeps serving what it has, and this gateway's own
+answers are in it already. The stream holds the questions as asked (their context too), whatever
+``logging.log_prompts`` says, for as long as Redis keeps them: the fleet's memory is the prompts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from typing import Any
@@ -36,7 +39,7 @@ from policies.cascade import Question
 from policies.memory import Memory
 
 log = structlog.get_logger("triage.state")
-CHUNK = 1000  # entries read at once
+CHUNK = 200  # entries read at once (each about 2 kB: one read well within the store's timeout)
 
 
 def encode(embedding: np.ndarray, q: Question, answer: str, origin: str) -> dict[str, bytes]:
@@ -88,7 +91,8 @@ class MemoryFeed(Buffered[dict[str, bytes]]):
         self.read = 0  # other gateways' entries added to this ring
         self.skipped = 0  # entries that did not parse or fit this ring
         self.failed = 0  # entries not written because a write failed
-        self._down = False  # the last call failed (logged once per outage)
+        self.sync_failed = 0  # reads that failed
+        self._down = {"write": False, "read": False}  # the last call of each failed (logged once per outage)
 
     def push(self, embedding: np.ndarray, q: Question, answer: str) -> None:
         """Share an answer this gateway remembered (its own ring has it already); never waits."""
@@ -114,9 +118,10 @@ class MemoryFeed(Buffered[dict[str, bytes]]):
             try:
                 got = await self.store.run(self.store.redis.xread({self.key: self._last_id}, count=CHUNK))
             except StoreDown as exc:
-                self._failed("memory_sync_failed", exc)
+                self.sync_failed += 1
+                self._failed("read", exc)
                 return added
-            self._back()
+            self._back("read")
             entries = got[0][1] if got else []
             for entry_id, fields in entries:
                 self._last_id = entry_id
@@ -144,23 +149,26 @@ class MemoryFeed(Buffered[dict[str, bytes]]):
             await self.store.run(pipe.execute())
         except StoreDown as exc:
             self.failed += len(batch)
-            self._failed("memory_feed_failed", exc, dropped=len(batch))
+            self._failed("write", exc, dropped=len(batch))
             return
-        self._back()
+        self._back("write")
         self.written += len(batch)
 
-    def _failed(self, event: str, exc: StoreDown, **more: Any) -> None:
-        if not self._down:
-            log.warning(event, error=exc.message, **more)
-        self._down = True
+    def _failed(self, what: str, exc: StoreDown, **more: Any) -> None:
+        if not self._down[what]:
+            log.warning(f"memory_{what}_failed", error=exc.message, **more)
+        self._down[what] = True
 
-    def _back(self) -> None:
-        if self._down:
-            log.info("memory_feed_back", failed=self.failed)
-        self._down = False
+    def _back(self, what: str) -> None:
+        if self._down[what]:
+            log.info(f"memory_{what}_back", failed=self.failed, sync_failed=self.sync_failed)
+        self._down[what] = False
 
     async def close(self) -> None:
-        """What is buffered written (at most one round), then the read stopped."""
+        """What is buffered written (at most one round), then the read stopped (before the store closes)."""
         await self.flushed()
-        if self._sync_task is not None:
-            self._sync_task.cancel()
+        task = self._sync_task
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
