@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -349,19 +350,22 @@ def test_a_collector_that_is_down_fails_no_request(tmp_path: Path, monkeypatch: 
             OFF.format(tracing=f'tracing: {{otlp_endpoint: "http://127.0.0.1:{free_port()}", export_timeout_s: 1}}\n')
         )
         assert _tracer_of(gw) is not None
-        slowest = 0.0
+        took = []
         with gw.http() as http:
             for _ in range(30):
                 t0 = time.perf_counter()
                 chat = http.post(
                     "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}
                 )
-                slowest = max(slowest, time.perf_counter() - t0)
+                took.append(time.perf_counter() - t0)
                 assert chat.status_code == 200, chat.text
                 time.sleep(0.05)
             decide = http.post("/v1/decide", json={"question": "Pick.", "type": "choice", "options": ["x", "y"]})
             assert decide.status_code == 200, decide.text
-        assert slowest < 0.5, slowest
+        # a request that waited on the failing exports would take about a second (its retry's backoff),
+        # and so would most of them; the median, not the slowest, so that one stall of a loaded machine
+        # (CI's) does not fail it (one request took 1.5 s there once, beside a test run)
+        assert statistics.median(took) < 0.25, sorted(took)
     finally:
         t0 = time.perf_counter()
         runner.stop_all()
