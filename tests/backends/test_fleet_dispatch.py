@@ -85,7 +85,9 @@ def served(*servers: VllmServer) -> list[float]:
 
 def known(gw: Gateway, *servers: VllmServer) -> None:
     """Wait until ``gw`` reads every server's own counters (on a loaded machine a busy engine's
-    /metrics can miss a read's deadline, and the rule then counts this gateway's requests only)."""
+    /metrics can miss a read's deadline, and the rule then counts this gateway's requests only).
+    The policies here also keep an engine's figures for 10 s (``stale_s``): by default they go
+    stale after 1 s, and a busy CPU engine's read took longer than that in one run."""
 
     def all_known() -> bool:
         with gw.http() as http:
@@ -104,7 +106,7 @@ def ask(gw: Gateway, text: str) -> None:
 def test_an_engines_own_counters_change_the_choice(
     gateway: Callable[..., Gateway], vllm_server: VllmServer, vllm_replica: VllmServer
 ) -> None:
-    pool = "    strategy: least_load\n    dispatch: {engine: vllm, interval_s: 0.1, timeout_s: 5}\n"
+    pool = "    strategy: least_load\n    dispatch: {engine: vllm, interval_s: 0.1, timeout_s: 5, stale_s: 10}\n"
     gw = gateway(policy(vllm_server.api_base, vllm_replica.api_base, pool=pool))
     with busy(vllm_server, 3):  # another gateway's traffic: this one has nothing in flight there
         known(gw, vllm_server, vllm_replica)
@@ -134,7 +136,7 @@ def test_two_gateways_sharing_a_redis_agree_on_a_prefix(
     gateway: Callable[..., Gateway], vllm_server: VllmServer, vllm_replica: VllmServer, redis_url: str
 ) -> None:
     servers = (vllm_server, vllm_replica)
-    dispatch = "{engine: vllm, interval_s: 0.1, timeout_s: 5, block_tokens: 128, slack: 2}"
+    dispatch = "{engine: vllm, interval_s: 0.1, timeout_s: 5, stale_s: 10, block_tokens: 128, slack: 2}"
     pool = f"    strategy: prefix\n    dispatch: {dispatch}\n"
     text = policy(*(s.api_base for s in servers), pool=pool, extra=f"state: {{store: redis, url: '{redis_url}'}}\n")
     one, two = gateway(text), gateway(text)
@@ -159,7 +161,8 @@ def test_two_gateways_sharing_a_redis_agree_on_a_prefix(
 def test_a_batch_yields_to_online_load(
     gateway: Callable[..., Gateway], vllm_server: VllmServer, tmp_path: Path
 ) -> None:
-    pool = "    strategy: least_load\n    dispatch: {engine: vllm, interval_s: 0.1, timeout_s: 5, batch_max_load: 1}\n"
+    dispatch = "{engine: vllm, interval_s: 0.1, timeout_s: 5, stale_s: 10, batch_max_load: 1}"
+    pool = f"    strategy: least_load\n    dispatch: {dispatch}\n"
     gw = gateway(policy(vllm_server.api_base, pool=pool, extra=f'batches: {{dir: "{tmp_path}", concurrency: 4}}\n'))
     client = gw.client()
     lines = [line(f"r{i}", f"{FEW_SHOT}colour of snow {i}? A:") for i in range(4)]
