@@ -108,7 +108,7 @@ class MemoryFeed(Buffered[dict[str, bytes]]):
     def _synced(self, task: asyncio.Task[int]) -> None:
         self._sync_task = None
         if not task.cancelled() and (exc := task.exception()) is not None:
-            log.warning("memory_sync_failed", error=repr(exc)[:300])
+            log.warning("memory_read_failed", error=repr(exc)[:300])  # not a StoreDown: unexpected
 
     async def sync(self) -> int:
         """Add what the stream holds after the last entry read; the entries added."""
